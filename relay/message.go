@@ -1,0 +1,81 @@
+package relay
+
+import (
+	"errors"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+
+	"github.com/outboxrelay/outboxrelay/envelope"
+)
+
+// Message is one committed outbox row (or table-less logical decoding message)
+// wrapped in its envelope, ready for a sink.
+//
+// A Message is owned by the relay. A sink may read every field and may set
+// Destination, but must not keep the Message after it has reported the
+// outcome through the done callback passed to Publish.
+type Message struct {
+	// ID is the message_id (the outbox row id). It is stable across redelivery.
+	ID            string
+	AggregateType string
+	AggregateID   string
+	EventType     string
+	// Table is the source table as schema.name, or "" for a table-less message.
+	Table string
+	// Traceparent is the W3C traceparent of the envelope, always set.
+	Traceparent string
+	// Headers are the row's headers, in the order they appear in the row.
+	Headers []envelope.Header
+	// Envelope is the encoded envelope (JSON, UTF-8): the broker message body.
+	Envelope []byte
+	// CommitTime is the commit time of the source transaction.
+	CommitTime time.Time
+	// LSN is the WAL position of the row; CommitLSN that of its transaction's commit.
+	LSN, CommitLSN pglogrepl.LSN
+
+	// Destination is set by the sink to the rendered topic, routing key,
+	// subject or stream, for metrics and dead letters.
+	Destination string
+	// Attempts counts the publish attempts that failed so far.
+	Attempts int
+	// FirstFailure and LastFailure are the times of the first and latest failed attempt.
+	FirstFailure, LastFailure time.Time
+	// LastError is the error of the latest failed attempt.
+	LastError error
+
+	tx *txn // set by the relay
+}
+
+// PermanentError marks a publish failure that retrying will not fix: the
+// broker will never take this message as it is (too large, unroutable, an
+// invalid destination). The relay retries it a configured number of times
+// and then dead-letters it.
+type PermanentError struct {
+	Err error
+}
+
+func (e *PermanentError) Error() string { return e.Err.Error() }
+func (e *PermanentError) Unwrap() error { return e.Err }
+
+// Permanent wraps err as a PermanentError. It returns nil for a nil err.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &PermanentError{Err: err}
+}
+
+// Retryable reports whether a publish error is worth retrying indefinitely.
+// This is the one place that decides: sinks mark the failures the broker
+// will never accept with Permanent; everything else (broker unavailable,
+// not leader, timeouts, connection resets) is retryable.
+func Retryable(err error) bool {
+	if err == nil {
+		return false
+	}
+	var p *PermanentError
+	return !errors.As(err, &p)
+}
+
+// txn is defined by the tracker.
