@@ -1,10 +1,143 @@
 package relay
 
-import "github.com/jackc/pglogrepl"
+import (
+	"sync"
+	"sync/atomic"
 
-// txn is one source transaction in flight.
+	"github.com/jackc/pglogrepl"
+)
+
+// txn is one source transaction whose messages may still be in flight.
 type txn struct {
 	end       pglogrepl.LSN
 	pending   int
 	committed bool
+	// marker entries carry a keepalive position, not a transaction.
+	marker bool
+}
+
+// tracker computes the flushed position: the end LSN of the newest
+// transaction whose messages, and those of every earlier transaction, the
+// broker has acknowledged — a contiguous low watermark. Acknowledgements may
+// arrive in any order and from any goroutine.
+type tracker struct {
+	mu        sync.Mutex
+	queue     []*txn // oldest first
+	open      *txn   // the transaction being received, also in queue
+	pending   int    // messages not yet acknowledged, over all transactions
+	confirmed atomic.Uint64
+	drained   chan struct{} // closed and replaced when pending drops to 0
+}
+
+func newTracker() *tracker {
+	return &tracker{drained: make(chan struct{})}
+}
+
+// Confirmed is safe for concurrent use.
+func (t *tracker) Confirmed() pglogrepl.LSN { return pglogrepl.LSN(t.confirmed.Load()) }
+
+func (t *tracker) begin() *txn {
+	tx := &txn{}
+	t.mu.Lock()
+	t.queue = append(t.queue, tx)
+	t.open = tx
+	t.mu.Unlock()
+	return tx
+}
+
+// add counts one more message in flight for tx.
+func (t *tracker) add(tx *txn) {
+	t.mu.Lock()
+	tx.pending++
+	t.pending++
+	t.mu.Unlock()
+}
+
+// commit records the end of the open transaction.
+func (t *tracker) commit(end pglogrepl.LSN) {
+	t.mu.Lock()
+	if tx := t.open; tx != nil {
+		tx.end = end
+		tx.committed = true
+		t.open = nil
+	}
+	t.advanceLocked()
+	t.mu.Unlock()
+}
+
+// ack records that one message of tx was acknowledged (or dead-lettered).
+func (t *tracker) ack(tx *txn) {
+	t.mu.Lock()
+	tx.pending--
+	t.pending--
+	if t.pending == 0 {
+		close(t.drained)
+		t.drained = make(chan struct{})
+	}
+	if tx == t.queue[0] {
+		t.advanceLocked()
+	}
+	t.mu.Unlock()
+}
+
+// idle records that every transaction committed before walEnd has been
+// received. The position is confirmed once everything before it is acknowledged.
+func (t *tracker) idle(walEnd pglogrepl.LSN) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.open != nil {
+		return
+	}
+	if len(t.queue) == 0 {
+		t.raiseLocked(walEnd)
+		return
+	}
+	if last := t.queue[len(t.queue)-1]; last.marker {
+		last.end = max(last.end, walEnd)
+		return
+	}
+	t.queue = append(t.queue, &txn{end: walEnd, committed: true, marker: true})
+}
+
+// reset abandons the open transaction: it will be received again in full,
+// so it must neither block nor advance the watermark.
+func (t *tracker) reset() {
+	t.mu.Lock()
+	if tx := t.open; tx != nil {
+		tx.committed = true
+		tx.end = 0
+		t.open = nil
+	}
+	t.advanceLocked()
+	t.mu.Unlock()
+}
+
+func (t *tracker) advanceLocked() {
+	i := 0
+	for ; i < len(t.queue); i++ {
+		tx := t.queue[i]
+		if !tx.committed || tx.pending > 0 {
+			break
+		}
+		t.raiseLocked(tx.end)
+	}
+	if i > 0 {
+		n := copy(t.queue, t.queue[i:])
+		clear(t.queue[n:])
+		t.queue = t.queue[:n]
+	}
+}
+
+func (t *tracker) raiseLocked(lsn pglogrepl.LSN) {
+	if uint64(lsn) > t.confirmed.Load() {
+		t.confirmed.Store(uint64(lsn))
+	}
+}
+
+// inflight returns the number of unacknowledged messages and a channel
+// closed when that number next drops to zero.
+func (t *tracker) inflight() (int, <-chan struct{}) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.pending, t.drained
 }

@@ -1,0 +1,162 @@
+package cdc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Setup checks that PostgreSQL can feed the relay and creates what is
+// missing: the publication (inserts only, limited to the outbox tables) and
+// the logical replication slot. It is idempotent and safe to run from
+// several relays at once. Problems an operator must fix come back as
+// *SetupError with one sentence naming the fix.
+func Setup(ctx context.Context, conn *pgx.Conn, cfg Config, requiredColumns []string) error {
+	var walLevel string
+	if err := conn.QueryRow(ctx, "SHOW wal_level").Scan(&walLevel); err != nil {
+		return fmt.Errorf("read wal_level: %w", err)
+	}
+	if walLevel != "logical" {
+		return &SetupError{Msg: fmt.Sprintf("wal_level is %s; set wal_level=logical and restart PostgreSQL", walLevel)}
+	}
+	if v := conn.PgConn().ParameterStatus("server_version_num"); v != "" && v < "140000" && len(v) == 6 {
+		return &SetupError{Msg: fmt.Sprintf("PostgreSQL %s is too old; outboxrelay needs PostgreSQL 14 or later", conn.PgConn().ParameterStatus("server_version"))}
+	}
+
+	var role string
+	var canReplicate bool
+	if err := conn.QueryRow(ctx, "SELECT rolname, rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user").Scan(&role, &canReplicate); err != nil {
+		return fmt.Errorf("read role attributes: %w", err)
+	}
+	if !canReplicate {
+		return &SetupError{Msg: fmt.Sprintf("role %s lacks the REPLICATION privilege; run: ALTER ROLE %s REPLICATION", role, displayIdent(role))}
+	}
+
+	for _, t := range cfg.Tables {
+		schema, name, err := SplitTable(t)
+		if err != nil {
+			return &SetupError{Msg: err.Error()}
+		}
+		var cols []string
+		err = conn.QueryRow(ctx, `
+			SELECT coalesce(array_agg(a.attname::text), '{}')
+			FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+			LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+			WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p')
+			GROUP BY c.oid`, schema, name).Scan(&cols)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return &SetupError{Msg: fmt.Sprintf("outbox table %s.%s does not exist; run `outboxrelay migrate` or fix postgres.tables", schema, name)}
+		}
+		if err != nil {
+			return fmt.Errorf("inspect table %s.%s: %w", schema, name, err)
+		}
+		for _, want := range requiredColumns {
+			if !contains(cols, want) {
+				return &SetupError{Msg: fmt.Sprintf("outbox table %s.%s has no column %q; add it or map it in postgres.columns", schema, name, want)}
+			}
+		}
+	}
+
+	if err := ensurePublication(ctx, conn, cfg); err != nil {
+		return err
+	}
+	return ensureSlot(ctx, conn, cfg.Slot)
+}
+
+func ensurePublication(ctx context.Context, conn *pgx.Conn, cfg Config) error {
+	var exists bool
+	if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)", cfg.Publication).Scan(&exists); err != nil {
+		return fmt.Errorf("read publication: %w", err)
+	}
+	var idents []string
+	for _, t := range cfg.Tables {
+		schema, name, _ := SplitTable(t)
+		idents = append(idents, pgx.Identifier{schema, name}.Sanitize())
+	}
+	if !exists {
+		_, err := conn.Exec(ctx, fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert')",
+			pgx.Identifier{cfg.Publication}.Sanitize(), strings.Join(idents, ", ")))
+		if err != nil && !isCode(err, "42710") { // duplicate_object: another relay won the race
+			return privilegeHint(fmt.Errorf("create publication %s: %w", cfg.Publication, err), "CREATE on the database, and ownership of the outbox tables")
+		}
+		return nil
+	}
+	rows, err := conn.Query(ctx, "SELECT schemaname || '.' || tablename FROM pg_publication_tables WHERE pubname = $1", cfg.Publication)
+	if err != nil {
+		return fmt.Errorf("read publication tables: %w", err)
+	}
+	have, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return fmt.Errorf("read publication tables: %w", err)
+	}
+	for i, t := range cfg.Tables {
+		schema, name, _ := SplitTable(t)
+		if contains(have, schema+"."+name) {
+			continue
+		}
+		_, err := conn.Exec(ctx, fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE %s", pgx.Identifier{cfg.Publication}.Sanitize(), idents[i]))
+		if err != nil && !isCode(err, "42710") {
+			return privilegeHint(fmt.Errorf("add %s.%s to publication %s: %w", schema, name, cfg.Publication, err), "ownership of the publication and of the table")
+		}
+	}
+	return nil
+}
+
+func ensureSlot(ctx context.Context, conn *pgx.Conn, slot string) error {
+	var plugin, walStatus string
+	var database *string
+	err := conn.QueryRow(ctx, "SELECT coalesce(plugin, ''), coalesce(wal_status, ''), database FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&plugin, &walStatus, &database)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		_, err := conn.Exec(ctx, "SELECT pg_create_logical_replication_slot($1, 'pgoutput')", slot)
+		if err != nil && !isCode(err, "42710") {
+			return privilegeHint(fmt.Errorf("create replication slot %s: %w", slot, err), "the REPLICATION attribute")
+		}
+		return nil
+	case err != nil:
+		return fmt.Errorf("read replication slot %s: %w", slot, err)
+	}
+	if plugin != "pgoutput" {
+		return &SetupError{Msg: fmt.Sprintf("replication slot %s uses plugin %q; drop it or choose another postgres.slot (outboxrelay needs pgoutput)", slot, plugin)}
+	}
+	if database == nil || *database != conn.Config().Database {
+		return &SetupError{Msg: fmt.Sprintf("replication slot %s belongs to another database; choose another postgres.slot", slot)}
+	}
+	if walStatus == "lost" {
+		return &SetupError{Msg: fmt.Sprintf("replication slot %s has wal_status=lost: PostgreSQL removed WAL it still needed (max_slot_wal_keep_size); drop and re-create the slot and reconcile the outbox table", slot)}
+	}
+	return nil
+}
+
+// displayIdent quotes an identifier for a hint only when SQL needs the quotes.
+func displayIdent(s string) string {
+	if identRE.MatchString(s) {
+		return s
+	}
+	return pgx.Identifier{s}.Sanitize()
+}
+
+func privilegeHint(err error, need string) error {
+	if isCode(err, "42501") {
+		return &SetupError{Msg: fmt.Sprintf("%v; the relay's role needs %s (see `outboxrelay migrate --print-role`)", err, need)}
+	}
+	return err
+}
+
+func isCode(err error, code string) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == code
+}
+
+func contains(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}

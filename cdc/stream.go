@@ -1,0 +1,373 @@
+package cdc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
+	"github.com/jackc/pgx/v5/pgproto3"
+	"go.uber.org/zap"
+)
+
+// Handler receives the committed changes of the replication stream, in WAL
+// order, from one goroutine. A Handler may block (backpressure); status
+// updates to PostgreSQL continue meanwhile. An error from a Handler method
+// stops the stream; a context error is treated as a clean stop.
+type Handler interface {
+	Begin(ctx context.Context, b Begin) error
+	Insert(ctx context.Context, ins *Insert) error
+	// Message receives logical decoding messages (pg_logical_emit_message).
+	Message(ctx context.Context, msg *LogicalMessage) error
+	Commit(ctx context.Context, c Commit) error
+	// Idle reports that every transaction that committed before walEnd has
+	// been delivered. The stream calls it with the slot's confirmed position
+	// when a session starts and for keepalives between transactions.
+	Idle(walEnd LSN)
+	// Reset is called when a session ends: a transaction that was open is
+	// abandoned, and the next session delivers it again from its beginning.
+	Reset()
+	// Confirmed returns the position to report as flushed: every transaction
+	// that ended at or before it has been acknowledged by the broker. It is
+	// called from another goroutine.
+	Confirmed() LSN
+	// Drain waits until every message handed out so far is acknowledged or
+	// ctx is done.
+	Drain(ctx context.Context) error
+}
+
+// Stream is the logical replication connection. It reconnects by itself
+// after the connection to PostgreSQL is lost and resumes from the slot.
+type Stream struct {
+	cfg       Config
+	log       *zap.Logger
+	connCfg   *pgconn.Config
+	streaming atomic.Bool
+}
+
+// NewStream parses the configuration. It does not connect.
+func NewStream(cfg Config, log *zap.Logger) (*Stream, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg.setDefaults()
+	if log == nil {
+		log = zap.NewNop()
+	}
+	connCfg, err := pgconn.ParseConfig(cfg.URL)
+	if err != nil {
+		return nil, fmt.Errorf("parse postgres url: %s", RedactURL(err.Error()))
+	}
+	connCfg.RuntimeParams["replication"] = "database"
+	connCfg.RuntimeParams["application_name"] = cfg.ApplicationName
+	// Values come as PostgreSQL's text output; fix the formats the relay parses.
+	connCfg.RuntimeParams["timezone"] = "UTC"
+	connCfg.RuntimeParams["datestyle"] = "ISO"
+	// Interrupt a blocked read with a deadline instead of a cancel request: a
+	// cancel ends the walsender's COPY, and the relay still needs the
+	// connection to send its final flushed position during shutdown.
+	connCfg.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
+		return &pgconn.DeadlineContextWatcherHandler{Conn: c.Conn()}
+	}
+	return &Stream{cfg: cfg, log: log.Named("cdc"), connCfg: connCfg}, nil
+}
+
+// Streaming reports whether the stream is currently receiving from the slot.
+// Safe for concurrent use.
+func (s *Stream) Streaming() bool { return s.streaming.Load() }
+
+// Run streams until ctx is cancelled or a non-retryable error occurs. On
+// cancellation it stops reading, waits (up to Config.DrainTimeout) for the
+// Handler to drain, reports the final confirmed position and returns nil.
+func (s *Stream) Run(ctx context.Context, h Handler) error {
+	backoff := s.cfg.ReconnectMin
+	for {
+		started := time.Now()
+		err := s.session(ctx, h)
+		s.streaming.Store(false)
+		h.Reset()
+		if ctx.Err() != nil {
+			return nil
+		}
+		if !Retryable(err) {
+			return err
+		}
+		if time.Since(started) > time.Minute {
+			backoff = s.cfg.ReconnectMin
+		}
+		wait := jitter(backoff)
+		if IsSlotInUse(err) {
+			s.log.Info("slot is in use by another process; waiting as standby", zap.String("slot", s.cfg.Slot), zap.Duration("retry_in", wait))
+		} else {
+			s.log.Warn("replication connection lost; reconnecting", zap.Error(err), zap.Duration("retry_in", wait))
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(wait):
+		}
+		backoff = min(backoff*2, s.cfg.ReconnectMax)
+	}
+}
+
+func jitter(d time.Duration) time.Duration {
+	return d/2 + rand.N(d/2+1)
+}
+
+func (s *Stream) session(ctx context.Context, h Handler) (err error) {
+	conn, err := pgconn.ConnectConfig(ctx, s.connCfg)
+	if err != nil {
+		return fmt.Errorf("connect for replication: %w", err)
+	}
+	defer func() {
+		closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = conn.Close(closeCtx)
+	}()
+
+	start, err := slotStart(ctx, conn, s.cfg.Slot)
+	if err != nil {
+		return err
+	}
+	h.Idle(start)
+
+	args := []string{
+		"proto_version '1'",
+		"publication_names " + quoteLiteral(s.cfg.Publication),
+		"messages 'true'",
+	}
+	// Start at 0/0: the server resumes from the slot's confirmed_flush_lsn.
+	if err := pglogrepl.StartReplication(ctx, conn, quoteIdent(s.cfg.Slot), 0, pglogrepl.StartReplicationOptions{PluginArgs: args}); err != nil {
+		return fmt.Errorf("start replication on slot %q: %w", s.cfg.Slot, err)
+	}
+	s.streaming.Store(true)
+	s.log.Info("streaming", zap.String("slot", s.cfg.Slot), zap.String("from", start.String()))
+
+	st := &statusWriter{conn: conn, h: h, reply: make(chan struct{}, 1)}
+	statusCtx, stopStatus := context.WithCancel(context.WithoutCancel(ctx))
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		st.run(statusCtx, s.cfg.StatusInterval, s.log)
+	}()
+
+	readErr := s.read(ctx, conn, h, st)
+	s.streaming.Store(false)
+
+	// Drain even after a handler error: whatever the broker acknowledged is
+	// confirmed, so a restart repeats as little as possible.
+	drainCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.DrainTimeout)
+	defer cancel()
+	if readErr == nil || ctx.Err() != nil || isHandlerErr(readErr) {
+		if err := h.Drain(drainCtx); err != nil {
+			s.log.Warn("drain incomplete; unacknowledged messages will be delivered again after restart", zap.Error(err))
+		}
+	}
+	stopStatus()
+	wg.Wait()
+	if !conn.IsClosed() {
+		if err := st.send(); err == nil {
+			s.log.Info("confirmed final position", zap.String("lsn", h.Confirmed().String()))
+		}
+	}
+	if ctx.Err() != nil {
+		return nil
+	}
+	return readErr
+}
+
+type handlerErr struct{ err error }
+
+func (e handlerErr) Error() string { return e.err.Error() }
+func (e handlerErr) Unwrap() error { return e.err }
+
+func isHandlerErr(err error) bool {
+	var he handlerErr
+	return errors.As(err, &he)
+}
+
+func (s *Stream) read(ctx context.Context, conn *pgconn.PgConn, h Handler, st *statusWriter) error {
+	dec := NewDecoder()
+	var ev Event
+	inTx := false
+	for {
+		msg, err := conn.ReceiveMessage(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("receive from walsender: %w", err)
+		}
+		switch msg := msg.(type) {
+		case *pgproto3.CopyData:
+			if len(msg.Data) == 0 {
+				continue
+			}
+			switch msg.Data[0] {
+			case pglogrepl.PrimaryKeepaliveMessageByteID:
+				ka, err := pglogrepl.ParsePrimaryKeepaliveMessage(msg.Data[1:])
+				if err != nil {
+					return fmt.Errorf("parse keepalive: %w", err)
+				}
+				if !inTx {
+					h.Idle(ka.ServerWALEnd)
+				}
+				if ka.ReplyRequested {
+					st.requestReply()
+				}
+			case pglogrepl.XLogDataByteID:
+				xld, err := pglogrepl.ParseXLogData(msg.Data[1:])
+				if err != nil {
+					return fmt.Errorf("parse xlogdata: %w", err)
+				}
+				if err := dec.Decode(xld.WALData, xld.WALStart, &ev); err != nil {
+					return err
+				}
+				switch ev.Kind {
+				case KindBegin:
+					inTx = true
+					err = h.Begin(ctx, ev.Begin)
+				case KindInsert:
+					err = h.Insert(ctx, &ev.Insert)
+				case KindMessage:
+					err = h.Message(ctx, &ev.Message)
+				case KindCommit:
+					inTx = false
+					err = h.Commit(ctx, ev.Commit)
+				}
+				if err != nil {
+					if ctx.Err() != nil {
+						return nil
+					}
+					return handlerErr{err}
+				}
+			}
+		case *pgproto3.ErrorResponse:
+			return fmt.Errorf("walsender: %w", pgconn.ErrorResponseToPgError(msg))
+		case *pgproto3.CopyDone:
+			return fmt.Errorf("walsender ended the stream: %w", io.ErrUnexpectedEOF)
+		}
+	}
+}
+
+// statusWriter sends standby status updates. It is the only writer on the
+// replication connection while the stream runs, so the reader never blocks it.
+type statusWriter struct {
+	conn  *pgconn.PgConn
+	h     Handler
+	reply chan struct{}
+	mu    sync.Mutex
+}
+
+func (w *statusWriter) requestReply() {
+	select {
+	case w.reply <- struct{}{}:
+	default:
+	}
+}
+
+func (w *statusWriter) run(ctx context.Context, every time.Duration, log *zap.Logger) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-w.reply:
+		}
+		if err := w.send(); err != nil {
+			log.Debug("send standby status", zap.Error(err))
+		}
+	}
+}
+
+func (w *statusWriter) send() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	pos := w.h.Confirmed()
+	// All three positions are set: pglogrepl fills a zero flush or apply
+	// position from the write position, which would confirm too much.
+	return pglogrepl.SendStandbyStatusUpdate(context.Background(), w.conn, pglogrepl.StandbyStatusUpdate{
+		WALWritePosition: pos,
+		WALFlushPosition: pos,
+		WALApplyPosition: pos,
+		ClientTime:       time.Now(),
+	})
+}
+
+// slotStart returns the slot's confirmed_flush_lsn, failing clearly when the
+// slot is missing or has lost WAL.
+func slotStart(ctx context.Context, conn *pgconn.PgConn, slot string) (LSN, error) {
+	q := "SELECT confirmed_flush_lsn, coalesce(wal_status, ''), plugin FROM pg_replication_slots WHERE slot_name = " + quoteLiteral(slot)
+	res, err := conn.Exec(ctx, q).ReadAll()
+	if err != nil {
+		return 0, fmt.Errorf("read slot %q: %w", slot, err)
+	}
+	if len(res) == 0 || len(res[0].Rows) == 0 {
+		return 0, &SetupError{Msg: fmt.Sprintf("replication slot %q does not exist; it was dropped while the relay ran — check for lost messages, then restart the relay to create it again", slot)}
+	}
+	row := res[0].Rows[0]
+	if ws := string(row[1]); ws == "lost" {
+		return 0, &SetupError{Msg: fmt.Sprintf("replication slot %q has wal_status=lost: PostgreSQL removed WAL it still needed (max_slot_wal_keep_size); drop and re-create the slot and reconcile the outbox table", slot)}
+	}
+	if row[0] == nil {
+		return 0, nil
+	}
+	lsn, err := pglogrepl.ParseLSN(string(row[0]))
+	if err != nil {
+		return 0, fmt.Errorf("parse confirmed_flush_lsn: %w", err)
+	}
+	return lsn, nil
+}
+
+// Retryable reports whether a replication session that failed with err is
+// worth starting again: connection failures, server restarts and a slot held
+// by another relay are; configuration and protocol errors are not.
+func Retryable(err error) bool {
+	if err == nil {
+		return false
+	}
+	var se *SetupError
+	if errors.As(err, &se) || errors.Is(err, ErrMalformed) || isHandlerErr(err) {
+		return false
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch {
+		case strings.HasPrefix(pgErr.Code, "08"), // connection exception
+			strings.HasPrefix(pgErr.Code, "57"), // operator intervention: shutdown, terminated backend
+			strings.HasPrefix(pgErr.Code, "53"), // insufficient resources: too many connections
+			pgErr.Code == "55006",               // object in use: the slot is active elsewhere
+			pgErr.Code == "40001", pgErr.Code == "40P01":
+			return true
+		}
+		return false
+	}
+	var netErr net.Error
+	if errors.As(err, &netErr) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) {
+		return true
+	}
+	if pgconn.Timeout(err) || pgconn.SafeToRetry(err) {
+		return true
+	}
+	// pgconn wraps dial failures ("failed to connect to ...") in its own types.
+	var connectErr *pgconn.ConnectError
+	return errors.As(err, &connectErr) || strings.Contains(err.Error(), "conn closed")
+}
+
+// IsSlotInUse reports whether err says the slot is active in another process.
+func IsSlotInUse(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "55006"
+}

@@ -1,0 +1,67 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxrelay/outboxrelay/migrations"
+)
+
+func cmdMigrate(args []string, stdout io.Writer) error {
+	fs := newFlags("migrate")
+	url := fs.String("database-url", "", "PostgreSQL URL")
+	print := fs.Bool("print", false, "print the SQL instead of running it")
+	var o migrations.Options
+	fs.StringVar(&o.Table, "table", "public.outbox", "outbox table to create")
+	fs.StringVar(&o.Publication, "publication", "outboxrelay", "publication to create")
+	fs.BoolVar(&o.Debezium, "debezium", false, "also create a Debezium-shaped outbox table (public.outboxevent)")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	sql, err := migrations.Render(o)
+	if err != nil {
+		return usageErr("migrate: %v", err)
+	}
+	if *print {
+		fmt.Fprint(stdout, sql)
+		return nil
+	}
+	dbURL, err := databaseURL(*url)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	conn, err := connect(ctx, dbURL)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if err := migrations.Apply(ctx, conn, o); err != nil {
+		return usageErr("migrate: %v", err)
+	}
+	fmt.Fprintf(stdout, "migrated: table %s, schema outboxrelay, publication %s\n", o.Table, o.Publication)
+	return nil
+}
+
+// connect opens a regular connection, failing with one clear line.
+func connect(ctx context.Context, url string) (*pgx.Conn, error) {
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		return nil, usageErr("invalid PostgreSQL URL: %v", err)
+	}
+	if cfg.ConnectTimeout == 0 {
+		cfg.ConnectTimeout = 10 * time.Second
+	}
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return nil, usageErr("cannot connect to PostgreSQL: %v", err)
+	}
+	return conn, nil
+}

@@ -1,0 +1,394 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outboxrelay/outboxrelay/integration/pgserver"
+)
+
+// The package shares one PostgreSQL server (wal_level=logical, a small
+// logical_decoding_work_mem so that big transactions spill) and the relay
+// binary; each test gets its own database, slot and broker.
+var (
+	pg        *pgserver.Server
+	relayBin  string
+	dbCounter atomic.Int64
+)
+
+func TestMain(m *testing.M) {
+	os.Exit(testMain(m))
+}
+
+func testMain(m *testing.M) int {
+	ctx := context.Background()
+	dir, err := os.MkdirTemp("", "outboxrelay-it-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	relayBin = filepath.Join(dir, "outboxrelay")
+	build := exec.Command("go", "build", "-o", relayBin, "../cmd/outboxrelay")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build outboxrelay:", err)
+		return 1
+	}
+	pg, err = pgserver.Start(ctx, pgserver.Options{Settings: map[string]string{
+		"logical_decoding_work_mem": "64kB",
+		"max_wal_senders":           "40",
+		"max_replication_slots":     "40",
+		"max_connections":           "200",
+	}})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "start PostgreSQL:", err)
+		return 1
+	}
+	defer pg.Stop()
+	return m.Run()
+}
+
+// env is one test's database and broker.
+type env struct {
+	t       *testing.T
+	dbURL   string
+	db      *pgx.Conn
+	kafka   *kfake.Cluster
+	brokers string
+	cfgPath string
+	extra   string // extra YAML appended to the config
+}
+
+// newEnv creates a database, migrates it with the relay binary and starts
+// a kfake broker that the relay reaches over TCP.
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	ctx := t.Context()
+	name := fmt.Sprintf("it_%d_%d", os.Getpid(), dbCounter.Add(1))
+	url, err := pg.CreateDatabase(ctx, name)
+	if err != nil {
+		t.Fatalf("create database: %v", err)
+	}
+	e := &env{t: t, dbURL: url}
+	out, code := e.cli("migrate", "--database-url", url)
+	if code != 0 {
+		t.Fatalf("migrate exited %d: %s", code, out)
+	}
+	e.db, err = pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		e.db.Close(context.Background())
+		// Free the slot so the shared server does not retain WAL for it.
+		if c, err := pgx.Connect(context.Background(), url); err == nil {
+			c.Exec(context.Background(), "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = current_database() AND NOT active")
+			c.Close(context.Background())
+		}
+	})
+	e.kafka, err = kfake.NewCluster(kfake.NumBrokers(1), kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.kafka.Close)
+	e.brokers = e.kafka.ListenAddrs()[0]
+	return e
+}
+
+func (e *env) config() string {
+	e.t.Helper()
+	cfg := fmt.Sprintf(`postgres:
+  url: %s
+  status_interval: 200ms
+sink:
+  type: kafka
+  kafka:
+    brokers: [%s]
+http:
+  listen: 127.0.0.1:0
+log:
+  level: debug
+%s`, e.dbURL, e.brokers, e.extra)
+	path := filepath.Join(e.t.TempDir(), "outboxrelay.yaml")
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+		e.t.Fatal(err)
+	}
+	return path
+}
+
+// cli runs the relay binary to completion and returns its combined output and exit code.
+func (e *env) cli(args ...string) (string, int) {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(e.t.Context(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, relayBin, args...)
+	cmd.Env = cleanEnv()
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		if ee, ok := err.(*exec.ExitError); ok {
+			return string(out), ee.ExitCode()
+		}
+		e.t.Fatalf("run %v: %v", args, err)
+	}
+	return string(out), 0
+}
+
+func cleanEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "OUTBOXRELAY_") {
+			env = append(env, kv)
+		}
+	}
+	return env
+}
+
+// proc is a running relay.
+type proc struct {
+	t    *testing.T
+	cmd  *exec.Cmd
+	out  *syncBuffer
+	done chan struct{}
+	err  error
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// start runs `outboxrelay run` in the background.
+func (e *env) start(extraEnv ...string) *proc {
+	e.t.Helper()
+	cmd := exec.Command(relayBin, "run", "--config", e.config())
+	cmd.Env = append(cleanEnv(), extraEnv...)
+	p := &proc{t: e.t, cmd: cmd, out: &syncBuffer{}, done: make(chan struct{})}
+	cmd.Stdout, cmd.Stderr = p.out, p.out
+	if err := cmd.Start(); err != nil {
+		e.t.Fatal(err)
+	}
+	go func() {
+		p.err = cmd.Wait()
+		close(p.done)
+	}()
+	e.t.Cleanup(func() {
+		select {
+		case <-p.done:
+		default:
+			_ = cmd.Process.Kill()
+			<-p.done
+		}
+		if e.t.Failed() {
+			e.t.Logf("relay output:\n%s", tail(p.out.String(), 60))
+		}
+	})
+	return p
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(s, "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// stop sends SIGTERM and requires a clean exit 0.
+func (p *proc) stop() {
+	p.t.Helper()
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(60 * time.Second):
+		p.t.Fatalf("relay did not stop within 60s after SIGTERM\n%s", tail(p.out.String(), 40))
+	}
+	if p.err != nil {
+		p.t.Fatalf("relay exited with %v after SIGTERM\n%s", p.err, tail(p.out.String(), 40))
+	}
+}
+
+// kill sends SIGKILL: a crash.
+func (p *proc) kill() {
+	_ = p.cmd.Process.Kill()
+	<-p.done
+}
+
+// waitLog waits until the relay's output contains s.
+func (p *proc) waitLog(s string, timeout time.Duration) {
+	p.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		if strings.Contains(p.out.String(), s) {
+			return
+		}
+		select {
+		case <-p.done:
+			p.t.Fatalf("relay exited (%v) before logging %q\n%s", p.err, s, tail(p.out.String(), 40))
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	p.t.Fatalf("relay did not log %q within %s\n%s", s, timeout, tail(p.out.String(), 40))
+}
+
+// exec runs SQL on the test database.
+func (e *env) exec(sql string, args ...any) {
+	e.t.Helper()
+	if _, err := e.db.Exec(e.t.Context(), sql, args...); err != nil {
+		e.t.Fatalf("%s: %v", sql, err)
+	}
+}
+
+// insert writes n rows for aggregate in one transaction and returns their ids.
+func (e *env) insert(table, aggType, aggID string, n int) []string {
+	e.t.Helper()
+	rows, err := e.db.Query(e.t.Context(), fmt.Sprintf(`INSERT INTO %s (aggregate_type, aggregate_id, event_type, payload)
+		SELECT $1, $2, $1 || '.created', jsonb_build_object('seq', g) FROM generate_series(1, $3) g RETURNING id::text`, table),
+		aggType, aggID, n)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return ids
+}
+
+// record is one consumed Kafka record.
+type record struct {
+	Topic   string
+	Key     string
+	Value   []byte
+	Headers map[string]string
+	Env     map[string]any
+}
+
+// consumer reads every record of the given topics from the start.
+type consumer struct {
+	t   *testing.T
+	cl  *kgo.Client
+	mu  sync.Mutex
+	got []record
+}
+
+func (e *env) consume(topics ...string) *consumer {
+	e.t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(e.brokers), kgo.ConsumeTopics(topics...),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100*time.Millisecond))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	c := &consumer{t: e.t, cl: cl}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for ctx.Err() == nil {
+			fs := cl.PollFetches(ctx)
+			fs.EachRecord(func(r *kgo.Record) {
+				rec := record{Topic: r.Topic, Key: string(r.Key), Value: r.Value, Headers: map[string]string{}}
+				for _, h := range r.Headers {
+					rec.Headers[h.Key] = string(h.Value)
+				}
+				_ = json.Unmarshal(r.Value, &rec.Env)
+				c.mu.Lock()
+				c.got = append(c.got, rec)
+				c.mu.Unlock()
+			})
+		}
+	}()
+	e.t.Cleanup(func() {
+		cancel()
+		wg.Wait()
+		cl.Close()
+	})
+	return c
+}
+
+func (c *consumer) records() []record {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]record(nil), c.got...)
+}
+
+// waitIDs waits until every id has arrived at least once and returns all records.
+func (c *consumer) waitIDs(ids []string, timeout time.Duration) []record {
+	c.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		recs := c.records()
+		seen := map[string]bool{}
+		for _, r := range recs {
+			seen[r.Headers["message_id"]] = true
+		}
+		missing := 0
+		for _, id := range ids {
+			if !seen[id] {
+				missing++
+			}
+		}
+		if missing == 0 {
+			return recs
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("%d of %d messages missing after %s (received %d records)", missing, len(ids), timeout, len(recs))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// slotLSN returns the slot's confirmed_flush_lsn.
+func (e *env) slotLSN() string {
+	e.t.Helper()
+	var lsn *string
+	err := e.db.QueryRow(e.t.Context(), "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 'outboxrelay'").Scan(&lsn)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if lsn == nil {
+		return ""
+	}
+	return *lsn
+}
+
+// duplicates counts ids that arrived more than once.
+func duplicates(recs []record) int {
+	n := map[string]int{}
+	d := 0
+	for _, r := range recs {
+		n[r.Headers["message_id"]]++
+		if n[r.Headers["message_id"]] == 2 {
+			d++
+		}
+	}
+	return d
+}

@@ -1,0 +1,87 @@
+-- outboxrelay schema, version 1. Every statement is idempotent.
+CREATE SCHEMA IF NOT EXISTS outboxrelay;
+
+CREATE TABLE IF NOT EXISTS {{.Table}} (
+    id             uuid        PRIMARY KEY DEFAULT gen_random_uuid(),
+    aggregate_type text        NOT NULL,
+    aggregate_id   text        NOT NULL,
+    event_type     text        NOT NULL,
+    payload        jsonb       NOT NULL,
+    headers        jsonb       NOT NULL DEFAULT '{}',
+    traceparent    text        NULL,
+    schema_version int         NOT NULL DEFAULT 1,
+    created_at     timestamptz NOT NULL DEFAULT now()
+);
+{{- if .Debezium}}
+
+-- Debezium outbox router shape (id, aggregatetype, aggregateid, type, payload).
+CREATE TABLE IF NOT EXISTS {{.DebeziumTable}} (
+    id                 uuid        PRIMARY KEY DEFAULT gen_random_uuid(),
+    aggregatetype      varchar(255) NOT NULL,
+    aggregateid        varchar(255) NOT NULL,
+    type               varchar(255) NOT NULL,
+    payload            jsonb,
+    tracingspancontext varchar(256)
+);
+{{- end}}
+
+-- The relay's progress, one row per slot, written at most about once a second.
+CREATE TABLE IF NOT EXISTS outboxrelay.checkpoint (
+    slot              text        PRIMARY KEY,
+    last_lsn          pg_lsn,
+    last_message_id   text,
+    last_published_at timestamptz,
+    published_total   bigint      NOT NULL DEFAULT 0,
+    updated_at        timestamptz NOT NULL DEFAULT now()
+);
+
+-- Messages the broker would not take after the configured attempts.
+CREATE TABLE IF NOT EXISTS outboxrelay.dead_letters (
+    id               bigserial   PRIMARY KEY,
+    slot             text        NOT NULL,
+    message_id       text        NOT NULL,
+    destination      text        NOT NULL,
+    aggregate_type   text        NOT NULL,
+    aggregate_id     text        NOT NULL,
+    event_type       text        NOT NULL,
+    source_table     text        NOT NULL,
+    traceparent      text        NOT NULL,
+    headers          jsonb       NOT NULL DEFAULT '{}',
+    envelope         text        NOT NULL,
+    error            text        NOT NULL,
+    attempts         int         NOT NULL,
+    first_failed_at  timestamptz NOT NULL,
+    last_failed_at   timestamptz NOT NULL,
+    created_at       timestamptz NOT NULL DEFAULT now(),
+    replayed_at      timestamptz
+);
+CREATE INDEX IF NOT EXISTS dead_letters_pending ON outboxrelay.dead_letters (slot, id) WHERE replayed_at IS NULL;
+
+-- One row per pgoutput slot: where PostgreSQL is, where the relay is.
+CREATE OR REPLACE VIEW outboxrelay.status AS
+SELECT s.slot_name::text                                                      AS slot,
+       true                                                                   AS exists,
+       s.active,
+       s.wal_status,
+       s.confirmed_flush_lsn,
+       s.restart_lsn,
+       pg_current_wal_lsn()                                                   AS current_wal_lsn,
+       pg_wal_lsn_diff(pg_current_wal_lsn(), s.confirmed_flush_lsn)::bigint   AS lag_bytes,
+       pg_wal_lsn_diff(pg_current_wal_lsn(), s.restart_lsn)::bigint           AS retained_wal_bytes,
+       c.last_lsn                                                             AS last_published_lsn,
+       c.last_published_at,
+       c.last_message_id,
+       coalesce(c.published_total, 0)                                         AS published_total,
+       (SELECT count(*) FROM outboxrelay.dead_letters d
+         WHERE d.slot = s.slot_name AND d.replayed_at IS NULL)                AS dead_letters
+FROM pg_replication_slots s
+LEFT JOIN outboxrelay.checkpoint c ON c.slot = s.slot_name
+WHERE s.plugin = 'pgoutput' AND s.database = current_database();
+
+DO $outboxrelay$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = {{.PublicationLiteral}}) THEN
+        CREATE PUBLICATION {{.Publication}} FOR TABLE {{.Table}}{{if .Debezium}}, {{.DebeziumTable}}{{end}} WITH (publish = 'insert');
+    END IF;
+END
+$outboxrelay$;

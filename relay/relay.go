@@ -1,0 +1,569 @@
+// Package relay is the pipeline of outboxrelay: committed changes from cdc
+// become envelopes, go to a Sink, and the WAL position is confirmed to
+// PostgreSQL only once the broker has acknowledged every message before it.
+//
+// Guarantees: at-least-once delivery (a crash may repeat messages, never
+// lose one); messages reach the sink in commit order; memory is bounded by
+// Config.MaxInFlight and Config.MaxInFlightBytes.
+package relay
+
+import (
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/outboxrelay/outboxrelay/cdc"
+	"github.com/outboxrelay/outboxrelay/envelope"
+)
+
+// Columns names the outbox table's columns. Empty optional names mean the
+// table has no such column.
+type Columns struct {
+	ID            string `yaml:"id"`
+	AggregateType string `yaml:"aggregate_type"`
+	AggregateID   string `yaml:"aggregate_id"`
+	EventType     string `yaml:"event_type"`
+	Payload       string `yaml:"payload"`
+	Headers       string `yaml:"headers"`
+	Traceparent   string `yaml:"traceparent"`
+	SchemaVersion string `yaml:"schema_version"`
+	CreatedAt     string `yaml:"created_at"`
+}
+
+// DefaultColumns are the column names of the table `outboxrelay migrate` creates.
+func DefaultColumns() Columns {
+	return Columns{
+		ID: "id", AggregateType: "aggregate_type", AggregateID: "aggregate_id", EventType: "event_type",
+		Payload: "payload", Headers: "headers", Traceparent: "traceparent",
+		SchemaVersion: "schema_version", CreatedAt: "created_at",
+	}
+}
+
+// Required lists the columns every outbox table must have.
+func (c Columns) Required() []string {
+	return []string{c.ID, c.AggregateType, c.AggregateID, c.EventType, c.Payload}
+}
+
+// DeadLetterFunc stores a message the broker will never take. It must return
+// only once the message is durably stored; the relay confirms past the
+// message after that.
+type DeadLetterFunc func(ctx context.Context, m *Message) error
+
+// Hooks observe the pipeline (metrics, tests). Every field is optional. Hooks
+// are called from sink goroutines and must not block.
+type Hooks struct {
+	// Published is called once the broker has acknowledged m.
+	Published func(m *Message, ackedAt time.Time)
+	// PublishFailed is called for every failed attempt.
+	PublishFailed func(m *Message, err error)
+	// DeadLettered is called once m is stored as a dead letter.
+	DeadLettered func(m *Message)
+}
+
+// Config configures the pipeline.
+type Config struct {
+	// Database is written to the envelope's source.database.
+	Database string
+	Columns  Columns
+	// MessagePrefix is the prefix of table-less outbox messages
+	// (pg_logical_emit_message); default "outboxrelay".
+	MessagePrefix string
+	// MaxInFlight and MaxInFlightBytes bound the messages handed to the sink
+	// and not yet acknowledged (defaults 10000 and 64 MiB).
+	MaxInFlight      int
+	MaxInFlightBytes int64
+	// MaxAttempts is how often a message the broker rejects permanently is
+	// tried before it is dead-lettered (default 5). Retryable failures are
+	// retried without limit.
+	MaxAttempts int
+	// RetryMin and RetryMax bound the exponential retry backoff (defaults 100ms, 30s).
+	RetryMin, RetryMax time.Duration
+	// DeadLetter stores dead letters. When nil, a message that must be
+	// dead-lettered stops the relay with an error instead.
+	DeadLetter DeadLetterFunc
+	Hooks      Hooks
+}
+
+// HeartbeatPrefix is the prefix of the relay's own heartbeat messages.
+const HeartbeatPrefix = "outboxrelay.heartbeat"
+
+func (c *Config) setDefaults() {
+	if c.Columns == (Columns{}) {
+		c.Columns = DefaultColumns()
+	}
+	if c.MessagePrefix == "" {
+		c.MessagePrefix = "outboxrelay"
+	}
+	if c.MaxInFlight <= 0 {
+		c.MaxInFlight = 10000
+	}
+	if c.MaxInFlightBytes <= 0 {
+		c.MaxInFlightBytes = 64 << 20
+	}
+	if c.MaxAttempts <= 0 {
+		c.MaxAttempts = 5
+	}
+	if c.RetryMin <= 0 {
+		c.RetryMin = 100 * time.Millisecond
+	}
+	if c.RetryMax <= 0 {
+		c.RetryMax = 30 * time.Second
+	}
+}
+
+// Source is the replication stream the relay consumes (*cdc.Stream).
+type Source interface {
+	Run(ctx context.Context, h cdc.Handler) error
+}
+
+// Relay moves committed outbox rows from a Source to a Sink. It implements
+// cdc.Handler. Run it once.
+type Relay struct {
+	cfg     Config
+	sink    Sink
+	log     *zap.Logger
+	tracker *tracker
+	window  *window
+	done    func(*Message, error)
+
+	mappings map[*cdc.Relation]*mapping
+	cur      cdc.Begin
+	tx       *txn
+
+	// Set by Run.
+	sinkCtx    context.Context
+	stopStream context.CancelFunc
+	bg         sync.WaitGroup
+	fatalOnce  sync.Once
+	fatalErr   error
+	fatal      chan struct{}
+	retrying   atomic.Int64
+}
+
+var _ cdc.Handler = (*Relay)(nil)
+
+// New returns a Relay. It starts nothing.
+func New(cfg Config, sink Sink, log *zap.Logger) *Relay {
+	cfg.setDefaults()
+	if log == nil {
+		log = zap.NewNop()
+	}
+	r := &Relay{
+		cfg:      cfg,
+		sink:     sink,
+		log:      log.Named("relay"),
+		tracker:  newTracker(),
+		window:   newWindow(cfg.MaxInFlight, cfg.MaxInFlightBytes),
+		mappings: make(map[*cdc.Relation]*mapping),
+		fatal:    make(chan struct{}),
+	}
+	r.done = r.onDone
+	return r
+}
+
+// Run relays until ctx is cancelled or a fatal error occurs. On cancellation
+// it stops reading, waits for in-flight messages to be acknowledged, confirms
+// the final position and returns nil.
+func (r *Relay) Run(ctx context.Context, src Source) error {
+	// The sink outlives ctx so that messages in flight can still be
+	// acknowledged while the stream drains, as http.Server.Shutdown does.
+	sinkCtx, stopSink := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopSink()
+	r.sinkCtx = sinkCtx
+	streamCtx, stopStream := context.WithCancel(ctx)
+	defer stopStream()
+	r.stopStream = stopStream
+
+	g, gctx := errgroup.WithContext(sinkCtx)
+	if runner, ok := r.sink.(Runner); ok {
+		g.Go(func() error {
+			err := runner.Run(gctx)
+			if err != nil && sinkCtx.Err() == nil {
+				r.fail(fmt.Errorf("sink: %w", err))
+			}
+			return nil
+		})
+	}
+	err := src.Run(streamCtx, r)
+	stopSink()
+	r.bg.Wait()
+	_ = g.Wait()
+	if cerr := r.sink.Close(); cerr != nil {
+		r.log.Warn("close sink", zap.Error(cerr))
+	}
+	if r.fatalErr != nil {
+		return r.fatalErr
+	}
+	return err
+}
+
+// fail stops the relay with err.
+func (r *Relay) fail(err error) {
+	r.fatalOnce.Do(func() {
+		r.fatalErr = err
+		close(r.fatal)
+		r.log.Error("stopping", zap.Error(err))
+		if r.stopStream != nil {
+			r.stopStream()
+		}
+	})
+}
+
+// Confirmed implements cdc.Handler.
+func (r *Relay) Confirmed() cdc.LSN { return r.tracker.Confirmed() }
+
+// Inflight returns the number of messages handed to the sink and not yet
+// acknowledged. Safe for concurrent use.
+func (r *Relay) Inflight() int { return r.window.inflight() }
+
+// Retrying reports whether some message is waiting to be published again.
+func (r *Relay) Retrying() bool { return r.retrying.Load() > 0 }
+
+// Idle implements cdc.Handler.
+func (r *Relay) Idle(walEnd cdc.LSN) { r.tracker.idle(walEnd) }
+
+// Reset implements cdc.Handler.
+func (r *Relay) Reset() {
+	r.tracker.reset()
+	r.tx = nil
+	clear(r.mappings)
+}
+
+// Drain implements cdc.Handler.
+func (r *Relay) Drain(ctx context.Context) error {
+	for {
+		n, drained := r.tracker.inflight()
+		if n == 0 {
+			return nil
+		}
+		r.log.Info("draining", zap.Int("inflight", n))
+		select {
+		case <-drained:
+		case <-r.fatal:
+			return r.fatalErr
+		case <-ctx.Done():
+			return fmt.Errorf("%d messages still unacknowledged: %w", n, ctx.Err())
+		}
+	}
+}
+
+// Begin implements cdc.Handler.
+func (r *Relay) Begin(_ context.Context, b cdc.Begin) error {
+	r.cur = b
+	r.tx = r.tracker.begin()
+	return nil
+}
+
+// Commit implements cdc.Handler.
+func (r *Relay) Commit(_ context.Context, c cdc.Commit) error {
+	r.tracker.commit(c.EndLSN)
+	r.tx = nil
+	return nil
+}
+
+// Insert implements cdc.Handler.
+func (r *Relay) Insert(ctx context.Context, ins *cdc.Insert) error {
+	mp, err := r.mapping(ins.Relation)
+	if err != nil {
+		return err
+	}
+	m, buildErr := r.buildRow(mp, ins)
+	return r.dispatch(ctx, m, buildErr)
+}
+
+// Message implements cdc.Handler.
+func (r *Relay) Message(ctx context.Context, lm *cdc.LogicalMessage) error {
+	if lm.Prefix != r.cfg.MessagePrefix {
+		return nil // heartbeats and other tools' messages
+	}
+	if !lm.Transactional {
+		// Not tied to a transaction: track it on its own. It never moves the
+		// watermark itself (end 0), but holds back later positions until acked.
+		tx := r.tracker.begin()
+		defer r.tracker.commit(0)
+		saved := r.tx
+		r.tx = tx
+		defer func() { r.tx = saved }()
+	}
+	m, buildErr := r.buildEmitted(lm)
+	return r.dispatch(ctx, m, buildErr)
+}
+
+func (r *Relay) dispatch(ctx context.Context, m *Message, buildErr error) error {
+	if r.tx == nil {
+		return errors.New("change outside a transaction")
+	}
+	if err := r.window.acquire(ctx, len(m.Envelope)); err != nil {
+		return err
+	}
+	m.tx = r.tx
+	r.tracker.add(r.tx)
+	if buildErr != nil {
+		m.Attempts = 1
+		m.FirstFailure = time.Now()
+		m.LastFailure = m.FirstFailure
+		m.LastError = fmt.Errorf("invalid outbox message: %w", buildErr)
+		r.deadLetter(m)
+		return nil
+	}
+	r.sink.Publish(ctx, m, r.done)
+	return nil
+}
+
+// onDone receives every publish outcome, from any goroutine.
+func (r *Relay) onDone(m *Message, err error) {
+	if err == nil {
+		if h := r.cfg.Hooks.Published; h != nil {
+			h(m, time.Now())
+		}
+		r.complete(m)
+		return
+	}
+	if r.sinkCtx.Err() != nil {
+		// Shutting down: the message stays unconfirmed and is delivered
+		// again after restart.
+		return
+	}
+	now := time.Now()
+	if m.Attempts == 0 {
+		m.FirstFailure = now
+	}
+	m.Attempts++
+	m.LastFailure = now
+	m.LastError = err
+	if h := r.cfg.Hooks.PublishFailed; h != nil {
+		h(m, err)
+	}
+	if !Retryable(err) && m.Attempts >= r.cfg.MaxAttempts {
+		r.deadLetter(m)
+		return
+	}
+	r.retry(m)
+}
+
+func (r *Relay) complete(m *Message) {
+	r.window.release(len(m.Envelope))
+	r.tracker.ack(m.tx)
+}
+
+func (r *Relay) backoff(attempt int) time.Duration {
+	d := r.cfg.RetryMin
+	for i := 1; i < attempt && d < r.cfg.RetryMax; i++ {
+		d *= 2
+	}
+	d = min(d, r.cfg.RetryMax)
+	return d/2 + rand.N(d/2+1)
+}
+
+func (r *Relay) retry(m *Message) {
+	wait := r.backoff(m.Attempts)
+	r.log.Warn("publish failed; retrying", zap.String("message_id", m.ID), zap.String("destination", m.Destination),
+		zap.Int("attempt", m.Attempts), zap.Duration("retry_in", wait), zap.Error(m.LastError))
+	r.retrying.Add(1)
+	r.bg.Add(1)
+	go func() {
+		defer r.bg.Done()
+		defer r.retrying.Add(-1)
+		t := time.NewTimer(wait)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			r.sink.Publish(r.sinkCtx, m, r.done)
+		case <-r.sinkCtx.Done():
+		}
+	}()
+}
+
+func (r *Relay) deadLetter(m *Message) {
+	if r.cfg.DeadLetter == nil {
+		r.fail(fmt.Errorf("message %s to %q failed %d times and no dead-letter store is configured: %w", m.ID, m.Destination, m.Attempts, m.LastError))
+		return
+	}
+	r.bg.Add(1)
+	go func() {
+		defer r.bg.Done()
+		for attempt := 1; ; attempt++ {
+			err := r.cfg.DeadLetter(r.sinkCtx, m)
+			if err == nil {
+				break
+			}
+			if r.sinkCtx.Err() != nil {
+				return
+			}
+			wait := r.backoff(attempt)
+			r.log.Warn("store dead letter failed; retrying", zap.String("message_id", m.ID), zap.Duration("retry_in", wait), zap.Error(err))
+			select {
+			case <-time.After(wait):
+			case <-r.sinkCtx.Done():
+				return
+			}
+		}
+		r.log.Warn("dead-lettered", zap.String("message_id", m.ID), zap.String("destination", m.Destination),
+			zap.Int("attempts", m.Attempts), zap.Error(m.LastError))
+		if h := r.cfg.Hooks.DeadLettered; h != nil {
+			h(m)
+		}
+		r.complete(m)
+	}()
+}
+
+// mapping locates the configured columns in a relation.
+type mapping struct {
+	table                                          string
+	id, aggType, aggID, eventType, payload         int
+	headers, traceparent, schemaVersion, createdAt int
+	payloadFormat                                  envelope.PayloadFormat
+}
+
+func (r *Relay) mapping(rel *cdc.Relation) (*mapping, error) {
+	if mp, ok := r.mappings[rel]; ok {
+		return mp, nil
+	}
+	idx := func(name string) int {
+		if name == "" {
+			return -1
+		}
+		for i, c := range rel.Columns {
+			if c.Name == name {
+				return i
+			}
+		}
+		return -1
+	}
+	c := r.cfg.Columns
+	mp := &mapping{
+		table: rel.QualifiedName(),
+		id:    idx(c.ID), aggType: idx(c.AggregateType), aggID: idx(c.AggregateID), eventType: idx(c.EventType),
+		payload: idx(c.Payload), headers: idx(c.Headers), traceparent: idx(c.Traceparent),
+		schemaVersion: idx(c.SchemaVersion), createdAt: idx(c.CreatedAt),
+	}
+	for name, i := range map[string]int{c.ID: mp.id, c.AggregateType: mp.aggType, c.AggregateID: mp.aggID, c.EventType: mp.eventType, c.Payload: mp.payload} {
+		if i < 0 {
+			return nil, &cdc.SetupError{Msg: fmt.Sprintf("outbox table %s has no column %q; add it or map it in postgres.columns", mp.table, name)}
+		}
+	}
+	switch rel.Columns[mp.payload].TypeOID {
+	case cdc.OIDJSONB, cdc.OIDJSON:
+		mp.payloadFormat = envelope.PayloadJSON
+	case cdc.OIDBytea:
+		mp.payloadFormat = envelope.PayloadBinary
+	default:
+		mp.payloadFormat = envelope.PayloadText
+	}
+	r.mappings[rel] = mp
+	return mp, nil
+}
+
+func col(vals [][]byte, i int) []byte {
+	if i < 0 {
+		return nil
+	}
+	return vals[i]
+}
+
+// buildRow makes the message for an inserted row. When the row is invalid it
+// still returns a message (with as much of the envelope as could be built)
+// and the reason, so that the row is dead-lettered rather than lost.
+func (r *Relay) buildRow(mp *mapping, ins *cdc.Insert) (*Message, error) {
+	v := ins.Values
+	var errs []error
+	req := func(i int, name string) string {
+		b := col(v, i)
+		if len(b) == 0 {
+			errs = append(errs, fmt.Errorf("column %s is null or empty", name))
+		}
+		return string(b)
+	}
+	c := r.cfg.Columns
+	em := envelope.Message{
+		MessageID:     req(mp.id, c.ID),
+		AggregateType: req(mp.aggType, c.AggregateType),
+		AggregateID:   req(mp.aggID, c.AggregateID),
+		EventType:     req(mp.eventType, c.EventType),
+		SchemaVersion: 1,
+		Headers:       col(v, mp.headers),
+		Payload:       col(v, mp.payload),
+		PayloadFormat: mp.payloadFormat,
+	}
+	if mp.payloadFormat == envelope.PayloadBinary && em.Payload != nil {
+		raw, err := decodeBytea(em.Payload)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("column %s: %w", c.Payload, err))
+		}
+		em.Payload = raw
+	}
+	if em.Payload == nil {
+		errs = append(errs, fmt.Errorf("column %s is null", c.Payload))
+	}
+	if b := col(v, mp.schemaVersion); b != nil {
+		n, err := strconv.Atoi(string(b))
+		if err != nil {
+			errs = append(errs, fmt.Errorf("column %s: %q is not an integer", c.SchemaVersion, b))
+		} else {
+			em.SchemaVersion = n
+		}
+	}
+	em.OccurredAt = r.cur.CommitTime
+	if b := col(v, mp.createdAt); b != nil {
+		if t, err := envelope.ParseTimestamp(b); err == nil {
+			em.OccurredAt = t
+		}
+	}
+	return r.finish(&em, mp.table, string(col(v, mp.traceparent)), ins.LSN, errs)
+}
+
+func (r *Relay) buildEmitted(lm *cdc.LogicalMessage) (*Message, error) {
+	e, err := envelope.ParseEmitted(lm.Content)
+	if err != nil {
+		// Keep the content so the dead letter shows what was sent.
+		em := envelope.Message{MessageID: e.ID, Payload: lm.Content, PayloadFormat: envelope.PayloadText, OccurredAt: r.cur.CommitTime}
+		return r.finish(&em, "", "", lm.LSN, []error{err})
+	}
+	em := envelope.Message{
+		MessageID: e.ID, AggregateType: e.AggregateType, AggregateID: e.AggregateID, EventType: e.EventType,
+		SchemaVersion: e.SchemaVersion, Headers: e.Headers, Payload: e.Payload, PayloadFormat: envelope.PayloadJSON,
+		OccurredAt: r.cur.CommitTime,
+	}
+	return r.finish(&em, "", e.Traceparent, lm.LSN, nil)
+}
+
+func (r *Relay) finish(em *envelope.Message, table, traceparent string, lsn cdc.LSN, errs []error) (*Message, error) {
+	em.TraceID, em.Traceparent = envelope.Trace(traceparent, em.MessageID)
+	headers, err := envelope.ParseHeaders(em.Headers)
+	if err != nil {
+		errs = append(errs, err)
+		em.Headers = nil
+	}
+	em.Source = envelope.Source{
+		Database: r.cfg.Database, Table: table, LSN: uint64(lsn), CommitLSN: uint64(r.cur.FinalLSN),
+		XID: r.cur.XID, CommittedAt: r.cur.CommitTime,
+	}
+	buf := make([]byte, 0, len(em.Payload)+len(em.Headers)+512)
+	m := &Message{
+		ID: em.MessageID, AggregateType: em.AggregateType, AggregateID: em.AggregateID, EventType: em.EventType,
+		Table: table, Traceparent: em.Traceparent, Headers: headers, Envelope: em.AppendJSON(buf),
+		CommitTime: r.cur.CommitTime, LSN: lsn, CommitLSN: r.cur.FinalLSN,
+	}
+	return m, errors.Join(errs...)
+}
+
+// decodeBytea decodes PostgreSQL's hex bytea output (\x...).
+func decodeBytea(b []byte) ([]byte, error) {
+	if len(b) < 2 || b[0] != '\\' || b[1] != 'x' {
+		return nil, errors.New("bytea value is not in hex format")
+	}
+	out := make([]byte, hex.DecodedLen(len(b)-2))
+	if _, err := hex.Decode(out, b[2:]); err != nil {
+		return nil, fmt.Errorf("decode bytea: %w", err)
+	}
+	return out, nil
+}

@@ -1,0 +1,61 @@
+package relay
+
+import (
+	"context"
+	"sync"
+)
+
+// window bounds the messages and bytes in flight. acquire blocks while the
+// window is full; release frees room. A single message larger than the byte
+// limit is let through when nothing else is in flight, so it cannot deadlock.
+type window struct {
+	mu       sync.Mutex
+	maxMsgs  int
+	maxBytes int64
+	msgs     int
+	bytes    int64
+	waiting  bool
+	room     chan struct{} // closed and replaced when room is freed for a waiter
+}
+
+func newWindow(maxMsgs int, maxBytes int64) *window {
+	return &window{maxMsgs: maxMsgs, maxBytes: maxBytes, room: make(chan struct{})}
+}
+
+func (w *window) acquire(ctx context.Context, size int) error {
+	for {
+		w.mu.Lock()
+		if w.msgs == 0 || (w.msgs < w.maxMsgs && w.bytes+int64(size) <= w.maxBytes) {
+			w.msgs++
+			w.bytes += int64(size)
+			w.mu.Unlock()
+			return nil
+		}
+		room := w.room
+		w.waiting = true
+		w.mu.Unlock()
+		select {
+		case <-room:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+func (w *window) release(size int) {
+	w.mu.Lock()
+	w.msgs--
+	w.bytes -= int64(size)
+	if w.waiting {
+		w.waiting = false
+		close(w.room)
+		w.room = make(chan struct{})
+	}
+	w.mu.Unlock()
+}
+
+func (w *window) inflight() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.msgs
+}
