@@ -1,0 +1,54 @@
+// Package pgservertest adapts pgserver, and the other services the
+// end-to-end tests need, to the testing package.
+package pgservertest
+
+import (
+	"net"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/outboxrelay/outboxrelay/integration/pgserver"
+)
+
+// Start starts a PostgreSQL server for t and stops it when t and its
+// subtests finish. Failing to start fails the test rather than skipping
+// it: a missing PostgreSQL must not turn end-to-end tests green. Unless
+// opts.Logf is set, the harness logs through t.Logf, and if the test fails
+// the end of the server log is printed before the server stops.
+func Start(t testing.TB, opts pgserver.Options) *pgserver.Server {
+	t.Helper()
+	if opts.Logf == nil {
+		opts.Logf = t.Logf
+	}
+	srv, err := pgserver.Start(t.Context(), opts)
+	if err != nil {
+		t.Fatalf("start PostgreSQL: %v", err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("PostgreSQL log (last lines):\n%s", srv.LogTail(40))
+		}
+		if err := srv.Stop(); err != nil {
+			t.Errorf("stop PostgreSQL: %v", err)
+		}
+	})
+	return srv
+}
+
+// RequireTCP checks that something accepts TCP connections at addr within
+// 3 seconds; what names the service in the message ("RabbitMQ"). If
+// nothing answers, the test fails when the CI environment variable is
+// "true", where the service must be running, and is skipped otherwise.
+func RequireTCP(t testing.TB, addr, what string) {
+	t.Helper()
+	conn, err := net.DialTimeout("tcp", addr, 3*time.Second)
+	if err == nil {
+		conn.Close()
+		return
+	}
+	if os.Getenv("CI") == "true" {
+		t.Fatalf("%s is not reachable at %s (%v); CI must start it before the tests (see .ci/run)", what, addr, err)
+	}
+	t.Skipf("%s is not reachable at %s (%v); start it to run this test, or set CI=true to make this a failure", what, addr, err)
+}
