@@ -40,6 +40,8 @@ type Config struct {
 	DrainTimeout time.Duration
 	// ReconnectMin and ReconnectMax bound the reconnect backoff (defaults 500ms, 30s).
 	ReconnectMin, ReconnectMax time.Duration
+	// StandbyPoll is how often a standby checks whether the slot is free (default 1s).
+	StandbyPoll time.Duration
 }
 
 var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_$]{0,62}$`)
@@ -79,6 +81,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.ReconnectMax <= 0 {
 		c.ReconnectMax = 30 * time.Second
+	}
+	if c.StandbyPoll <= 0 {
+		c.StandbyPoll = time.Second
 	}
 	if c.ApplicationName == "" {
 		c.ApplicationName = "outboxrelay"

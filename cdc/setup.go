@@ -61,6 +61,14 @@ func Setup(ctx context.Context, conn *pgx.Conn, cfg Config, requiredColumns []st
 		}
 	}
 
+	var schema bool
+	if err := conn.QueryRow(ctx, "SELECT to_regclass('outboxrelay.checkpoint') IS NOT NULL").Scan(&schema); err != nil {
+		return fmt.Errorf("look for the outboxrelay schema: %w", err)
+	}
+	if !schema {
+		return &SetupError{Msg: "schema outboxrelay is missing; run `outboxrelay migrate --database-url URL` first"}
+	}
+
 	if err := ensurePublication(ctx, conn, cfg); err != nil {
 		return err
 	}
@@ -126,8 +134,8 @@ func ensureSlot(ctx context.Context, conn *pgx.Conn, slot string) error {
 	if database == nil || *database != conn.Config().Database {
 		return &SetupError{Msg: fmt.Sprintf("replication slot %s belongs to another database; choose another postgres.slot", slot)}
 	}
-	if walStatus == "lost" {
-		return &SetupError{Msg: fmt.Sprintf("replication slot %s has wal_status=lost: PostgreSQL removed WAL it still needed (max_slot_wal_keep_size); drop and re-create the slot and reconcile the outbox table", slot)}
+	if walStatus == "lost" || walStatus == "unreserved" {
+		return &SetupError{Msg: fmt.Sprintf("replication slot %s has wal_status=%s: PostgreSQL removed (or is about to remove) WAL it still needs (max_slot_wal_keep_size); drop and re-create the slot, republish what was missed from the outbox table, then delete its row in outboxrelay.checkpoint", slot, walStatus)}
 	}
 	return nil
 }

@@ -29,9 +29,11 @@ type Handler interface {
 	// Message receives logical decoding messages (pg_logical_emit_message).
 	Message(ctx context.Context, msg *LogicalMessage) error
 	Commit(ctx context.Context, c Commit) error
+	// Start is called when a session has found the slot, with the slot's
+	// confirmed_flush_lsn, before streaming begins. An error ends the stream.
+	Start(ctx context.Context, slotConfirmed LSN) error
 	// Idle reports that every transaction that committed before walEnd has
-	// been delivered. The stream calls it with the slot's confirmed position
-	// when a session starts and for keepalives between transactions.
+	// been delivered: the stream calls it for keepalives between transactions.
 	Idle(walEnd LSN)
 	// Reset is called when a session ends: a transaction that was open is
 	// abandoned, and the next session delivers it again from its beginning.
@@ -106,6 +108,8 @@ func (s *Stream) Run(ctx context.Context, h Handler) error {
 		}
 		wait := jitter(backoff)
 		if IsSlotInUse(err) {
+			// A standby polls quickly so that it takes over within seconds.
+			wait = jitter(s.cfg.StandbyPoll)
 			s.log.Info("slot is in use by another process; waiting as standby", zap.String("slot", s.cfg.Slot), zap.Duration("retry_in", wait))
 		} else {
 			s.log.Warn("replication connection lost; reconnecting", zap.Error(err), zap.Duration("retry_in", wait))
@@ -115,7 +119,9 @@ func (s *Stream) Run(ctx context.Context, h Handler) error {
 			return nil
 		case <-time.After(wait):
 		}
-		backoff = min(backoff*2, s.cfg.ReconnectMax)
+		if !IsSlotInUse(err) {
+			backoff = min(backoff*2, s.cfg.ReconnectMax)
+		}
 	}
 }
 
@@ -138,7 +144,9 @@ func (s *Stream) session(ctx context.Context, h Handler) (err error) {
 	if err != nil {
 		return err
 	}
-	h.Idle(start)
+	if err := h.Start(ctx, start); err != nil {
+		return handlerErr{err}
+	}
 
 	args := []string{
 		"proto_version '1'",
@@ -318,8 +326,8 @@ func slotStart(ctx context.Context, conn *pgconn.PgConn, slot string) (LSN, erro
 		return 0, &SetupError{Msg: fmt.Sprintf("replication slot %q does not exist; it was dropped while the relay ran — check for lost messages, then restart the relay to create it again", slot)}
 	}
 	row := res[0].Rows[0]
-	if ws := string(row[1]); ws == "lost" {
-		return 0, &SetupError{Msg: fmt.Sprintf("replication slot %q has wal_status=lost: PostgreSQL removed WAL it still needed (max_slot_wal_keep_size); drop and re-create the slot and reconcile the outbox table", slot)}
+	if ws := string(row[1]); ws == "lost" || ws == "unreserved" {
+		return 0, &SetupError{Msg: fmt.Sprintf("replication slot %q has wal_status=%s: PostgreSQL removed (or is about to remove) WAL it still needs (max_slot_wal_keep_size); drop and re-create the slot, republish what was missed from the outbox table, then delete its row in outboxrelay.checkpoint", slot, ws)}
 	}
 	if row[0] == nil {
 		return 0, nil

@@ -90,7 +90,14 @@ type Config struct {
 	// DeadLetter stores dead letters. When nil, a message that must be
 	// dead-lettered stops the relay with an error instead.
 	DeadLetter DeadLetterFunc
-	Hooks      Hooks
+	// Checkpoint durably records a position before the relay confirms it to
+	// PostgreSQL (cdc.Checkpoints.Save); Verify checks the slot against the
+	// record when a session starts (cdc.Checkpoints.Verify). Both optional.
+	Checkpoint func(ctx context.Context, lsn cdc.LSN) error
+	Verify     func(ctx context.Context, slotConfirmed cdc.LSN) error
+	// CheckpointInterval is how often a new position is recorded (default 1s).
+	CheckpointInterval time.Duration
+	Hooks              Hooks
 }
 
 // HeartbeatPrefix is the prefix of the relay's own heartbeat messages.
@@ -117,6 +124,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.RetryMax <= 0 {
 		c.RetryMax = 30 * time.Second
+	}
+	if c.CheckpointInterval <= 0 {
+		c.CheckpointInterval = time.Second
 	}
 }
 
@@ -147,6 +157,10 @@ type Relay struct {
 	fatalErr   error
 	fatal      chan struct{}
 	retrying   atomic.Int64
+	// recorded is the newest position saved by Config.Checkpoint: the one
+	// reported to PostgreSQL.
+	recorded     atomic.Uint64
+	checkpointMu sync.Mutex
 }
 
 var _ cdc.Handler = (*Relay)(nil)
@@ -193,7 +207,22 @@ func (r *Relay) Run(ctx context.Context, src Source) error {
 			return nil
 		})
 	}
+	if r.cfg.Checkpoint != nil {
+		g.Go(func() error {
+			t := time.NewTicker(r.cfg.CheckpointInterval)
+			defer t.Stop()
+			for {
+				select {
+				case <-streamCtx.Done():
+					return nil
+				case <-t.C:
+					r.checkpoint(streamCtx)
+				}
+			}
+		})
+	}
 	err := src.Run(streamCtx, r)
+	stopStream()
 	stopSink()
 	r.bg.Wait()
 	_ = g.Wait()
@@ -218,8 +247,48 @@ func (r *Relay) fail(err error) {
 	})
 }
 
-// Confirmed implements cdc.Handler.
-func (r *Relay) Confirmed() cdc.LSN { return r.tracker.Confirmed() }
+// Confirmed implements cdc.Handler: the newest position that every message
+// before it was acknowledged and that has been recorded by Config.Checkpoint.
+func (r *Relay) Confirmed() cdc.LSN {
+	if r.cfg.Checkpoint == nil {
+		return r.tracker.Confirmed()
+	}
+	return cdc.LSN(r.recorded.Load())
+}
+
+// checkpoint records the tracker's position if it moved.
+func (r *Relay) checkpoint(ctx context.Context) {
+	r.checkpointMu.Lock()
+	defer r.checkpointMu.Unlock()
+	c := r.tracker.Confirmed()
+	if uint64(c) <= r.recorded.Load() {
+		return
+	}
+	if err := r.cfg.Checkpoint(ctx, c); err != nil {
+		if ctx.Err() == nil {
+			r.log.Warn("record checkpoint failed; PostgreSQL is not told of progress until it succeeds", zap.Error(err))
+		}
+		return
+	}
+	r.recorded.Store(uint64(c))
+}
+
+// Start implements cdc.Handler.
+func (r *Relay) Start(ctx context.Context, slotConfirmed cdc.LSN) error {
+	if r.cfg.Verify != nil {
+		if err := r.cfg.Verify(ctx, slotConfirmed); err != nil {
+			return err
+		}
+	}
+	r.tracker.idle(slotConfirmed)
+	// The slot's own position needs no recording: it is already confirmed.
+	r.checkpointMu.Lock()
+	if uint64(slotConfirmed) > r.recorded.Load() {
+		r.recorded.Store(uint64(slotConfirmed))
+	}
+	r.checkpointMu.Unlock()
+	return nil
+}
 
 // Inflight returns the number of messages handed to the sink and not yet
 // acknowledged. Safe for concurrent use.
@@ -243,6 +312,9 @@ func (r *Relay) Drain(ctx context.Context) error {
 	for {
 		n, drained := r.tracker.inflight()
 		if n == 0 {
+			if r.cfg.Checkpoint != nil {
+				r.checkpoint(ctx)
+			}
 			return nil
 		}
 		r.log.Info("draining", zap.Int("inflight", n))

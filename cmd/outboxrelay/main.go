@@ -65,7 +65,7 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 	case "status":
 		err = cmdStatus(args[1:], stdout)
 	case "dlq":
-		err = cmdDLQ(args[1:], stdout)
+		err = cmdDeadLetters(args[1:], stdout)
 	case "version", "--version", "-v":
 		fmt.Fprintln(stdout, "outboxrelay", version)
 	case "help", "-h", "--help":

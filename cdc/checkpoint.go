@@ -1,0 +1,60 @@
+package cdc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Querier is what the checkpoint store needs from a connection or pool.
+type Querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Checkpoints records, in outboxrelay.checkpoint, the position the relay is
+// about to confirm to PostgreSQL. Because the relay confirms only positions
+// it recorded first, the slot's confirmed_flush_lsn can never be ahead of the
+// record; if it is, the slot was replaced behind the relay's back.
+type Checkpoints struct {
+	DB   Querier
+	Slot string
+}
+
+// Save records lsn as confirmed for the slot.
+func (c Checkpoints) Save(ctx context.Context, lsn LSN) error {
+	_, err := c.DB.Exec(ctx, `INSERT INTO outboxrelay.checkpoint (slot, confirmed_lsn, updated_at) VALUES ($1, $2::pg_lsn, now())
+		ON CONFLICT (slot) DO UPDATE SET confirmed_lsn = EXCLUDED.confirmed_lsn, updated_at = now()`, c.Slot, lsn.String())
+	if err != nil {
+		return fmt.Errorf("record checkpoint: %w", err)
+	}
+	return nil
+}
+
+// Verify fails with a *SetupError when the slot is ahead of the recorded
+// position: messages between the two may never have been published.
+func (c Checkpoints) Verify(ctx context.Context, slotConfirmed LSN) error {
+	var recorded *string
+	err := c.DB.QueryRow(ctx, "SELECT confirmed_lsn::text FROM outboxrelay.checkpoint WHERE slot = $1", c.Slot).Scan(&recorded)
+	if errors.Is(err, pgx.ErrNoRows) || (err == nil && recorded == nil) {
+		return nil // first run for this slot
+	}
+	if err != nil {
+		return fmt.Errorf("read checkpoint: %w", err)
+	}
+	rec, err := pglogrepl.ParseLSN(*recorded)
+	if err != nil {
+		return fmt.Errorf("parse recorded checkpoint %q: %w", *recorded, err)
+	}
+	if slotConfirmed > rec {
+		return &SetupError{Msg: fmt.Sprintf(
+			"replication slot %q is at %s but the relay last confirmed %s: the slot was dropped and re-created or advanced behind the relay's back, and messages in between may be lost; "+
+				"republish them from the outbox table if needed, then run: DELETE FROM outboxrelay.checkpoint WHERE slot = '%s'",
+			c.Slot, slotConfirmed, rec, c.Slot)}
+	}
+	return nil
+}
