@@ -79,6 +79,11 @@ func run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 		return fmt.Errorf("prepare PostgreSQL: %w", err)
 	}
 
+	dur, err := openDurability(setupCtx, cfg, log)
+	if err != nil {
+		return err
+	}
+	defer dur.close()
 	sink, err := openSink(setupCtx, cfg, log)
 	if err != nil {
 		return err
@@ -88,17 +93,26 @@ func run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 		_ = sink.Close()
 		return err
 	}
-	r := relay.New(relay.Config{
+	rc := relay.Config{
 		Database:         database,
 		Columns:          cfg.Postgres.Columns,
 		MessagePrefix:    cfg.Postgres.MessagePrefix,
 		MaxInFlight:      cfg.Relay.MaxInFlight,
 		MaxInFlightBytes: cfg.Relay.MaxInFlightBytes,
 		MaxAttempts:      cfg.Relay.MaxAttempts,
-	}, sink, log)
+	}
+	dur.apply(&rc)
+	r := relay.New(rc, sink, log)
 	log.Info("starting", zap.String("version", version), zap.String("sink", cfg.Sink.Type),
 		zap.String("slot", cfg.Postgres.Slot), zap.Strings("tables", cfg.Postgres.Tables))
-	return r.Run(ctx, stream)
+
+	hbCtx, stopHeartbeat := context.WithCancel(ctx)
+	hbDone := make(chan error, 1)
+	go func() { hbDone <- dur.heartbeat(hbCtx) }()
+	err = r.Run(ctx, stream)
+	stopHeartbeat()
+	<-hbDone
+	return err
 }
 
 // openSink creates the configured sink and checks that its broker answers,
