@@ -1,0 +1,86 @@
+package kafka
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/outboxrelay/outboxrelay/relay"
+)
+
+func TestValidate(t *testing.T) {
+	ok := Config{Brokers: []string{"127.0.0.1:9092"}}
+	if err := ok.Validate(); err != nil {
+		t.Fatalf("minimal config: %v", err)
+	}
+	for _, tc := range []struct {
+		cfg  Config
+		want string
+	}{
+		{Config{}, "sink.kafka.brokers is empty"},
+		{Config{Brokers: []string{" "}}, "not a host:port"},
+		{Config{Brokers: ok.Brokers, Topic: "outbox.{aggregate}"}, "unknown placeholder {aggregate}"},
+		{Config{Brokers: ok.Brokers, Topic: "outbox.{aggregate_type"}, "without '}'"},
+		{Config{Brokers: ok.Brokers, Topic: "outbox}"}, "without '{'"},
+		{Config{Brokers: ok.Brokers, Topic: "outbox/{aggregate_type}"}, `contains '/'`},
+		{Config{Brokers: ok.Brokers, Topic: ".."}, "not allowed"},
+		{Config{Brokers: ok.Brokers, Linger: -time.Millisecond}, "sink.kafka.linger"},
+		{Config{Brokers: ok.Brokers, MaxBufferedRecords: -1}, "sink.kafka.max_buffered_records"},
+		{Config{Brokers: ok.Brokers, MaxMessageBytes: 100}, "sink.kafka.max_message_bytes"},
+		{Config{Brokers: ok.Brokers, DialTimeout: -time.Second}, "sink.kafka.dial_timeout"},
+	} {
+		err := tc.cfg.Validate()
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%+v: Validate() = %v, want an error containing %q", tc.cfg, err, tc.want)
+		}
+	}
+}
+
+func TestTemplate(t *testing.T) {
+	m := &relay.Message{AggregateType: "order", EventType: "order.created", Table: "public.outbox"}
+	for _, tc := range []struct{ tmpl, want string }{
+		{"outbox.{aggregate_type}", "outbox.order"},
+		{"{aggregate_type}", "order"},
+		{"{table}.{event_type}", "public.outbox.order.created"},
+		{"{aggregate_type}-{aggregate_type}_x", "order-order_x"},
+		{"all-events", "all-events"},
+	} {
+		tmpl, err := parseTemplate(tc.tmpl)
+		if err != nil {
+			t.Fatalf("%q: %v", tc.tmpl, err)
+		}
+		r := newTopics(tc.tmpl, tmpl).render(m)
+		if r.err != nil || r.topic != tc.want {
+			t.Errorf("%q rendered %q, %v; want %q", tc.tmpl, r.topic, r.err, tc.want)
+		}
+	}
+}
+
+func TestCheckTopic(t *testing.T) {
+	for _, ok := range []string{"a", "outbox.order", "A-Z_0.9", "...", strings.Repeat("x", 249)} {
+		if err := checkTopic(ok); err != nil {
+			t.Errorf("%q: %v", ok, err)
+		}
+	}
+	for _, bad := range []string{"", ".", "..", "a b", "a/b", "ä", "a:b", strings.Repeat("x", 250)} {
+		if checkTopic(bad) == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}
+
+// TestTopicCacheBounded renders more distinct topics than the cache holds.
+func TestTopicCacheBounded(t *testing.T) {
+	tmpl, _ := parseTemplate("outbox.{aggregate_type}")
+	ts := newTopics("outbox.{aggregate_type}", tmpl)
+	for i := range maxCachedTopics + 10 {
+		m := &relay.Message{AggregateType: strings.Repeat("a", i%7) + string(rune('a'+i%26)) + strings.Repeat("b", i/26%50) + string(rune('0'+i/1300))}
+		r := ts.render(m)
+		if r.err != nil || r.topic != "outbox."+m.AggregateType {
+			t.Fatalf("render %q: %q, %v", m.AggregateType, r.topic, r.err)
+		}
+	}
+	if n := len(ts.cache); n > maxCachedTopics {
+		t.Errorf("cache holds %d topics, limit %d", n, maxCachedTopics)
+	}
+}

@@ -1,0 +1,21 @@
+// Package kafka is the outboxrelay sink for Apache Kafka, built on franz-go.
+//
+// A [Sink] produces every relayed message as one record:
+//
+//   - topic: rendered from [Config.Topic] (default "outbox.{aggregate_type}");
+//   - key: the aggregate_id, so the default (murmur2, Kafka-compatible) key
+//     partitioner keeps every aggregate on one partition;
+//   - value: the envelope bytes, unchanged;
+//   - headers: message_id, event_type, traceparent (when non-empty),
+//     content-type: application/json, then the row's headers in row order.
+//
+// The producer is idempotent with acks=all and unbounded internal retries, so
+// records of one aggregate reach the broker exactly in Publish order and a
+// retry never duplicates or reorders them. A message is reported through its
+// done callback only once the broker has acknowledged it, or with the error
+// that stopped it: errors the broker will never accept (see [Config.Topic] and
+// the package's classification of broker errors) are wrapped with
+// relay.Permanent, everything else is retryable.
+//
+// Tests run against kfake, franz-go's in-process Kafka, over TCP.
+package kafka
