@@ -72,7 +72,7 @@ func Setup(ctx context.Context, conn *pgx.Conn, cfg Config, requiredColumns []st
 	if err := ensurePublication(ctx, conn, cfg); err != nil {
 		return err
 	}
-	return ensureSlot(ctx, conn, cfg.Slot)
+	return EnsureSlot(ctx, conn, cfg.Slot)
 }
 
 func ensurePublication(ctx context.Context, conn *pgx.Conn, cfg Config) error {
@@ -114,7 +114,10 @@ func ensurePublication(ctx context.Context, conn *pgx.Conn, cfg Config) error {
 	return nil
 }
 
-func ensureSlot(ctx context.Context, conn *pgx.Conn, slot string) error {
+// EnsureSlot creates the logical replication slot (pgoutput) if it is missing
+// and checks an existing one. From its creation on, every committed outbox
+// row is kept for the relay, even before the relay first runs.
+func EnsureSlot(ctx context.Context, conn *pgx.Conn, slot string) error {
 	var plugin, walStatus string
 	var database *string
 	err := conn.QueryRow(ctx, "SELECT coalesce(plugin, ''), coalesce(wal_status, ''), database FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&plugin, &walStatus, &database)

@@ -351,16 +351,20 @@ func (c *consumer) waitIDs(ids []string, timeout time.Duration) []record {
 			seen[r.Headers["message_id"]] = true
 		}
 		missing := 0
+		var sample []string
 		for _, id := range ids {
 			if !seen[id] {
 				missing++
+				if len(sample) < 5 {
+					sample = append(sample, id)
+				}
 			}
 		}
 		if missing == 0 {
 			return recs
 		}
 		if time.Now().After(deadline) {
-			c.t.Fatalf("%d of %d messages missing after %s (received %d records)", missing, len(ids), timeout, len(recs))
+			c.t.Fatalf("%d of %d messages missing after %s (received %d records); first missing: %v", missing, len(ids), timeout, len(recs), sample)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}

@@ -161,6 +161,7 @@ type Relay struct {
 	// reported to PostgreSQL.
 	recorded     atomic.Uint64
 	checkpointMu sync.Mutex
+	unrecorded   atomic.Bool
 }
 
 var _ cdc.Handler = (*Relay)(nil)
@@ -216,7 +217,7 @@ func (r *Relay) Run(ctx context.Context, src Source) error {
 				case <-streamCtx.Done():
 					return nil
 				case <-t.C:
-					r.checkpoint(streamCtx)
+					_ = r.checkpoint(streamCtx) // logged; retried at the next tick
 				}
 			}
 		})
@@ -249,32 +250,59 @@ func (r *Relay) fail(err error) {
 
 // Confirmed implements cdc.Handler: the newest position that every message
 // before it was acknowledged and that has been recorded by Config.Checkpoint.
+//
+// When recording fails (PostgreSQL is shutting down or unreachable) the
+// relay confirms the acknowledged position unrecorded: a shutting-down
+// walsender waits for its client to confirm everything it sent, and a relay
+// that withheld confirmation would hold the server's shutdown hostage. The
+// position is recorded at the start of the next session, before the slot is
+// verified.
 func (r *Relay) Confirmed() cdc.LSN {
-	if r.cfg.Checkpoint == nil {
+	if r.cfg.Checkpoint == nil || r.unrecorded.Load() {
 		return r.tracker.Confirmed()
 	}
 	return cdc.LSN(r.recorded.Load())
 }
 
 // checkpoint records the tracker's position if it moved.
-func (r *Relay) checkpoint(ctx context.Context) {
+func (r *Relay) checkpoint(ctx context.Context) error {
 	r.checkpointMu.Lock()
 	defer r.checkpointMu.Unlock()
 	c := r.tracker.Confirmed()
 	if uint64(c) <= r.recorded.Load() {
-		return
+		return nil
 	}
 	if err := r.cfg.Checkpoint(ctx, c); err != nil {
-		if ctx.Err() == nil {
-			r.log.Warn("record checkpoint failed; PostgreSQL is not told of progress until it succeeds", zap.Error(err))
+		if !r.unrecorded.Swap(true) && ctx.Err() == nil {
+			r.log.Warn("record checkpoint failed; confirming progress unrecorded until it succeeds", zap.Error(err))
 		}
-		return
+		return err
 	}
 	r.recorded.Store(uint64(c))
+	r.unrecorded.Store(false)
+	return nil
 }
 
 // Start implements cdc.Handler.
 func (r *Relay) Start(ctx context.Context, slotConfirmed cdc.LSN) error {
+	if r.unrecorded.Load() {
+		// What this process confirmed unrecorded must be on record before the
+		// slot is compared with the record.
+		var err error
+		for attempt := 0; attempt < 20; attempt++ {
+			if err = r.checkpoint(ctx); err == nil {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(500 * time.Millisecond):
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("record checkpoint before resuming: %w", err)
+		}
+	}
 	if r.cfg.Verify != nil {
 		if err := r.cfg.Verify(ctx, slotConfirmed); err != nil {
 			return err
@@ -313,7 +341,7 @@ func (r *Relay) Drain(ctx context.Context) error {
 		n, drained := r.tracker.inflight()
 		if n == 0 {
 			if r.cfg.Checkpoint != nil {
-				r.checkpoint(ctx)
+				_ = r.checkpoint(ctx) // on failure Confirmed falls back to the acknowledged position
 			}
 			return nil
 		}

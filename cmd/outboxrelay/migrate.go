@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outboxrelay/outboxrelay/cdc"
 	"github.com/outboxrelay/outboxrelay/migrations"
 )
 
@@ -21,6 +22,7 @@ func cmdMigrate(args []string, stdout io.Writer) error {
 	fs.StringVar(&o.Table, "table", "public.outbox", "outbox table to create")
 	fs.StringVar(&o.Publication, "publication", "outboxrelay", "publication to create")
 	fs.BoolVar(&o.Debezium, "debezium", false, "also create a Debezium-shaped outbox table (public.outboxevent)")
+	slot := fs.String("slot", "outboxrelay", "replication slot to create, so rows written before the relay first runs are kept; empty to skip")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -47,6 +49,14 @@ func cmdMigrate(args []string, stdout io.Writer) error {
 		return usageErr("migrate: %v", err)
 	}
 	fmt.Fprintf(stdout, "migrated: table %s, schema outboxrelay, publication %s\n", o.Table, o.Publication)
+	if *slot != "" {
+		// The slot is created outside the migration transaction: PostgreSQL
+		// refuses to create one in a transaction that has written.
+		if err := cdc.EnsureSlot(ctx, conn, *slot); err != nil {
+			return usageErr("migrate: %v", err)
+		}
+		fmt.Fprintf(stdout, "replication slot %s ready: outbox rows are kept for the relay from now on\n", *slot)
+	}
 	return nil
 }
 
