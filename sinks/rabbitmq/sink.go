@@ -1,0 +1,703 @@
+package rabbitmq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"go.uber.org/zap"
+
+	"github.com/outboxrelay/outboxrelay/relay"
+)
+
+var (
+	// ErrClosed is reported for messages whose outcome was still open when
+	// the sink stopped (Close, or the end of Run). It is retryable.
+	ErrClosed = errors.New("rabbitmq sink closed before the broker confirmed the message")
+	// ErrNacked is reported when the broker nacked a message. It is retryable.
+	ErrNacked = errors.New("rabbitmq nacked the message")
+	// ErrUnroutable is wrapped, as a relay.Permanent error, for messages the
+	// broker returned because no queue is bound for their routing key.
+	ErrUnroutable = errors.New("unroutable")
+)
+
+const (
+	appID = "outboxrelay"
+	// closeTimeout bounds the connection.close handshake.
+	closeTimeout = 5 * time.Second
+	// maxShortstr is the AMQP limit of exchange names, routing keys,
+	// message ids, types and header names.
+	maxShortstr = 255
+)
+
+var _ relay.Sink = (*Sink)(nil)
+var _ relay.Runner = (*Sink)(nil)
+
+// Sink publishes relay messages to a RabbitMQ exchange. Create it with New,
+// optionally call Connect, run Run for as long as it relays, and Close it.
+// See the package documentation for its guarantees.
+type Sink struct {
+	cfg   Config
+	log   *zap.Logger
+	key   template
+	slots chan struct{} // one token per message between Publish and done
+
+	// pubMu serialises publishing on the channel, so that the delivery tag
+	// read before a publish is the tag of that publish, and moves of
+	// messages between sessions. Taken before mu.
+	pubMu sync.Mutex
+
+	mu       sync.Mutex
+	sess     *session      // the session Publish uses; nil while there is none usable
+	prepared *session      // opened by Connect, taken over by Run
+	carry    []*pending    // unconfirmed messages of dead sessions in publish order
+	wake     chan struct{} // closed and replaced whenever sess or its state changes
+	closed   bool          // Close was called
+	stopped  bool          // Run returned
+	running  bool          // Run was called
+	cancel   context.CancelFunc
+	runDone  chan struct{} // closed when Run returns
+
+	quit     chan struct{} // closed once closed or stopped
+	quitOnce sync.Once
+
+	ready atomic.Bool
+
+	// Counters for logs and tests.
+	sessions    atomic.Int64 // channels that went live
+	republished atomic.Int64 // messages republished after a reconnect
+}
+
+// pending is one message between Publish and its outcome.
+type pending struct {
+	m    *relay.Message
+	done func(*relay.Message, error)
+	key  string
+	pub  amqp.Publishing
+	// frame is the encoded size of the content header frame, checked
+	// against the frame size negotiated with the broker.
+	frame int
+	// returned is set (under Sink.mu) by a basic.return for this publish
+	// and reported when its basic.ack arrives.
+	returned error
+}
+
+// New checks cfg, applies its defaults and returns a Sink. It neither dials
+// nor starts goroutines. log may be nil.
+func New(cfg Config, log *zap.Logger) (*Sink, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	if cfg.TLS != nil {
+		cfg.TLS = cfg.TLS.Clone() // amqp091 writes ServerName into it
+	}
+	key, err := parseTemplate(cfg.RoutingKey)
+	if err != nil {
+		return nil, fmt.Errorf("rabbitmq routing_key: %w", err)
+	}
+	if log == nil {
+		log = zap.NewNop()
+	}
+	return &Sink{
+		cfg:     cfg,
+		log:     log.Named("rabbitmq"),
+		key:     key,
+		slots:   make(chan struct{}, cfg.MaxInFlight),
+		wake:    make(chan struct{}),
+		runDone: make(chan struct{}),
+		quit:    make(chan struct{}),
+	}, nil
+}
+
+// Connect makes one attempt to connect: it dials, declares or checks the
+// exchange and opens a confirm-mode channel, which Run then takes over. It
+// lets the caller report a broker that is unreachable at start as a clear
+// error (the message names the URL, its password redacted) instead of Run
+// retrying in silence. Connect is optional; calling it again, or after Run
+// connected, does nothing. Cancelling ctx aborts the attempt.
+func (s *Sink) Connect(ctx context.Context) error {
+	s.mu.Lock()
+	switch {
+	case s.closed || s.stopped:
+		s.mu.Unlock()
+		return ErrClosed
+	case s.prepared != nil || s.sess != nil:
+		s.mu.Unlock()
+		return nil
+	}
+	s.mu.Unlock()
+
+	sess, err := s.dial(ctx)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	if s.closed || s.stopped || s.prepared != nil || s.running {
+		s.mu.Unlock()
+		_ = sess.conn.CloseDeadline(time.Now().Add(closeTimeout))
+		if s.closed || s.stopped {
+			return ErrClosed
+		}
+		return nil
+	}
+	s.prepared = sess
+	s.mu.Unlock()
+	return nil
+}
+
+// Run owns the connection: it uses the one Connect made or dials, and
+// redials with exponential backoff and jitter whenever the connection or
+// channel drops, republishing unconfirmed messages first. It returns nil
+// when ctx is done or the sink is closed; messages still unconfirmed then
+// are reported failed with ErrClosed. Run may be called once.
+func (s *Sink) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+
+	s.mu.Lock()
+	if s.running {
+		s.mu.Unlock()
+		return errors.New("rabbitmq sink: Run called twice")
+	}
+	s.running = true
+	if s.closed {
+		s.mu.Unlock()
+		s.stop()
+		return nil
+	}
+	s.cancel = cancel
+	sess := s.prepared
+	s.prepared = nil
+	s.mu.Unlock()
+	defer s.stop()
+
+	bo := backoff{min: s.cfg.ReconnectBackoffMin, max: s.cfg.ReconnectBackoffMax}
+	for {
+		if sess == nil {
+			var err error
+			if sess, err = s.dial(ctx); err != nil {
+				if ctx.Err() != nil {
+					return nil
+				}
+				d := bo.next()
+				s.log.Warn("cannot connect to rabbitmq, retrying", zap.Error(err), zap.Duration("retry_in", d))
+				if !sleep(ctx, d) {
+					return nil
+				}
+				continue
+			}
+		}
+		start := time.Now()
+		s.serve(ctx, sess)
+		if sess.acked || time.Since(start) >= s.cfg.ReconnectBackoffMax {
+			bo.reset()
+		}
+		sess = nil
+		if ctx.Err() != nil || !sleep(ctx, bo.next()) {
+			return nil
+		}
+	}
+}
+
+// Publish renders the routing key, waits for a free in-flight slot and a
+// usable channel, and publishes m with mandatory set. It returns once m is
+// written to the connection; done reports the outcome later (see the
+// package documentation). Publish blocks while disconnected, while the
+// broker blocks the connection and while Config.MaxInFlight messages are
+// unconfirmed; if ctx is done first it reports ctx.Err() through done.
+// Messages are written in the order of the Publish calls. Safe for
+// concurrent use, though order is only defined for sequential calls.
+func (s *Sink) Publish(ctx context.Context, m *relay.Message, done func(*relay.Message, error)) {
+	p, err := s.prepare(m, done)
+	if err != nil {
+		done(m, relay.Permanent(err))
+		return
+	}
+	select {
+	case s.slots <- struct{}{}:
+	case <-ctx.Done():
+		done(m, ctx.Err())
+		return
+	case <-s.quit:
+		done(m, ErrClosed)
+		return
+	}
+	for {
+		sess, wait, err := s.current()
+		if err != nil {
+			s.finish(p, err)
+			return
+		}
+		if sess == nil {
+			select {
+			case <-wait:
+				continue
+			case <-ctx.Done():
+				s.finish(p, ctx.Err())
+				return
+			}
+		}
+		ok, err := s.publishOn(ctx, sess, p)
+		if err != nil {
+			s.finish(p, err)
+			return
+		}
+		if ok {
+			return
+		}
+	}
+}
+
+// Ready reports whether a confirm-mode channel is open and the broker does
+// not block the connection. Safe for concurrent use.
+func (s *Sink) Ready() bool { return s.ready.Load() }
+
+// Close stops Run if it runs, closes the connection and reports every
+// message whose outcome is still open as failed with ErrClosed (retryable).
+// Publish calls after Close report ErrClosed. Close is idempotent and safe
+// for concurrent use; it returns once Run has returned.
+func (s *Sink) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	prepared := s.prepared
+	s.prepared = nil
+	running, cancel := s.running, s.cancel
+	s.changedLocked()
+	s.mu.Unlock()
+	s.quitOnce.Do(func() { close(s.quit) })
+
+	if cancel != nil {
+		cancel()
+	}
+	if running {
+		<-s.runDone
+	}
+	var err error
+	if prepared != nil {
+		if e := prepared.conn.CloseDeadline(time.Now().Add(closeTimeout)); e != nil && !errors.Is(e, amqp.ErrClosed) {
+			err = fmt.Errorf("close rabbitmq connection: %w", redactError(e, s.cfg.URL))
+		}
+	}
+	s.failCarry()
+	return err
+}
+
+// stop marks the end of Run and fails what is left.
+func (s *Sink) stop() {
+	s.mu.Lock()
+	s.stopped = true
+	s.sess = nil
+	s.changedLocked()
+	s.mu.Unlock()
+	s.quitOnce.Do(func() { close(s.quit) })
+	s.failCarry()
+	close(s.runDone)
+}
+
+func (s *Sink) failCarry() {
+	s.mu.Lock()
+	failed := s.carry
+	s.carry = nil
+	s.mu.Unlock()
+	for _, p := range failed {
+		s.finish(p, ErrClosed)
+	}
+}
+
+// prepare renders the routing key and builds the publishing, rejecting what
+// the broker or the client library could never take.
+func (s *Sink) prepare(m *relay.Message, done func(*relay.Message, error)) (*pending, error) {
+	key := s.key.render(m)
+	m.Destination = s.cfg.Exchange + "/" + key
+	switch {
+	case key == "":
+		return nil, fmt.Errorf("routing key for message %s is empty; check the routing_key template %q", m.ID, s.cfg.RoutingKey)
+	case len(key) > maxShortstr:
+		return nil, fmt.Errorf("routing key for message %s is %d bytes, over the AMQP limit of 255: %.64q...", m.ID, len(key), key)
+	case len(m.ID) > maxShortstr:
+		return nil, fmt.Errorf("message_id is %d bytes, over the AMQP limit of 255", len(m.ID))
+	case len(m.EventType) > maxShortstr:
+		return nil, fmt.Errorf("event_type of message %s is %d bytes, over the AMQP limit of 255", m.ID, len(m.EventType))
+	case len(m.Envelope) > s.cfg.MaxMessageSize:
+		return nil, fmt.Errorf("message %s is %d bytes, over max_message_size %d", m.ID, len(m.Envelope), s.cfg.MaxMessageSize)
+	}
+
+	headers := make(amqp.Table, len(m.Headers)+3)
+	for _, h := range m.Headers {
+		if len(h.Key) > maxShortstr {
+			return nil, fmt.Errorf("header name of message %s is %d bytes, over the AMQP limit of 255: %.64q...", m.ID, len(h.Key), h.Key)
+		}
+		headers[h.Key] = h.Value
+	}
+	// The relay's own headers win over row headers of the same name, so
+	// consumers can rely on them.
+	if m.Traceparent != "" {
+		headers["traceparent"] = m.Traceparent
+	}
+	headers["aggregate_id"] = m.AggregateID
+	headers["aggregate_type"] = m.AggregateType
+
+	pub := amqp.Publishing{
+		Headers:      headers,
+		ContentType:  "application/json",
+		DeliveryMode: amqp.Persistent,
+		MessageId:    m.ID,
+		Type:         m.EventType,
+		AppId:        appID,
+		Body:         m.Envelope,
+	}
+	if !m.CommitTime.IsZero() {
+		pub.Timestamp = m.CommitTime.UTC().Truncate(time.Second)
+	}
+	return &pending{m: m, done: done, key: key, pub: pub, frame: headerFrameSize(&pub)}, nil
+}
+
+// headerFrameSize is the size of the content header frame amqp091 writes
+// for pub: frame header and end (8), class, weight, body size and flags
+// (14), then the properties that are set.
+func headerFrameSize(pub *amqp.Publishing) int {
+	n := 8 + 14
+	n += 1 + len(pub.ContentType)
+	n += 4
+	for k, v := range pub.Headers {
+		n += 1 + len(k) + 1 + 4 + len(v.(string))
+	}
+	n += 1 // delivery mode
+	n += 1 + len(pub.MessageId)
+	n += 8 // timestamp
+	n += 1 + len(pub.Type)
+	n += 1 + len(pub.AppId)
+	return n
+}
+
+// current returns the session to publish on, or a channel that is closed
+// when that may have changed.
+func (s *Sink) current() (*session, <-chan struct{}, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case s.closed || s.stopped:
+		return nil, nil, ErrClosed
+	case s.sess != nil && !s.sess.blocked:
+		return s.sess, nil, nil
+	default:
+		return nil, s.wake, nil
+	}
+}
+
+// publishOn publishes p on sess. It reports false with a nil error when
+// sess can no longer be used and p must wait for the next session.
+func (s *Sink) publishOn(ctx context.Context, sess *session, p *pending) (bool, error) {
+	s.pubMu.Lock()
+	defer s.pubMu.Unlock()
+
+	if max := sess.conn.Config.FrameSize; max > 0 && p.frame > max {
+		return false, relay.Permanent(fmt.Errorf("headers of message %s need a %d byte frame, over the frame size %d negotiated with the broker", p.m.ID, p.frame, max))
+	}
+
+	s.mu.Lock()
+	if s.sess != sess || sess.dead || sess.blocked {
+		s.mu.Unlock()
+		return false, nil
+	}
+	// Registered before the write: the ack may be processed before the
+	// write returns.
+	tag := sess.ch.GetNextPublishSeqNo()
+	sess.inflight[tag] = p
+	s.mu.Unlock()
+
+	dc, err := sess.ch.PublishWithDeferredConfirmWithContext(ctx, s.cfg.Exchange, p.key, true, false, p.pub)
+	if err == nil {
+		if dc == nil || dc.DeliveryTag != tag {
+			// Cannot happen while pubMu serialises publishing; if it does,
+			// acks would be matched to the wrong messages. Drop the channel
+			// so that everything unconfirmed is republished.
+			s.log.Error("rabbitmq delivery tag mismatch, reconnecting", zap.Uint64("expected", tag))
+			s.markDead(sess)
+			_ = sess.conn.CloseDeadline(time.Now().Add(closeTimeout))
+		}
+		return true, nil
+	}
+
+	s.mu.Lock()
+	delete(sess.inflight, tag)
+	s.mu.Unlock()
+	if ctx.Err() != nil {
+		return false, ctx.Err()
+	}
+	// Any write error shuts the amqp091 connection down, and the channel may
+	// have been closed by the broker: wait for the next session.
+	s.log.Debug("publish failed, waiting for a new channel", zap.String("message_id", p.m.ID), zap.Error(redactError(err, s.cfg.URL)))
+	s.markDead(sess)
+	return false, nil
+}
+
+// finish releases p's slot and reports its outcome.
+func (s *Sink) finish(p *pending, err error) {
+	<-s.slots
+	p.done(p.m, err)
+}
+
+// changedLocked recomputes readiness and wakes waiting publishers.
+// s.mu must be held.
+func (s *Sink) changedLocked() {
+	s.ready.Store(!s.closed && !s.stopped && s.sess != nil && !s.sess.blocked)
+	close(s.wake)
+	s.wake = make(chan struct{})
+}
+
+// markDead stops new publishes on sess.
+func (s *Sink) markDead(sess *session) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sess.dead = true
+	if s.sess == sess {
+		s.sess = nil
+	}
+	s.changedLocked()
+}
+
+// activate republishes the messages carried over from dead sessions on sess,
+// in order, and then makes sess the one Publish uses.
+func (s *Sink) activate(ctx context.Context, sess *session) error {
+	s.pubMu.Lock()
+	defer s.pubMu.Unlock()
+
+	s.mu.Lock()
+	carry := s.carry
+	s.carry = nil
+	s.mu.Unlock()
+
+	if len(carry) > 0 {
+		s.log.Info("republishing unconfirmed messages on the new channel", zap.Int("count", len(carry)))
+	}
+	for i, p := range carry {
+		if max := sess.conn.Config.FrameSize; max > 0 && p.frame > max {
+			// The broker lowered its frame_max since this was published.
+			s.finish(p, relay.Permanent(fmt.Errorf("headers of message %s need a %d byte frame, over the frame size %d negotiated with the broker", p.m.ID, p.frame, max)))
+			continue
+		}
+		s.mu.Lock()
+		tag := sess.ch.GetNextPublishSeqNo()
+		p.returned = nil
+		sess.inflight[tag] = p
+		s.mu.Unlock()
+		if _, err := sess.ch.PublishWithDeferredConfirmWithContext(ctx, s.cfg.Exchange, p.key, true, false, p.pub); err != nil {
+			s.mu.Lock()
+			delete(sess.inflight, tag)
+			s.carry = carry[i:] // nothing else adds to carry while sess lives
+			s.mu.Unlock()
+			return err
+		}
+		s.republished.Add(1)
+	}
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed || s.stopped || sess.dead {
+		return ErrClosed
+	}
+	s.sess = sess
+	s.changedLocked()
+	s.sessions.Add(1)
+	return nil
+}
+
+// teardown closes sess's connection and carries its unconfirmed messages
+// over to the next session. Returned messages are reported instead: the
+// return already settles that they were not routed.
+func (s *Sink) teardown(sess *session) {
+	// Close first: a Publish blocked writing to the socket holds pubMu.
+	_ = sess.conn.CloseDeadline(time.Now().Add(closeTimeout))
+	s.drainReturns(sess)
+
+	s.pubMu.Lock()
+	s.mu.Lock()
+	sess.dead = true
+	if s.sess == sess {
+		s.sess = nil
+	}
+	tags := make([]uint64, 0, len(sess.inflight))
+	for t := range sess.inflight {
+		tags = append(tags, t)
+	}
+	sort.Slice(tags, func(i, j int) bool { return tags[i] < tags[j] })
+	var failed []*pending
+	keep := make([]*pending, 0, len(tags)+len(s.carry))
+	for _, t := range tags {
+		p := sess.inflight[t]
+		if p.returned != nil {
+			failed = append(failed, p)
+		} else {
+			keep = append(keep, p)
+		}
+	}
+	// Messages carried but never republished on sess come after all that
+	// were.
+	s.carry = append(keep, s.carry...)
+	clear(sess.inflight)
+	s.changedLocked()
+	s.mu.Unlock()
+	s.pubMu.Unlock()
+
+	for _, p := range failed {
+		s.finish(p, p.returned)
+	}
+}
+
+// serve runs one session: it republishes the carried messages, then
+// settles confirmations and returns until the channel is gone.
+func (s *Sink) serve(ctx context.Context, sess *session) {
+	if err := s.activate(ctx, sess); err != nil {
+		if ctx.Err() == nil {
+			s.log.Warn("rabbitmq channel failed while republishing", zap.Error(redactError(err, s.cfg.URL)))
+		}
+		s.markDead(sess)
+		_ = sess.conn.CloseDeadline(time.Now().Add(closeTimeout))
+	} else {
+		s.log.Info("rabbitmq channel open", zap.String("url", redactURL(s.cfg.URL)), zap.String("exchange", s.cfg.Exchange))
+	}
+
+	done := ctx.Done()
+	for {
+		select {
+		case c, ok := <-sess.confirms:
+			if !ok {
+				s.teardown(sess)
+				return
+			}
+			// RabbitMQ sends basic.return before the basic.ack of the same
+			// message and amqp091 delivers both from one goroutine in that
+			// order, so the return is queued by now.
+			s.drainReturns(sess)
+			s.settle(sess, c)
+		case r, ok := <-sess.returns:
+			if !ok {
+				sess.returns = nil
+				continue
+			}
+			s.markReturned(sess, r)
+		case b, ok := <-sess.blocks:
+			if !ok {
+				sess.blocks = nil
+				continue
+			}
+			s.setBlocked(sess, b)
+		case e, ok := <-sess.chClosed:
+			if !ok {
+				sess.chClosed = nil
+				continue
+			}
+			if !sess.conn.IsClosed() { // else the connection loss is logged
+				s.log.Warn("rabbitmq channel closed by the broker, reconnecting", zap.Error(redactError(e, s.cfg.URL)))
+			}
+			s.markDead(sess)
+			// The connection may survive a channel error; drop it too so
+			// that the next session starts clean.
+			_ = sess.conn.CloseDeadline(time.Now().Add(closeTimeout))
+		case e, ok := <-sess.connClosed:
+			if !ok {
+				sess.connClosed = nil
+				continue
+			}
+			s.log.Warn("rabbitmq connection lost, reconnecting", zap.Error(redactError(e, s.cfg.URL)))
+			s.markDead(sess)
+		case <-done:
+			done = nil
+			s.markDead(sess)
+			// Acks that arrive before close-ok are still settled: the loop
+			// reads the confirmations until the library closes the channel.
+			_ = sess.conn.CloseDeadline(time.Now().Add(closeTimeout))
+		}
+	}
+}
+
+func (s *Sink) drainReturns(sess *session) {
+	for {
+		select {
+		case r, ok := <-sess.returns:
+			if !ok {
+				sess.returns = nil
+				return
+			}
+			s.markReturned(sess, r)
+		default:
+			return
+		}
+	}
+}
+
+// markReturned records a basic.return on the oldest unacknowledged publish
+// with the same message_id that was not returned yet.
+func (s *Sink) markReturned(sess *session, r amqp.Return) {
+	err := relay.Permanent(fmt.Errorf("%w: exchange %q routing key %q: %s", ErrUnroutable, r.Exchange, r.RoutingKey, r.ReplyText))
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var match *pending
+	var matchTag uint64
+	for t, p := range sess.inflight {
+		if p.m.ID == r.MessageId && p.returned == nil && (match == nil || t < matchTag) {
+			match, matchTag = p, t
+		}
+	}
+	if match == nil {
+		s.log.Warn("rabbitmq returned a message that is not in flight", zap.String("message_id", r.MessageId))
+		return
+	}
+	match.returned = err
+}
+
+// settle reports the outcome of the publish a confirmation is for.
+func (s *Sink) settle(sess *session, c amqp.Confirmation) {
+	s.mu.Lock()
+	p, ok := sess.inflight[c.DeliveryTag]
+	delete(sess.inflight, c.DeliveryTag)
+	sess.acked = true
+	var err error
+	if ok {
+		err = p.returned
+	}
+	s.mu.Unlock()
+	if !ok {
+		s.log.Debug("confirmation for an unknown delivery tag", zap.Uint64("tag", c.DeliveryTag))
+		return
+	}
+	if err == nil && !c.Ack {
+		err = fmt.Errorf("%w: exchange %q routing key %q", ErrNacked, s.cfg.Exchange, p.key)
+	}
+	s.finish(p, err)
+}
+
+func (s *Sink) setBlocked(sess *session, b amqp.Blocking) {
+	if b.Active {
+		s.log.Warn("rabbitmq blocked the connection, publishing paused", zap.String("reason", b.Reason))
+	} else {
+		s.log.Info("rabbitmq unblocked the connection")
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sess.blocked = b.Active
+	s.changedLocked()
+}
+
+// sleep waits for d or until ctx is done; it reports whether d passed.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
