@@ -31,6 +31,7 @@ Usage:
   outboxrelay run     --config FILE [--check-config]
   outboxrelay status  --database-url URL [--slot NAME] [--json] [--max-lag-bytes N]
   outboxrelay dlq     list|replay|purge ...
+  outboxrelay healthcheck [--url URL]               exit 0 when the relay's /healthz answers 200
   outboxrelay version
 `
 
@@ -66,6 +67,8 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 		err = cmdStatus(args[1:], stdout)
 	case "dlq":
 		err = cmdDeadLetters(args[1:], stdout)
+	case "healthcheck":
+		err = cmdHealthcheck(args[1:], stdout)
 	case "version", "--version", "-v":
 		fmt.Fprintln(stdout, "outboxrelay", version)
 	case "help", "-h", "--help":
