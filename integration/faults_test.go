@@ -287,3 +287,39 @@ func freePort(t *testing.T) int {
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
 }
+
+// TestLostSlotExitsTwo: when PostgreSQL removed WAL the slot still needed
+// (max_slot_wal_keep_size), the relay refuses to start with one clear line.
+func TestLostSlotExitsTwo(t *testing.T) {
+	srv, _ := startServer(t, map[string]string{"max_slot_wal_keep_size": "1MB", "max_wal_size": "64MB", "min_wal_size": "32MB"})
+	e := &env{t: t, dbURL: srv.URL("outbox_test"), brokers: "127.0.0.1:1"}
+	if out, code := e.cli("migrate", "--database-url", e.dbURL); code != 0 {
+		t.Fatalf("migrate: %s", out)
+	}
+	conn := connectT(t, e.dbURL)
+	deadline := time.Now().Add(60 * time.Second)
+	var status string
+	for status != "lost" {
+		for i := 0; i < 3; i++ {
+			if _, err := conn.Exec(t.Context(), "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ('o', '1', 'e', '{}')"); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := conn.Exec(t.Context(), "SELECT pg_switch_wal()"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := conn.Exec(t.Context(), "CHECKPOINT"); err != nil {
+			t.Fatal(err)
+		}
+		if err := conn.QueryRow(t.Context(), "SELECT coalesce(wal_status, '') FROM pg_replication_slots WHERE slot_name = 'outboxrelay'").Scan(&status); err != nil {
+			t.Fatal(err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("slot never lost its WAL (wal_status %q)", status)
+		}
+	}
+	out, code := e.cli("run", "--config", e.config())
+	if code != 2 || !strings.Contains(out, "wal_status=lost") || !strings.Contains(out, "max_slot_wal_keep_size") {
+		t.Fatalf("exit %d, want 2 naming the lost slot:\n%s", code, out)
+	}
+}

@@ -51,3 +51,13 @@ func (e *env) cliEnv(extra []string, args ...string) (string, int) {
 	}
 	return string(out), 0
 }
+
+func connectT(t *testing.T, url string) *pgx.Conn {
+	t.Helper()
+	conn, err := pgx.Connect(t.Context(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
+}
