@@ -6,8 +6,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os/exec"
+	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -585,5 +589,70 @@ func TestProducerInvalidEventWritesNothing(t *testing.T) {
 	}
 	if inserts != 2 {
 		t.Errorf("%d inserts decoded, want 2:\n%s", inserts, strings.Join(changes, "\n"))
+	}
+}
+
+// TestProducerExamples runs examples/producer and examples/consumer with the
+// relay between them: the consumer processes the event the producer wrote,
+// in the producer's trace.
+func TestProducerExamples(t *testing.T) {
+	dir := t.TempDir()
+	for _, name := range []string{"producer", "consumer"} {
+		build := exec.Command("go", "build", "-o", filepath.Join(dir, name), "../examples/"+name)
+		if out, err := build.CombinedOutput(); err != nil {
+			t.Fatalf("build examples/%s: %v\n%s", name, err, out)
+		}
+	}
+	e := newEnv(t)
+	p := e.start()
+	p.waitLog(`"streaming"`, 30*time.Second)
+
+	out, err := exec.CommandContext(t.Context(), filepath.Join(dir, "producer"), "-database-url", e.dbURL, "-order-id", "77").CombinedOutput()
+	if err != nil {
+		t.Fatalf("producer: %v\n%s", err, out)
+	}
+	m := regexp.MustCompile(`trace_id=([0-9a-f]{32})\norder 77 placed: message_id=([0-9a-f-]{36})\n`).FindStringSubmatch(string(out))
+	if m == nil {
+		t.Fatalf("producer printed %q", out)
+	}
+	traceID, msgID := m[1], m[2]
+
+	consumer := exec.Command(filepath.Join(dir, "consumer"), "-brokers", e.brokers, "-topic", "outbox.order", "-v")
+	var cout syncBuffer
+	consumer.Stdout, consumer.Stderr = &cout, &cout
+	if err := consumer.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	stopped := make(chan struct{})
+	go func() {
+		exited <- consumer.Wait()
+		close(stopped)
+	}()
+	t.Cleanup(func() {
+		_ = consumer.Process.Kill()
+		<-stopped
+	})
+	// jsonb keeps the payload's content, not its key order.
+	want := "processed " + msgID + " order.created aggregate=order/77 trace_id=" + traceID +
+		` payload={"total": "99.90", "customer": "acme", "order_id": 77}`
+	deadline := time.After(30 * time.Second)
+	for !strings.Contains(cout.String(), want) {
+		select {
+		case err := <-exited:
+			t.Fatalf("consumer exited: %v\n%s", err, cout.String())
+		case <-deadline:
+			t.Fatalf("consumer did not print %q within 30s:\n%s", want, cout.String())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	_ = consumer.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Errorf("consumer exited with %v after SIGTERM\n%s", err, cout.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Errorf("consumer did not stop after SIGTERM")
 	}
 }

@@ -299,7 +299,7 @@ func TestEmitContent(t *testing.T) {
 		t.Fatalf("the relay would dead-letter %s: %v", c.args[1], err)
 	}
 	want := envelope.Emitted{ID: id.String(), AggregateType: "order", AggregateID: "42", EventType: "order.created",
-		Traceparent: "00-" + span.SpanContext().TraceID().String() + "-" + span.SpanContext().SpanID().String() + "-01",
+		Traceparent:   "00-" + span.SpanContext().TraceID().String() + "-" + span.SpanContext().SpanID().String() + "-01",
 		SchemaVersion: 2, Payload: []byte(`{"total":"99.90"}`), Headers: []byte(`{"tenant":"acme"}`)}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("emitted\n got %+v\nwant %+v", got, want)
