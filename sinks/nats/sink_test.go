@@ -1,0 +1,547 @@
+package nats
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	natsgo "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/goleak"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/outboxrelay/outboxrelay/envelope"
+	"github.com/outboxrelay/outboxrelay/integration/pgserver/pgservertest"
+	"github.com/outboxrelay/outboxrelay/relay"
+	"github.com/outboxrelay/outboxrelay/sinks/sinktest"
+)
+
+// serverAddr is the nats-server (JetStream on) the tests use.
+const (
+	serverAddr = "127.0.0.1:4222"
+	serverURL  = "nats://" + serverAddr
+)
+
+func needServer(tb testing.TB) {
+	tb.Helper()
+	pgservertest.RequireTCP(tb, serverAddr, "nats-server with JetStream (nats-server -js)")
+}
+
+// verifyNoLeaks checks for leaked goroutines after every cleanup of the
+// test, the fixture's connections included.
+func verifyNoLeaks(tb testing.TB) {
+	tb.Cleanup(func() { goleak.VerifyNone(tb) })
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// fixture is a stream of its own, on subjects of its own, deleted when the
+// test ends.
+type fixture struct {
+	stream, prefix string
+	nc             *natsgo.Conn
+	js             jetstream.JetStream
+}
+
+// newFixture creates a stream capturing prefix.> with cfg's settings.
+func newFixture(tb testing.TB, mod func(*jetstream.StreamConfig)) *fixture {
+	tb.Helper()
+	id := randomHex(4)
+	f := &fixture{stream: "TEST_" + strings.ToUpper(id), prefix: "t" + id}
+	f.nc, f.js = adminConn(tb)
+	cfg := jetstream.StreamConfig{
+		Name: f.stream, Subjects: []string{f.prefix + ".>"},
+		Storage: jetstream.FileStorage, Duplicates: 2 * time.Minute,
+	}
+	if mod != nil {
+		mod(&cfg)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := f.js.CreateStream(ctx, cfg); err != nil {
+		tb.Fatalf("create stream: %v", err)
+	}
+	tb.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = f.js.DeleteStream(ctx, f.stream)
+	})
+	return f
+}
+
+func adminConn(tb testing.TB) (*natsgo.Conn, jetstream.JetStream) {
+	tb.Helper()
+	return adminConnURL(tb, serverURL)
+}
+
+func adminConnURL(tb testing.TB, url string) (*natsgo.Conn, jetstream.JetStream) {
+	tb.Helper()
+	nc, err := natsgo.Connect(url)
+	if err != nil {
+		tb.Fatalf("connect: %v", err)
+	}
+	tb.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return nc, js
+}
+
+func (f *fixture) config() Config {
+	return Config{URL: serverURL, Subject: f.prefix + ".{aggregate_type}.{event_type}", Stream: f.stream}
+}
+
+// startSink connects a sink and runs it until the test ends.
+func startSink(tb testing.TB, cfg Config) *Sink {
+	tb.Helper()
+	s, err := New(cfg, zaptest.NewLogger(tb))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := s.Connect(ctx); err != nil {
+		tb.Fatal(err)
+	}
+	runSink(tb, s)
+	return s
+}
+
+// runSink runs s until the test ends, then closes it.
+func runSink(tb testing.TB, s *Sink) {
+	ctx, cancel := context.WithCancel(context.Background())
+	runErr := make(chan error, 1)
+	go func() { runErr <- s.Run(ctx) }()
+	tb.Cleanup(func() {
+		cancel()
+		if err := <-runErr; err != nil {
+			tb.Errorf("Run: %v", err)
+		}
+		if err := s.Close(); err != nil {
+			tb.Errorf("Close: %v", err)
+		}
+	})
+}
+
+// factory runs the shared sink suite against one stream.
+type factory struct{ f *fixture }
+
+func (fa factory) NewSink(t *testing.T) relay.Sink { return startSink(t, fa.f.config()) }
+
+func (fa factory) Subscribe(t *testing.T, aggregateType string) sinktest.Consumer {
+	return fa.f.consumer(t, fa.f.prefix+"."+string(appendEscaped(nil, aggregateType))+".>")
+}
+
+// consumer reads the stream's messages on filter from the start.
+func (f *fixture) consumer(tb testing.TB, filter string) *consumer {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := f.js.OrderedConsumer(ctx, f.stream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{filter}})
+	if err != nil {
+		tb.Fatalf("ordered consumer: %v", err)
+	}
+	it, err := c.Messages()
+	if err != nil {
+		tb.Fatalf("messages: %v", err)
+	}
+	tb.Cleanup(it.Stop)
+	return &consumer{it: it}
+}
+
+type consumer struct{ it jetstream.MessagesContext }
+
+func (c *consumer) Next(ctx context.Context) (sinktest.Received, error) {
+	m, err := c.it.Next(jetstream.NextContext(ctx))
+	if err != nil {
+		return sinktest.Received{}, err
+	}
+	h := make(map[string]string, len(m.Headers()))
+	for k, v := range m.Headers() {
+		h[k] = v[0]
+	}
+	return sinktest.Received{ID: h[HeaderMessageID], Key: h[HeaderAggregateID], Headers: h, Body: m.Data()}, nil
+}
+
+func TestSinkSuite(t *testing.T) {
+	needServer(t)
+	verifyNoLeaks(t)
+	sinktest.Run(t, factory{newFixture(t, nil)})
+}
+
+// recorder collects the outcomes of done, checking each is reported once.
+type recorder struct {
+	mu    sync.Mutex
+	errs  map[*relay.Message]error
+	calls map[*relay.Message]int
+	n     chan struct{}
+}
+
+func newRecorder() *recorder {
+	return &recorder{errs: map[*relay.Message]error{}, calls: map[*relay.Message]int{}, n: make(chan struct{}, 1<<20)}
+}
+
+func (r *recorder) done(m *relay.Message, err error) {
+	r.mu.Lock()
+	r.errs[m] = err
+	r.calls[m]++
+	r.mu.Unlock()
+	r.n <- struct{}{}
+}
+
+// wait waits for n outcomes and returns the errors, failing on a second
+// outcome for one message.
+func (r *recorder) wait(tb testing.TB, n int, d time.Duration) map[*relay.Message]error {
+	tb.Helper()
+	deadline := time.After(d)
+	for i := 0; i < n; i++ {
+		select {
+		case <-r.n:
+		case <-deadline:
+			tb.Fatalf("%d of %d outcomes after %s", i, n, d)
+		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for m, c := range r.calls {
+		if c != 1 {
+			tb.Errorf("message %s reported %d times", m.ID, c)
+		}
+	}
+	return r.errs
+}
+
+// clone returns copies of msgs with the same ids: what a relay that
+// restarted publishes again.
+func clone(msgs []*relay.Message) []*relay.Message {
+	out := make([]*relay.Message, len(msgs))
+	for i, m := range msgs {
+		c := *m
+		c.Destination = ""
+		out[i] = &c
+	}
+	return out
+}
+
+// TestDedupeAcrossSinks is a crash and redelivery: one sink publishes
+// messages and is closed with some in flight, a new sink publishes all of
+// them again, and the stream holds each exactly once, in order per
+// aggregate.
+func TestDedupeAcrossSinks(t *testing.T) {
+	needServer(t)
+	verifyNoLeaks(t)
+	f := newFixture(t, nil)
+	const n = 3000
+	msgs := sinktest.Messages("dedupe", n, 30)
+
+	s1, err := New(f.config(), zaptest.NewLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s1.Connect(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	r1 := newRecorder()
+	for _, m := range msgs {
+		s1.Publish(t.Context(), m, r1.done)
+	}
+	for range n / 2 { // crash half-way through the acknowledgements
+		<-r1.n
+	}
+	if err := s1.Close(); err != nil { // whatever is in flight is cut off
+		t.Fatal(err)
+	}
+	for range n - n/2 {
+		<-r1.n
+	}
+	acked := 0
+	for _, err := range r1.errs {
+		if err == nil {
+			acked++
+		} else if !errors.Is(err, ErrClosed) {
+			t.Errorf("first sink: %v", err)
+		}
+	}
+	before := f.count(t)
+	t.Logf("first sink: %d of %d acknowledged before Close, %d in the stream", acked, n, before)
+	if before < uint64(acked) {
+		t.Fatalf("stream holds %d messages, fewer than the %d acknowledged", before, acked)
+	}
+
+	// A second sink republishes everything, twice over.
+	s2 := startSink(t, f.config())
+	for round := range 2 {
+		again := clone(msgs)
+		r2 := newRecorder()
+		for _, m := range again {
+			s2.Publish(t.Context(), m, r2.done)
+		}
+		for m, err := range r2.wait(t, n, 60*time.Second) {
+			if err != nil {
+				t.Fatalf("round %d: message %s: %v", round, m.ID, err)
+			}
+		}
+	}
+
+	if got := f.count(t); got != n {
+		t.Errorf("stream holds %d messages, want exactly %d (one per message id)", got, n)
+	}
+	c := f.consumer(t, f.prefix+".>")
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	got := sinktest.ReceiveAll(ctx, t, c, msgs)
+	if len(got) != n {
+		t.Errorf("received %d messages, want %d", len(got), n)
+	}
+	sinktest.CheckOrder(t, msgs, got)
+}
+
+// count returns the number of messages in the stream.
+func (f *fixture) count(tb testing.TB) uint64 {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	st, err := f.js.Stream(ctx, f.stream)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return info.State.Msgs
+}
+
+// TestCreateStream: Connect creates the stream from the template's prefix
+// with the duplicate window, and an existing stream is left as it is.
+func TestCreateStream(t *testing.T) {
+	needServer(t)
+	verifyNoLeaks(t)
+	_, js := adminConn(t)
+	id := randomHex(4)
+	name := "CREATE_" + strings.ToUpper(id)
+	t.Cleanup(func() { _ = js.DeleteStream(context.Background(), name) })
+	cfg := Config{URL: serverURL, Subject: "c" + id + ".events.{aggregate_type}.{event_type}", Stream: name, CreateStream: true, DuplicateWindow: 5 * time.Minute}
+
+	s := startSink(t, cfg)
+	st, err := js.Stream(t.Context(), name)
+	if err != nil {
+		t.Fatalf("stream not created: %v", err)
+	}
+	info := st.CachedInfo()
+	if want := []string{"c" + id + ".events.>"}; fmt.Sprint(info.Config.Subjects) != fmt.Sprint(want) {
+		t.Errorf("subjects %v, want %v", info.Config.Subjects, want)
+	}
+	if info.Config.Duplicates != 5*time.Minute {
+		t.Errorf("duplicate window %v, want 5m", info.Config.Duplicates)
+	}
+	msgs := sinktest.Messages("created", 10, 2)
+	r := newRecorder()
+	for _, m := range msgs {
+		s.Publish(t.Context(), m, r.done)
+	}
+	for m, err := range r.wait(t, len(msgs), 30*time.Second) {
+		if err != nil {
+			t.Errorf("message %s: %v", m.ID, err)
+		}
+	}
+
+	// A second Connect finds the stream.
+	startSink(t, cfg)
+}
+
+func TestMissingStream(t *testing.T) {
+	needServer(t)
+	verifyNoLeaks(t)
+	s, err := New(Config{URL: serverURL, Stream: "MISSING_" + strings.ToUpper(randomHex(4))}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	err = s.Connect(t.Context())
+	if err == nil || !strings.Contains(err.Error(), "create_stream") {
+		t.Fatalf("Connect: %v, want an error naming create_stream", err)
+	}
+	if s.Ready() {
+		t.Error("Ready after a failed Connect")
+	}
+}
+
+func TestConnectUnreachable(t *testing.T) {
+	verifyNoLeaks(t)
+	s, err := New(Config{URL: "nats://relay:s3cret@127.0.0.1:1", DialTimeout: time.Second}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	err = s.Connect(t.Context())
+	if err == nil {
+		t.Fatal("Connect to a closed port succeeded")
+	}
+	if strings.Contains(err.Error(), "s3cret") {
+		t.Errorf("error shows the password: %v", err)
+	}
+	if !strings.Contains(err.Error(), "sink.nats.url") {
+		t.Errorf("error does not name the setting: %v", err)
+	}
+}
+
+// TestPermanentFailures: messages the server will never store fail with
+// relay.Permanent, and the messages around them are published.
+func TestPermanentFailures(t *testing.T) {
+	needServer(t)
+	verifyNoLeaks(t)
+	f := newFixture(t, func(c *jetstream.StreamConfig) { c.MaxMsgSize = 4096 })
+	other := newFixture(t, nil) // captures other.prefix.>
+	s := startSink(t, f.config())
+
+	perm := func() *relay.Message { return sinktest.Messages("perm", 1, 1)[0] }
+	tooBigForStream := perm()
+	tooBigForStream.Envelope = make([]byte, 8192)
+	tooBigForServer := perm()
+	tooBigForServer.Envelope = make([]byte, 2<<20) // over max_payload (1 MiB)
+	emptyToken := perm()
+	emptyToken.EventType = ""
+	reserved := perm()
+	reserved.Headers = append(reserved.Headers, envelope.Header{Key: "Nats-Rollup", Value: "all"})
+	badHeader := perm()
+	badHeader.Headers = append(badHeader.Headers, envelope.Header{Key: "bad key:", Value: "x"})
+	bad := []*relay.Message{tooBigForStream, tooBigForServer, emptyToken, reserved, badHeader}
+	good := sinktest.Messages("good", len(bad)+1, 1)
+
+	// A sink whose template sends to a subject another stream captures:
+	// Nats-Expected-Stream makes the server refuse it.
+	wrongCfg := f.config()
+	wrongCfg.Subject = other.prefix + ".{aggregate_type}"
+	wrong := startSink(t, wrongCfg)
+	wrongStream := perm()
+
+	r := newRecorder()
+	s.Publish(t.Context(), good[0], r.done)
+	for i, m := range bad {
+		s.Publish(t.Context(), m, r.done)
+		s.Publish(t.Context(), good[i+1], r.done)
+	}
+	wrong.Publish(t.Context(), wrongStream, r.done)
+	errs := r.wait(t, len(good)+len(bad)+1, 30*time.Second)
+	for _, m := range append(bad, wrongStream) {
+		err := errs[m]
+		if err == nil || relay.Retryable(err) {
+			t.Errorf("message with %s: err %v, want a permanent error", describe(m), err)
+		} else {
+			t.Logf("%s: %v", describe(m), err)
+		}
+	}
+	for _, m := range good {
+		if err := errs[m]; err != nil {
+			t.Errorf("good message %s failed: %v", m.ID, err)
+		}
+	}
+}
+
+func describe(m *relay.Message) string {
+	switch {
+	case len(m.Envelope) > 1<<20:
+		return "a body over max_payload"
+	case len(m.Envelope) > 4096:
+		return "a body over the stream's max_msg_size"
+	case m.EventType == "":
+		return "an empty subject token"
+	case len(m.Headers) > 0:
+		return "header " + m.Headers[len(m.Headers)-1].Key
+	default:
+		return "a subject of another stream"
+	}
+}
+
+// TestNoResponders: a subject no stream captures is retried with Ready
+// false until a stream appears; then every message is stored once. (Order
+// is not checked: a stream that starts capturing the subjects in the middle
+// of a republication takes a suffix of it before the prefix is sent again;
+// see the package documentation.)
+func TestNoResponders(t *testing.T) {
+	needServer(t)
+	verifyNoLeaks(t)
+	f := newFixture(t, nil)
+	cfg := f.config()
+	late := "l" + randomHex(4)
+	cfg.Subject = late + ".{aggregate_type}"
+	s := startSink(t, cfg)
+
+	msgs := sinktest.Messages("late", 20, 2)
+	r := newRecorder()
+	for _, m := range msgs {
+		s.Publish(t.Context(), m, r.done)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for s.Ready() {
+		if time.Now().After(deadline) {
+			t.Fatal("Ready stays true while the stream does not capture the subjects")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	select {
+	case <-r.n:
+		t.Fatal("a message was reported while no stream captures its subject")
+	case <-time.After(500 * time.Millisecond):
+	}
+
+	st, err := f.js.Stream(t.Context(), f.stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := st.CachedInfo().Config
+	sc.Subjects = append(sc.Subjects, late+".>")
+	if _, err := f.js.UpdateStream(t.Context(), sc); err != nil {
+		t.Fatal(err)
+	}
+	for m, err := range r.wait(t, len(msgs), 30*time.Second) {
+		if err != nil {
+			t.Errorf("message %s: %v", m.ID, err)
+		}
+	}
+	c := f.consumer(t, late+".>")
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if got := sinktest.ReceiveAll(ctx, t, c, msgs); len(got) != len(msgs) {
+		t.Errorf("received %d messages, want %d", len(got), len(msgs))
+	}
+	deadline = time.Now().Add(5 * time.Second)
+	for !s.Ready() {
+		if time.Now().After(deadline) {
+			t.Fatal("Ready stays false after the stream captured the subjects")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestReadyAfterClose(t *testing.T) {
+	needServer(t)
+	verifyNoLeaks(t)
+	f := newFixture(t, nil)
+	s := startSink(t, f.config())
+	if !s.Ready() {
+		t.Fatal("not ready after Connect")
+	}
+	_ = s.Close()
+	if s.Ready() {
+		t.Fatal("ready after Close")
+	}
+	r := newRecorder()
+	m := sinktest.Messages("closed", 1, 1)[0]
+	s.Publish(t.Context(), m, r.done)
+	if err := r.wait(t, 1, time.Second)[m]; !errors.Is(err, ErrClosed) || !relay.Retryable(err) {
+		t.Fatalf("Publish after Close: %v, want retryable ErrClosed", err)
+	}
+}
