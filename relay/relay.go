@@ -618,7 +618,7 @@ func (r *Relay) buildRow(mp *mapping, ins *cdc.Insert) (*Message, error) {
 			em.OccurredAt = t
 		}
 	}
-	return r.finish(&em, mp.table, string(col(v, mp.traceparent)), ins.LSN, errs)
+	return r.finish(&em, mp.table, envelope.TraceparentColumn(string(col(v, mp.traceparent))), ins.LSN, errs)
 }
 
 func (r *Relay) buildEmitted(lm *cdc.LogicalMessage) (*Message, error) {
