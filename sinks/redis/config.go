@@ -1,0 +1,156 @@
+package redis
+
+import (
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+)
+
+// Defaults applied by [New] to zero fields of a [Config].
+const (
+	DefaultURL    = "redis://127.0.0.1:6379/0"
+	DefaultStream = "outbox:{aggregate_type}"
+	// DefaultBatchSize is the most XADDs in one MULTI/EXEC round trip.
+	// Around 256 1 KB entries a batch the round trip stops being the cost;
+	// larger batches only hold the server longer.
+	DefaultBatchSize = 256
+	// DefaultMaxPending bounds the messages queued or in a batch; Publish
+	// blocks beyond it.
+	DefaultMaxPending  = 10_000
+	DefaultDialTimeout = 5 * time.Second
+	// DefaultTimeout bounds reading and writing one batch.
+	DefaultTimeout = 10 * time.Second
+)
+
+// Config configures a Redis Streams [Sink]. The zero value of every field
+// means its default.
+type Config struct {
+	// URL of the Redis server, default [DefaultURL]:
+	// redis://[user:password@]host:port/db, rediss:// for TLS, or
+	// unix:///path/to/socket?db=0. Its password never appears in logs or
+	// errors.
+	URL string `yaml:"url"`
+
+	// Stream is the template of the stream key, default [DefaultStream].
+	// The placeholders {aggregate_type}, {event_type} and {table} are
+	// replaced by the message's fields as they are (keys are binary-safe);
+	// any other placeholder is a configuration error.
+	Stream string `yaml:"stream"`
+
+	// MaxLen trims every stream the sink appends to to about this many
+	// entries (XADD MAXLEN ~ MaxLen: Redis trims whole macro nodes, so a
+	// stream can hold somewhat more). 0, the default, never trims.
+	MaxLen int64 `yaml:"max_len"`
+
+	// BatchSize is the most messages sent in one MULTI/EXEC pipeline,
+	// default [DefaultBatchSize].
+	BatchSize int `yaml:"batch_size"`
+
+	// MaxPending bounds the messages published but not yet confirmed,
+	// default [DefaultMaxPending]; Publish blocks beyond it.
+	MaxPending int `yaml:"max_pending"`
+
+	// DialTimeout bounds each connection attempt, default
+	// [DefaultDialTimeout].
+	DialTimeout time.Duration `yaml:"dial_timeout"`
+
+	// Timeout bounds writing a batch and reading its replies, default
+	// [DefaultTimeout]. A batch that times out is sent again.
+	Timeout time.Duration `yaml:"timeout"`
+
+	// TLS, when set, is used for the connection (rediss:// URLs get a
+	// default TLS configuration without it).
+	TLS *tls.Config `yaml:"-"`
+}
+
+func (c Config) withDefaults() Config {
+	if c.URL == "" {
+		c.URL = DefaultURL
+	}
+	if c.Stream == "" {
+		c.Stream = DefaultStream
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = DefaultBatchSize
+	}
+	if c.MaxPending == 0 {
+		c.MaxPending = DefaultMaxPending
+	}
+	if c.DialTimeout == 0 {
+		c.DialTimeout = DefaultDialTimeout
+	}
+	if c.Timeout == 0 {
+		c.Timeout = DefaultTimeout
+	}
+	return c
+}
+
+// Validate reports every problem with c, with zero fields standing for their
+// defaults. Each problem is one sentence naming the setting to fix.
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	var errs []error
+	if _, err := goredis.ParseURL(c.URL); err != nil {
+		errs = append(errs, fmt.Errorf("sink.redis.url %s is invalid (%v); use redis://host:6379/0", redactURL(c.URL), redactError(err, c.URL)))
+	}
+	if _, err := parseTemplate(c.Stream); err != nil {
+		errs = append(errs, fmt.Errorf("sink.redis.stream: %w", err))
+	}
+	if c.MaxLen < 0 {
+		errs = append(errs, fmt.Errorf("sink.redis.max_len is %d; set it to 0 (no trimming) or more", c.MaxLen))
+	}
+	if c.BatchSize < 1 {
+		errs = append(errs, fmt.Errorf("sink.redis.batch_size is %d; set it to 1 or more", c.BatchSize))
+	}
+	if c.MaxPending < 1 {
+		errs = append(errs, fmt.Errorf("sink.redis.max_pending is %d; set it to 1 or more", c.MaxPending))
+	}
+	if c.DialTimeout < 0 {
+		errs = append(errs, fmt.Errorf("sink.redis.dial_timeout is %v; set it above 0", c.DialTimeout))
+	}
+	if c.Timeout < 0 {
+		errs = append(errs, fmt.Errorf("sink.redis.timeout is %v; set it above 0", c.Timeout))
+	}
+	return errors.Join(errs...)
+}
+
+// redactURL returns raw with its password replaced by "xxxxx".
+func redactURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		if at := strings.LastIndexByte(raw, '@'); at >= 0 {
+			return "xxxxx@" + raw[at+1:]
+		}
+		return raw
+	}
+	return u.Redacted()
+}
+
+// redactError returns err with the password of rawURL hidden in its text.
+func redactError(err error, rawURL string) error {
+	if err == nil {
+		return nil
+	}
+	u, perr := url.Parse(rawURL)
+	if perr != nil || u.User == nil {
+		return err
+	}
+	pw, ok := u.User.Password()
+	if !ok || pw == "" || !strings.Contains(err.Error(), pw) {
+		return err
+	}
+	return &redactedError{msg: strings.ReplaceAll(err.Error(), pw, "xxxxx"), err: err}
+}
+
+type redactedError struct {
+	msg string
+	err error
+}
+
+func (e *redactedError) Error() string { return e.msg }
+func (e *redactedError) Unwrap() error { return e.err }

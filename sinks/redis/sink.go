@@ -1,0 +1,395 @@
+package redis
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+
+	"github.com/outboxrelay/outboxrelay/envelope"
+	"github.com/outboxrelay/outboxrelay/relay"
+)
+
+var (
+	_ relay.Sink   = (*Sink)(nil)
+	_ relay.Runner = (*Sink)(nil)
+)
+
+// Field names of every stream entry, in the order they are written.
+const (
+	FieldMessageID   = "message_id"
+	FieldEventType   = "event_type"
+	FieldAggregateID = "aggregate_id"
+	FieldTraceparent = "traceparent"
+	FieldHeaders     = "headers"
+	FieldEnvelope    = "envelope"
+)
+
+// ErrClosed is reported for messages whose outcome was still open when the
+// sink stopped. It is retryable.
+var ErrClosed = errors.New("redis sink closed before the message was appended")
+
+const (
+	retryMin = 100 * time.Millisecond
+	retryMax = 10 * time.Second
+	// healthInterval is how often an idle Run pings the server, so that
+	// Ready notices a lost server without traffic.
+	healthInterval = 5 * time.Second
+)
+
+// Sink appends relay messages to Redis streams. Create it with New,
+// optionally call Connect, run Run for as long as it relays (Publish only
+// queues), and Close it. It is safe for concurrent use. See the package
+// documentation for its guarantees.
+type Sink struct {
+	cfg    Config
+	log    *zap.Logger
+	stream template
+	client *goredis.Client
+	queue  chan *item
+
+	mu         sync.RWMutex // orders Publish's enqueue against Close
+	closed     bool
+	publishers sync.WaitGroup // Publish calls past the closed check
+
+	quit  chan struct{}
+	runMu sync.Mutex // held by Run; Close waits for it
+	ready atomic.Bool
+}
+
+// item is one message between Publish and its outcome.
+type item struct {
+	m    *relay.Message
+	done func(*relay.Message, error)
+	args goredis.XAddArgs
+	vals [12]any
+}
+
+// New checks cfg, applies its defaults and returns a Sink. It neither dials
+// nor starts goroutines. A nil log means zap.NewNop().
+func New(cfg Config, log *zap.Logger) (*Sink, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	stream, err := parseTemplate(cfg.Stream)
+	if err != nil {
+		return nil, err // Validate has checked it
+	}
+	opts, err := goredis.ParseURL(cfg.URL)
+	if err != nil {
+		return nil, fmt.Errorf("sink.redis.url: %w", redactError(err, cfg.URL))
+	}
+	opts.ClientName = "outboxrelay"
+	opts.DialTimeout = cfg.DialTimeout
+	opts.ReadTimeout = cfg.Timeout
+	opts.WriteTimeout = cfg.Timeout
+	// The sink retries whole batches, in order, with backoff: a second
+	// layer of retries inside go-redis would only resend batches behind
+	// its back.
+	opts.MaxRetries = -1
+	// Batches go one at a time; a second connection serves Ping.
+	opts.PoolSize = 2
+	opts.DisableIdentity = true // CLIENT SETINFO is noise on servers before 7.2
+	if cfg.TLS != nil {
+		opts.TLSConfig = cfg.TLS.Clone()
+	}
+	if log == nil {
+		log = zap.NewNop()
+	}
+	return &Sink{
+		cfg:    cfg,
+		log:    log.Named("redis"),
+		stream: stream,
+		client: goredis.NewClient(opts),
+		queue:  make(chan *item, cfg.MaxPending),
+		quit:   make(chan struct{}),
+	}, nil
+}
+
+// Connect pings the server once, so that an unreachable server or a wrong
+// password at start is one clear error (password redacted). It is
+// optional: Run connects on its own. ctx bounds the attempt.
+func (s *Sink) Connect(ctx context.Context) error {
+	if err := s.client.Ping(ctx).Err(); err != nil {
+		s.ready.Store(false)
+		return fmt.Errorf("cannot reach redis at %s (%w); check sink.redis.url and that the server is running and reachable",
+			redactURL(s.cfg.URL), redactError(err, s.cfg.URL))
+	}
+	s.ready.Store(!s.isClosed())
+	return nil
+}
+
+// Publish renders m's stream key, sets m.Destination to it and queues m for
+// Run; done is called exactly once, from Run's goroutine once the batch
+// holding m has been executed, or before Publish returns when ctx ends or
+// the sink is closed first (ctx.Err() or ErrClosed, both retryable). done
+// must not block. Publish blocks while Config.MaxPending messages are
+// queued. Messages are appended in the order of the Publish calls.
+func (s *Sink) Publish(ctx context.Context, m *relay.Message, done func(*relay.Message, error)) {
+	key := s.stream.render(m)
+	m.Destination = key
+	if err := ctx.Err(); err != nil {
+		done(m, err)
+		return
+	}
+	s.mu.RLock()
+	if s.closed {
+		s.mu.RUnlock()
+		done(m, ErrClosed)
+		return
+	}
+	s.publishers.Add(1)
+	s.mu.RUnlock()
+	defer s.publishers.Done()
+
+	it := newItem(m, done, key, s.cfg.MaxLen)
+	select {
+	case s.queue <- it:
+	case <-ctx.Done():
+		done(m, ctx.Err())
+	case <-s.quit:
+		done(m, ErrClosed)
+	}
+}
+
+// newItem builds m's XADD. One allocation holds the arguments; the
+// envelope is passed as it is.
+func newItem(m *relay.Message, done func(*relay.Message, error), key string, maxLen int64) *item {
+	it := &item{m: m, done: done}
+	v := append(it.vals[:0],
+		FieldMessageID, m.ID,
+		FieldEventType, m.EventType,
+		FieldAggregateID, m.AggregateID,
+		FieldTraceparent, m.Traceparent,
+	)
+	if len(m.Headers) > 0 {
+		v = append(v, FieldHeaders, headersJSON(m.Headers))
+	}
+	v = append(v, FieldEnvelope, m.Envelope)
+	it.args = goredis.XAddArgs{Stream: key, ID: "*", Values: v}
+	if maxLen > 0 {
+		it.args.MaxLen = maxLen
+		it.args.Approx = true
+	}
+	return it
+}
+
+// headersJSON encodes the row's headers as a JSON object in row order.
+func headersJSON(hs []envelope.Header) []byte {
+	b := make([]byte, 0, 64*len(hs))
+	b = append(b, '{')
+	for i, h := range hs {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		k, _ := json.Marshal(h.Key) // a string never fails
+		v, _ := json.Marshal(h.Value)
+		b = append(b, k...)
+		b = append(b, ':')
+		b = append(b, v...)
+	}
+	return append(b, '}')
+}
+
+// Run sends the queued messages in batches until ctx is done or the sink
+// is closed, then returns nil; messages still queued are reported by
+// Close. A batch in flight when the sink is closed is finished first;
+// cancelling ctx abandons it, reporting its messages with ctx's error. Run
+// may be called once.
+func (s *Sink) Run(ctx context.Context) error {
+	if !s.runMu.TryLock() {
+		return errors.New("redis sink: Run called twice")
+	}
+	defer s.runMu.Unlock()
+
+	batch := make([]*item, 0, s.cfg.BatchSize)
+	health := time.NewTicker(healthInterval)
+	defer health.Stop()
+	for {
+		select {
+		case it := <-s.queue:
+			batch = append(batch, it)
+		case <-health.C:
+			s.ping(ctx)
+			continue
+		case <-ctx.Done():
+			return nil
+		case <-s.quit:
+			return nil
+		}
+	fill:
+		for len(batch) < cap(batch) {
+			select {
+			case it := <-s.queue:
+				batch = append(batch, it)
+			default:
+				break fill
+			}
+		}
+		s.send(ctx, batch)
+		clear(batch)
+		batch = batch[:0]
+	}
+}
+
+func (s *Sink) ping(ctx context.Context) {
+	pctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
+	defer cancel()
+	err := s.client.Ping(pctx).Err()
+	if err != nil && ctx.Err() == nil {
+		s.log.Warn("redis ping failed", zap.Error(redactError(err, s.cfg.URL)))
+	}
+	s.ready.Store(err == nil && !s.isClosed())
+}
+
+// send executes batch as one MULTI/EXEC until it goes through, reporting
+// every message's outcome. Between attempts it backs off; Close ends the
+// retries (not an attempt in flight), ctx ends both.
+func (s *Sink) send(ctx context.Context, batch []*item) {
+	bo := retryMin
+	for attempt := 1; ; attempt++ {
+		cmds, err := s.client.TxPipelined(ctx, func(p goredis.Pipeliner) error {
+			for _, it := range batch {
+				p.XAdd(ctx, &it.args)
+			}
+			return nil
+		})
+		if err == nil || !batchFailed(cmds, err) {
+			s.ready.Store(!s.isClosed())
+			for i, it := range batch {
+				it.done(it.m, appendError(it.args.Stream, cmds[i].Err()))
+			}
+			return
+		}
+		err = redactError(err, s.cfg.URL)
+		if ctx.Err() != nil {
+			s.fail(batch, ctx.Err())
+			return
+		}
+		s.ready.Store(false)
+		s.log.Warn("redis batch failed; sending it again", zap.Int("messages", len(batch)),
+			zap.Int("attempt", attempt), zap.Duration("retry_in", bo), zap.Error(err))
+		if !s.sleep(ctx, jitter(bo)) {
+			s.fail(batch, fmt.Errorf("append to redis: %w (last error: %w)", ErrClosed, err))
+			return
+		}
+		bo = min(2*bo, retryMax)
+	}
+}
+
+// batchFailed reports whether the transaction as a whole failed, so that
+// nothing of it was appended and it must be sent again: the connection
+// failed, or the server refused it at EXEC. A refusal of single commands
+// inside EXEC (WRONGTYPE) leaves the rest appended.
+func batchFailed(cmds []goredis.Cmder, err error) bool {
+	if len(cmds) == 0 {
+		return true
+	}
+	for _, c := range cmds {
+		if e := c.Err(); e == nil || permanent(e) {
+			return false
+		}
+	}
+	return err != nil
+}
+
+func (s *Sink) fail(batch []*item, err error) {
+	for _, it := range batch {
+		it.done(it.m, fmt.Errorf("append to redis stream %q: %w", it.args.Stream, err))
+	}
+}
+
+// permanent reports whether Redis will refuse this XADD however often it is
+// sent: the key holds another type than a stream. Everything else a batch
+// can meet (connection errors, timeouts, OOM, READONLY, LOADING, NOPERM,
+// BUSY) is about the server or its configuration and passes. This is the
+// one place that decides.
+func permanent(err error) bool {
+	return goredis.HasErrorPrefix(err, "WRONGTYPE")
+}
+
+// appendError is the error reported for one XADD: nil, or err marked
+// relay.Permanent when Redis will never take it.
+func appendError(key string, err error) error {
+	if err == nil {
+		return nil
+	}
+	err = fmt.Errorf("append to redis stream %q: %w", key, err)
+	if permanent(err) {
+		return relay.Permanent(err)
+	}
+	return err
+}
+
+// Ready reports whether the latest batch or ping succeeded; false before the
+// first one (call Connect), while batches fail and after Close. It does not
+// block.
+func (s *Sink) Ready() bool { return s.ready.Load() }
+
+func (s *Sink) isClosed() bool {
+	select {
+	case <-s.quit:
+		return true
+	default:
+		return false
+	}
+}
+
+// Close stops Run (after the batch in flight, if any), reports every queued
+// message with ErrClosed (retryable) and closes the connections. Every done
+// has been called when Close returns. Publish calls after Close report
+// ErrClosed. Close is idempotent and safe for concurrent use.
+func (s *Sink) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	close(s.quit)
+	s.mu.Unlock()
+	s.ready.Store(false)
+
+	s.runMu.Lock() // Run has returned, or was never called
+	s.runMu.Unlock()
+	s.publishers.Wait()
+	for {
+		select {
+		case it := <-s.queue:
+			it.done(it.m, fmt.Errorf("append to redis stream %q: %w", it.args.Stream, ErrClosed))
+			continue
+		default:
+		}
+		break
+	}
+	if err := s.client.Close(); err != nil && !errors.Is(err, goredis.ErrClosed) {
+		return fmt.Errorf("close redis client: %w", err)
+	}
+	return nil
+}
+
+func (s *Sink) sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	case <-s.quit:
+		return false
+	}
+}
+
+// jitter returns a duration between d/2 and d.
+func jitter(d time.Duration) time.Duration {
+	return d/2 + rand.N(d/2+1)
+}
