@@ -481,7 +481,7 @@ func (s *Sink) send(c *conn, msg *natsgo.Msg) {
 }
 
 // acked is the ack handler of every attempt.
-func (s *Sink) acked(_ jetstream.JetStream, msg *natsgo.Msg, _ *jetstream.PubAck) {
+func (s *Sink) acked(_ jetstream.JetStream, msg *natsgo.Msg, ack *jetstream.PubAck) {
 	s.mu.Lock()
 	s.backoff = 0
 	p := s.take(msg)
@@ -489,9 +489,14 @@ func (s *Sink) acked(_ jetstream.JetStream, msg *natsgo.Msg, _ *jetstream.PubAck
 		s.failing.Store(false)
 	}
 	s.mu.Unlock()
-	if p != nil {
-		s.finish(p, nil)
+	if p == nil {
+		return
 	}
+	if ack.Duplicate {
+		s.log.Debug("the stream already had this message id; dropped the duplicate",
+			zap.String("message_id", p.m.ID), zap.Uint64("stream_seq", ack.Sequence))
+	}
+	s.finish(p, nil)
 }
 
 // failed is the error handler of every attempt.
