@@ -24,6 +24,7 @@ import (
 type Config struct {
 	Postgres Postgres `yaml:"postgres"`
 	Sink     Sink     `yaml:"sink"`
+	Envelope Envelope `yaml:"envelope"`
 	Relay    Relay    `yaml:"relay"`
 	HTTP     HTTP     `yaml:"http"`
 	Log      Log      `yaml:"log"`
@@ -44,6 +45,19 @@ type Postgres struct {
 	// HeartbeatInterval is how often the relay writes a heartbeat message so
 	// that an idle outbox does not pin WAL; 0 disables it.
 	HeartbeatInterval time.Duration `yaml:"heartbeat_interval"`
+	// Retention deletes outbox rows older than this (by columns.created_at),
+	// in small batches; 0 keeps every row. Delivery never depends on the
+	// rows: the relay publishes from the WAL its slot retains.
+	Retention time.Duration `yaml:"retention"`
+}
+
+// Envelope chooses the message format.
+type Envelope struct {
+	// Format is "envelope" (outboxrelay's envelope, version 1) or
+	// "cloudevents" (CloudEvents 1.0, structured content mode).
+	Format string `yaml:"format"`
+	// Source is the CloudEvents source attribute (a URI reference).
+	Source string `yaml:"source"`
 }
 
 // Sink chooses and configures the broker.
@@ -51,6 +65,31 @@ type Sink struct {
 	Type     string   `yaml:"type"`
 	Kafka    Kafka    `yaml:"kafka"`
 	RabbitMQ RabbitMQ `yaml:"rabbitmq"`
+	NATS     NATS     `yaml:"nats"`
+	Redis    Redis    `yaml:"redis"`
+}
+
+// NATS configures sinks/nats (JetStream).
+type NATS struct {
+	URL     string `yaml:"url"`
+	Subject string `yaml:"subject"`
+	Stream  string `yaml:"stream"`
+	// CreateStream creates Stream, on the template's subject prefix, when it is missing.
+	CreateStream    bool          `yaml:"create_stream"`
+	DuplicateWindow time.Duration `yaml:"duplicate_window"`
+	MaxPending      int           `yaml:"max_pending"`
+	AckTimeout      time.Duration `yaml:"ack_timeout"`
+	CredentialsFile string        `yaml:"credentials_file"`
+}
+
+// Redis configures sinks/redis (Redis Streams).
+type Redis struct {
+	URL    string `yaml:"url"`
+	Stream string `yaml:"stream"`
+	// MaxLen trims each stream to about this many entries (MAXLEN ~); 0 never trims.
+	MaxLen     int64 `yaml:"max_len"`
+	BatchSize  int   `yaml:"batch_size"`
+	MaxPending int   `yaml:"max_pending"`
 }
 
 // Kafka configures sinks/kafka.
@@ -106,10 +145,16 @@ func Default() Config {
 				Exchange: "outbox", RoutingKey: "{aggregate_type}.{event_type}",
 				ExchangeType: "topic", Durable: true,
 			},
+			NATS: NATS{
+				URL: "nats://127.0.0.1:4222", Subject: "outbox.{aggregate_type}.{event_type}", Stream: "OUTBOX",
+				DuplicateWindow: 2 * time.Minute, MaxPending: 4000, AckTimeout: 10 * time.Second,
+			},
+			Redis: Redis{URL: "redis://127.0.0.1:6379/0", Stream: "outbox:{aggregate_type}", BatchSize: 256, MaxPending: 10000},
 		},
-		Relay: Relay{MaxInFlight: 10000, MaxInFlightBytes: 64 << 20, MaxAttempts: 5, DrainTimeout: 30 * time.Second, DeadLetters: true},
-		HTTP:  HTTP{Listen: "127.0.0.1:9187"},
-		Log:   Log{Level: "info"},
+		Envelope: Envelope{Format: "envelope", Source: "outboxrelay"},
+		Relay:    Relay{MaxInFlight: 10000, MaxInFlightBytes: 64 << 20, MaxAttempts: 5, DrainTimeout: 30 * time.Second, DeadLetters: true},
+		HTTP:     HTTP{Listen: "127.0.0.1:9187"},
+		Log:      Log{Level: "info"},
 	}
 }
 
@@ -289,8 +334,28 @@ func (c *Config) Validate() error {
 		if c.Sink.RabbitMQ.URL == "" {
 			errs = append(errs, errors.New("sink.rabbitmq.url is required"))
 		}
+	case "nats":
+		if c.Sink.NATS.URL == "" {
+			errs = append(errs, errors.New("sink.nats.url is required"))
+		}
+	case "redis":
+		if c.Sink.Redis.URL == "" {
+			errs = append(errs, errors.New("sink.redis.url is required"))
+		}
 	default:
-		errs = append(errs, fmt.Errorf("sink.type %q is not one of kafka, rabbitmq", c.Sink.Type))
+		errs = append(errs, fmt.Errorf("sink.type %q is not one of kafka, rabbitmq, nats, redis", c.Sink.Type))
+	}
+	switch c.Envelope.Format {
+	case "envelope":
+	case "cloudevents":
+		if c.Envelope.Source == "" {
+			errs = append(errs, errors.New("envelope.source must be a URI reference for CloudEvents"))
+		}
+	default:
+		errs = append(errs, fmt.Errorf("envelope.format %q is not one of envelope, cloudevents", c.Envelope.Format))
+	}
+	if c.Postgres.Retention < 0 {
+		errs = append(errs, fmt.Errorf("postgres.retention %s must not be negative", c.Postgres.Retention))
 	}
 	if c.Relay.MaxInFlight < 1 {
 		errs = append(errs, errors.New("relay.max_inflight must be at least 1"))
