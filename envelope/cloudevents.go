@@ -178,3 +178,14 @@ func (m *Message) data() (payload []byte, inline bool, contentType string) {
 		return nil, false, ContentTypeBinary
 	}
 }
+
+// CloudEventData returns the body and content type of m in CloudEvents
+// binary content mode: the payload as stored, and application/json when it
+// is JSON, else the text or octet-stream type of its format.
+func (m *Message) CloudEventData() (body []byte, contentType string) {
+	if payload, inline, ct := m.data(); inline {
+		return payload, ct
+	} else {
+		return m.Payload, ct
+	}
+}

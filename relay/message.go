@@ -27,8 +27,16 @@ type Message struct {
 	Traceparent string
 	// Headers are the row's headers, in the order they appear in the row.
 	Headers []envelope.Header
-	// Envelope is the encoded envelope (JSON, UTF-8): the broker message body.
+	// Envelope is the broker message body: the encoded envelope (JSON,
+	// UTF-8), a CloudEvent in structured mode, or the bare payload in
+	// CloudEvents binary mode.
 	Envelope []byte
+	// ContentType is the body's media type; "" means application/json.
+	ContentType string
+	// Attributes are CloudEvents attributes for binary content mode, names
+	// without prefix: a sink adds its protocol binding's prefix (ce_ for
+	// Kafka, cloudEvents: for AMQP). Empty in the other formats.
+	Attributes []envelope.Header
 	// CommitTime is the commit time of the source transaction.
 	CommitTime time.Time
 	// LSN is the WAL position of the row; CommitLSN that of its transaction's commit.

@@ -74,6 +74,11 @@ type Config struct {
 	// Database is written to the envelope's source.database.
 	Database string
 	Columns  Columns
+	// Format is FormatEnvelope (default), FormatCloudEvents (structured
+	// content mode) or FormatCloudEventsBinary.
+	Format Format
+	// CloudEventsSource is the CloudEvents source attribute.
+	CloudEventsSource string
 	// MessagePrefix is the prefix of table-less outbox messages
 	// (pg_logical_emit_message); default "outboxrelay".
 	MessagePrefix string
@@ -100,6 +105,16 @@ type Config struct {
 	Hooks              Hooks
 }
 
+// Format is the body format of published messages.
+type Format string
+
+// The body formats.
+const (
+	FormatEnvelope          Format = "envelope"
+	FormatCloudEvents       Format = "cloudevents"
+	FormatCloudEventsBinary Format = "cloudevents-binary"
+)
+
 // HeartbeatPrefix is the prefix of the relay's own heartbeat messages.
 const HeartbeatPrefix = "outboxrelay.heartbeat"
 
@@ -109,6 +124,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.MessagePrefix == "" {
 		c.MessagePrefix = "outboxrelay"
+	}
+	if c.Format == "" {
+		c.Format = FormatEnvelope
 	}
 	if c.MaxInFlight <= 0 {
 		c.MaxInFlight = 10000
@@ -647,11 +665,23 @@ func (r *Relay) finish(em *envelope.Message, table, traceparent string, lsn cdc.
 		Database: r.cfg.Database, Table: table, LSN: uint64(lsn), CommitLSN: uint64(r.cur.FinalLSN),
 		XID: r.cur.XID, CommittedAt: r.cur.CommitTime,
 	}
-	buf := make([]byte, 0, len(em.Payload)+len(em.Headers)+512)
 	m := &Message{
 		ID: em.MessageID, AggregateType: em.AggregateType, AggregateID: em.AggregateID, EventType: em.EventType,
-		Table: table, Traceparent: em.Traceparent, Headers: headers, Envelope: em.AppendJSON(buf),
+		Table: table, Traceparent: em.Traceparent, Headers: headers,
 		CommitTime: r.cur.CommitTime, LSN: lsn, CommitLSN: r.cur.FinalLSN,
+	}
+	buf := make([]byte, 0, len(em.Payload)+len(em.Headers)+512)
+	switch r.cfg.Format {
+	case FormatCloudEvents:
+		m.Envelope = em.AppendCloudEvent(buf, r.cfg.CloudEventsSource)
+		m.ContentType = "application/cloudevents+json"
+	case FormatCloudEventsBinary:
+		body, ct := em.CloudEventData()
+		m.Envelope = append(buf[:0:0], body...)
+		m.ContentType = ct
+		m.Attributes = em.CloudEventAttributes(r.cfg.CloudEventsSource)
+	default:
+		m.Envelope = em.AppendJSON(buf)
 	}
 	return m, errors.Join(errs...)
 }

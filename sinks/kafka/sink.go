@@ -197,7 +197,15 @@ func (s *Sink) Publish(ctx context.Context, m *relay.Message, done func(*relay.M
 	if m.Traceparent != "" {
 		h = append(h, kgo.RecordHeader{Key: HeaderTraceparent, Value: bytesOf(m.Traceparent)})
 	}
-	h = append(h, kgo.RecordHeader{Key: HeaderContentType, Value: contentTypeJSON})
+	if m.ContentType != "" {
+		h = append(h, kgo.RecordHeader{Key: HeaderContentType, Value: bytesOf(m.ContentType)})
+	} else {
+		h = append(h, kgo.RecordHeader{Key: HeaderContentType, Value: contentTypeJSON})
+	}
+	// CloudEvents binary content mode: the Kafka protocol binding's ce_ headers.
+	for _, a := range m.Attributes {
+		h = append(h, kgo.RecordHeader{Key: "ce_" + a.Key, Value: bytesOf(a.Value)})
+	}
 	for _, rh := range m.Headers {
 		h = append(h, kgo.RecordHeader{Key: rh.Key, Value: bytesOf(rh.Value)})
 	}

@@ -346,10 +346,19 @@ func (s *Sink) prepare(m *relay.Message, done func(*relay.Message, error)) (*pen
 	}
 	headers["aggregate_id"] = m.AggregateID
 	headers["aggregate_type"] = m.AggregateType
+	// CloudEvents binary content mode: the AMQP protocol binding's
+	// application properties.
+	for _, a := range m.Attributes {
+		headers["cloudEvents:"+a.Key] = a.Value
+	}
+	contentType := m.ContentType
+	if contentType == "" {
+		contentType = "application/json"
+	}
 
 	pub := amqp.Publishing{
 		Headers:      headers,
-		ContentType:  "application/json",
+		ContentType:  contentType,
 		DeliveryMode: amqp.Persistent,
 		MessageId:    m.ID,
 		Type:         m.EventType,
