@@ -8,9 +8,13 @@ build:
 
 # The end-to-end tests start PostgreSQL themselves and need RabbitMQ on
 # 127.0.0.1:5672 (.ci/run makes sure of both).
+# Packages that disturb the shared RabbitMQ (closing connections, stop_app)
+# run one at a time, after the rest.
+SERIAL_PKGS := ./sinks/rabbitmq ./integration
 test:
 	$(GO) vet ./...
-	$(GO) test -count=1 -timeout 15m -p 2 ./...
+	$(GO) test -count=1 -timeout 15m -p 2 $$($(GO) list ./... | grep -v -e '/integration$$' -e '/sinks/rabbitmq$$')
+	$(GO) test -count=1 -timeout 20m -p 1 $(SERIAL_PKGS)
 
 test-short:
 	$(GO) test -short -count=1 ./...
