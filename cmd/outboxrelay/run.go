@@ -12,12 +12,16 @@ import (
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
+	"golang.org/x/sync/errgroup"
 
+	"github.com/outboxrelay/outboxrelay/admin"
 	"github.com/outboxrelay/outboxrelay/cdc"
 	"github.com/outboxrelay/outboxrelay/config"
+	"github.com/outboxrelay/outboxrelay/metrics"
 	"github.com/outboxrelay/outboxrelay/relay"
 	"github.com/outboxrelay/outboxrelay/sinks/kafka"
 	"github.com/outboxrelay/outboxrelay/sinks/rabbitmq"
+	"github.com/outboxrelay/outboxrelay/status"
 )
 
 func cmdRun(args []string, stdout, stderr io.Writer) error {
@@ -66,33 +70,52 @@ func newLogger(level string, w io.Writer) (*zap.Logger, error) {
 
 // run wires the relay from the configuration and runs it until ctx ends.
 func run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
+	// A signal during startup is a request to stop, not a failure.
+	startErr := func(err error) error {
+		if ctx.Err() != nil {
+			log.Info("stopped during startup", zap.String("error", err.Error()))
+			return nil
+		}
+		return err
+	}
 	setupCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	conn, err := connect(setupCtx, cfg.Postgres.URL)
 	if err != nil {
-		return err
+		return startErr(err)
 	}
 	database := conn.Config().Database
 	err = cdc.Setup(setupCtx, conn, cfg.CDC(), cfg.Postgres.Columns.Required())
 	conn.Close(context.WithoutCancel(ctx))
 	if err != nil {
-		return fmt.Errorf("prepare PostgreSQL: %w", err)
+		return startErr(fmt.Errorf("prepare PostgreSQL: %w", err))
 	}
 
 	dur, err := openDurability(setupCtx, cfg, log)
 	if err != nil {
-		return err
+		return startErr(err)
 	}
 	defer dur.close()
 	sink, err := openSink(setupCtx, cfg, log)
 	if err != nil {
-		return err
+		return startErr(err)
 	}
 	stream, err := cdc.NewStream(cfg.CDC(), log)
 	if err != nil {
 		_ = sink.Close()
 		return err
 	}
+	slot := cfg.Postgres.Slot
+	readStatus := func(ctx context.Context) (status.Status, error) { return status.Read(ctx, dur.pool, slot) }
+	checkpoint := status.NewWriter(dur.pool, slot, log)
+	// r is set below, before the HTTP endpoint can scrape the inflight gauge.
+	var r *relay.Relay
+	m := metrics.New(metrics.Config{
+		Sink:     cfg.Sink.Type,
+		Inflight: func() int { return r.Inflight() },
+		Status:   readStatus,
+		Log:      log,
+	})
 	rc := relay.Config{
 		Database:         database,
 		Columns:          cfg.Postgres.Columns,
@@ -100,19 +123,105 @@ func run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 		MaxInFlight:      cfg.Relay.MaxInFlight,
 		MaxInFlightBytes: cfg.Relay.MaxInFlightBytes,
 		MaxAttempts:      cfg.Relay.MaxAttempts,
+		Hooks:            joinHooks(relay.Hooks{Published: checkpoint.Published}, m.Hooks()),
 	}
 	dur.apply(&rc)
-	r := relay.New(rc, sink, log)
+	r = relay.New(rc, sink, log)
+
+	// relayCtx ends on SIGTERM/SIGINT, or when the HTTP endpoint fails. The
+	// parts that report on the relay (checkpoint, metrics, HTTP) outlive it
+	// until the relay has drained, so that they see its final state.
+	relayCtx, stopRelay := context.WithCancel(ctx)
+	defer stopRelay()
+	var srv *admin.Server
+	if cfg.HTTP.Listen != "" {
+		srv = admin.New(admin.Config{
+			Listen: cfg.HTTP.Listen,
+			Ready: func() error {
+				switch {
+				case relayCtx.Err() != nil:
+					return errors.New("shutting down")
+				case !stream.Streaming():
+					return errors.New("replication is not streaming")
+				case !sink.Ready():
+					return fmt.Errorf("%s sink is not connected", cfg.Sink.Type)
+				case r.Retrying():
+					return errors.New("retrying failed publishes")
+				}
+				return nil
+			},
+			Status:  readStatus,
+			Metrics: m.Handler(),
+			Log:     log,
+		})
+		if err := srv.Listen(); err != nil {
+			_ = sink.Close()
+			return usageErr("%v; choose a free address for http.listen", err)
+		}
+	}
+	stopLog := context.AfterFunc(relayCtx, func() { log.Info("shutting down") })
+	defer stopLog()
+
+	reportCtx, stopReport := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopReport()
+	var report errgroup.Group
+	report.Go(func() error { return checkpoint.Run(reportCtx) })
+	report.Go(func() error { return m.Run(reportCtx) })
+	if srv != nil {
+		report.Go(func() error {
+			err := srv.Run(reportCtx)
+			if err != nil && reportCtx.Err() == nil {
+				log.Error("http endpoint failed; stopping", zap.Error(err))
+				stopRelay()
+			}
+			return err
+		})
+	}
+	report.Go(func() error { return dur.heartbeat(relayCtx) })
+
 	log.Info("starting", zap.String("version", version), zap.String("sink", cfg.Sink.Type),
 		zap.String("slot", cfg.Postgres.Slot), zap.Strings("tables", cfg.Postgres.Tables))
+	err = r.Run(relayCtx, stream)
+	stopRelay() // after a fatal error too: the heartbeat stops with it
+	stopReport()
+	return errors.Join(err, report.Wait())
+}
 
-	hbCtx, stopHeartbeat := context.WithCancel(ctx)
-	hbDone := make(chan error, 1)
-	go func() { hbDone <- dur.heartbeat(hbCtx) }()
-	err = r.Run(ctx, stream)
-	stopHeartbeat()
-	<-hbDone
-	return err
+// joinHooks returns hooks that call the set hooks of hs, in order.
+func joinHooks(hs ...relay.Hooks) relay.Hooks {
+	var (
+		published []func(*relay.Message, time.Time)
+		failed    []func(*relay.Message, error)
+		dead      []func(*relay.Message)
+	)
+	for _, h := range hs {
+		if h.Published != nil {
+			published = append(published, h.Published)
+		}
+		if h.PublishFailed != nil {
+			failed = append(failed, h.PublishFailed)
+		}
+		if h.DeadLettered != nil {
+			dead = append(dead, h.DeadLettered)
+		}
+	}
+	return relay.Hooks{
+		Published: func(m *relay.Message, at time.Time) {
+			for _, f := range published {
+				f(m, at)
+			}
+		},
+		PublishFailed: func(m *relay.Message, err error) {
+			for _, f := range failed {
+				f(m, err)
+			}
+		},
+		DeadLettered: func(m *relay.Message) {
+			for _, f := range dead {
+				f(m)
+			}
+		},
+	}
 }
 
 // openSink creates the configured sink and checks that its broker answers,

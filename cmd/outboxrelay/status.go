@@ -1,11 +1,87 @@
 package main
 
-import "io"
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
 
+	"github.com/outboxrelay/outboxrelay/status"
+)
+
+// cmdStatus prints the checkpoint status of a slot and exits 1 when the
+// slot is missing, has lost (or is about to lose) WAL, or lags more than
+// --max-lag-bytes. The status is printed in every case.
 func cmdStatus(args []string, stdout io.Writer) error {
-	return usageErr("status: not available in this build")
+	fs := newFlags("status")
+	url := fs.String("database-url", "", "PostgreSQL URL")
+	slot := fs.String("slot", envOr("OUTBOXRELAY_POSTGRES_SLOT", "outboxrelay"), "replication slot (or OUTBOXRELAY_POSTGRES_SLOT)")
+	asJSON := fs.Bool("json", false, "print one JSON object")
+	maxLag := fs.Int64("max-lag-bytes", 0, "unhealthy when the lag is over this many bytes (0: no limit)")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if *maxLag < 0 {
+		return usageErr("status: --max-lag-bytes must not be negative")
+	}
+	if *slot == "" {
+		return usageErr("status: --slot must not be empty")
+	}
+	dbURL, err := databaseURL(*url)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	conn, err := connect(ctx, dbURL)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	st, err := status.Read(ctx, conn, *slot)
+	if err != nil {
+		return usageErr("status: %v", err)
+	}
+	if err := printStatus(stdout, st, *asJSON, time.Now()); err != nil {
+		return err
+	}
+	return healthErr(st, *maxLag)
 }
 
-func cmdDLQ(args []string, stdout io.Writer) error {
-	return usageErr("dlq: not available in this build")
+func printStatus(w io.Writer, st status.Status, asJSON bool, now time.Time) error {
+	if !asJSON {
+		return status.WriteText(w, st, now)
+	}
+	b, err := json.MarshalIndent(st, "", "  ")
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(w, "%s\n", b)
+	return err
+}
+
+// healthErr is nil for a healthy slot and an exit-1 error naming every
+// problem otherwise.
+func healthErr(st status.Status, maxLagBytes int64) error {
+	problems := st.Problems(maxLagBytes)
+	if len(problems) == 0 {
+		return nil
+	}
+	return &exitError{code: exitUnhealthy, err: errors.New("unhealthy: " + strings.Join(problems, "; "))}
+}
+
+// envOr returns the environment variable name, or def when it is unset or empty.
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
 }

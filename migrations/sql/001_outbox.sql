@@ -57,26 +57,35 @@ CREATE TABLE IF NOT EXISTS outboxrelay.dead_letters (
 );
 CREATE INDEX IF NOT EXISTS dead_letters_pending ON outboxrelay.dead_letters (slot, id) WHERE replayed_at IS NULL;
 
--- One row per pgoutput slot: where PostgreSQL is, where the relay is.
+-- One row per pgoutput slot: where PostgreSQL is, where the relay is. The
+-- columns are the fields of `outboxrelay status --json`, in the same order.
+-- On a standby the current position is the replay position.
 CREATE OR REPLACE VIEW outboxrelay.status AS
-SELECT s.slot_name::text                                                      AS slot,
-       true                                                                   AS exists,
+SELECT s.slot_name::text                                         AS slot,
+       true                                                      AS exists,
        s.active,
        s.wal_status,
        s.confirmed_flush_lsn,
        s.restart_lsn,
-       pg_current_wal_lsn()                                                   AS current_wal_lsn,
-       pg_wal_lsn_diff(pg_current_wal_lsn(), s.confirmed_flush_lsn)::bigint   AS lag_bytes,
-       pg_wal_lsn_diff(pg_current_wal_lsn(), s.restart_lsn)::bigint           AS retained_wal_bytes,
-       c.last_lsn                                                             AS last_published_lsn,
+       w.lsn                                                     AS current_wal_lsn,
+       pg_wal_lsn_diff(w.lsn, s.confirmed_flush_lsn)::bigint     AS lag_bytes,
+       pg_wal_lsn_diff(w.lsn, s.restart_lsn)::bigint             AS retained_wal_bytes,
+       c.last_lsn                                                AS last_published_lsn,
        c.last_published_at,
        c.last_message_id,
-       coalesce(c.published_total, 0)                                         AS published_total,
+       coalesce(c.published_total, 0)                            AS published_total,
        (SELECT count(*) FROM outboxrelay.dead_letters d
-         WHERE d.slot = s.slot_name AND d.replayed_at IS NULL)                AS dead_letters
+         WHERE d.slot = s.slot_name AND d.replayed_at IS NULL)   AS dead_letters
 FROM pg_replication_slots s
+CROSS JOIN (SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn()
+                        ELSE pg_current_wal_lsn() END AS lsn) w
 LEFT JOIN outboxrelay.checkpoint c ON c.slot = s.slot_name
 WHERE s.plugin = 'pgoutput' AND s.database = current_database();
+
+-- Any role may read the status (the view counts dead letters with its
+-- owner's rights); dead letters themselves hold payloads and stay private.
+GRANT USAGE ON SCHEMA outboxrelay TO PUBLIC;
+GRANT SELECT ON outboxrelay.status, outboxrelay.checkpoint TO PUBLIC;
 
 DO $outboxrelay$
 BEGIN

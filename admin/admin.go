@@ -1,0 +1,175 @@
+// Package admin is the relay's HTTP endpoint for operators and
+// orchestrators: /healthz (liveness), /readyz (readiness), /status (the
+// checkpoint status as JSON) and /metrics (Prometheus).
+package admin
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/outboxrelay/outboxrelay/cdc"
+	"github.com/outboxrelay/outboxrelay/status"
+)
+
+// Config configures a Server. Every func is called per request, from the
+// server's goroutines, and must be safe for concurrent use.
+type Config struct {
+	// Listen is the TCP address, host:port; port 0 picks a free port.
+	Listen string
+	// Ready returns nil while the relay can do its work, or the reason it
+	// cannot; /readyz answers 200 or 503 with the reason. Nil means always ready.
+	Ready func() error
+	// Status reads the checkpoint status for /status; the request's context
+	// is bounded by StatusTimeout (default 5s). Nil disables /status.
+	Status        func(ctx context.Context) (status.Status, error)
+	StatusTimeout time.Duration
+	// Metrics serves /metrics. Nil disables it.
+	Metrics http.Handler
+	// ShutdownTimeout bounds the wait for open requests when Run stops (default 5s).
+	ShutdownTimeout time.Duration
+	Log             *zap.Logger
+}
+
+// Server is the HTTP endpoint. Listen binds it; Run serves.
+type Server struct {
+	cfg Config
+	log *zap.Logger
+	ln  net.Listener
+	srv *http.Server
+}
+
+// New returns a Server. It neither binds nor starts anything.
+func New(cfg Config) *Server {
+	if cfg.Log == nil {
+		cfg.Log = zap.NewNop()
+	}
+	if cfg.StatusTimeout <= 0 {
+		cfg.StatusTimeout = 5 * time.Second
+	}
+	if cfg.ShutdownTimeout <= 0 {
+		cfg.ShutdownTimeout = 5 * time.Second
+	}
+	s := &Server{cfg: cfg, log: cfg.Log.Named("http")}
+	s.srv = &http.Server{
+		Handler:           s.Handler(),
+		ReadHeaderTimeout: 5 * time.Second,
+		IdleTimeout:       time.Minute,
+		ErrorLog:          zap.NewStdLog(s.log),
+	}
+	return s
+}
+
+// Listen binds the address and logs it ("http listening", addr), so that
+// a busy port fails before the relay starts and port 0 can be found.
+func (s *Server) Listen() error {
+	ln, err := net.Listen("tcp", s.cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("http.listen %s: %w", s.cfg.Listen, err)
+	}
+	s.ln = ln
+	s.log.Info("http listening", zap.String("addr", ln.Addr().String()))
+	return nil
+}
+
+// Addr is the bound address, or nil before Listen.
+func (s *Server) Addr() net.Addr {
+	if s.ln == nil {
+		return nil
+	}
+	return s.ln.Addr()
+}
+
+// Run serves until ctx is cancelled, then shuts down like
+// http.Server.Shutdown: it stops accepting, waits up to ShutdownTimeout for
+// open requests and returns nil. It calls Listen first if needed. Cancel
+// ctx only once the relay has drained, so that /metrics and /readyz answer
+// during the drain.
+func (s *Server) Run(ctx context.Context) error {
+	if s.ln == nil {
+		if err := s.Listen(); err != nil {
+			return err
+		}
+	}
+	served := make(chan error, 1)
+	go func() { served <- s.srv.Serve(s.ln) }()
+	select {
+	case err := <-served:
+		return fmt.Errorf("http: %w", err)
+	case <-ctx.Done():
+	}
+	shutCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.ShutdownTimeout)
+	defer cancel()
+	err := s.srv.Shutdown(shutCtx)
+	if serveErr := <-served; !errors.Is(serveErr, http.ErrServerClosed) {
+		err = errors.Join(err, serveErr)
+	}
+	if err != nil {
+		return fmt.Errorf("http shutdown: %w", err)
+	}
+	return nil
+}
+
+// Handler returns the endpoint's routes.
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		text(w, http.StatusOK, "ok")
+	})
+	mux.HandleFunc("GET /readyz", s.readyz)
+	if s.cfg.Status != nil {
+		mux.HandleFunc("GET /status", s.status)
+	}
+	if s.cfg.Metrics != nil {
+		mux.Handle("GET /metrics", s.cfg.Metrics)
+	}
+	return mux
+}
+
+func (s *Server) readyz(w http.ResponseWriter, _ *http.Request) {
+	if s.cfg.Ready != nil {
+		if err := s.cfg.Ready(); err != nil {
+			text(w, http.StatusServiceUnavailable, "not ready: "+err.Error())
+			return
+		}
+	}
+	text(w, http.StatusOK, "ready")
+}
+
+func (s *Server) status(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.StatusTimeout)
+	defer cancel()
+	st, err := s.cfg.Status(ctx)
+	if err != nil {
+		msg := cdc.RedactURL(err.Error())
+		s.log.Warn("read status", zap.String("error", msg))
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": msg})
+		return
+	}
+	writeJSON(w, http.StatusOK, st)
+}
+
+func text(w http.ResponseWriter, code int, body string) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(code)
+	_, _ = fmt.Fprintln(w, body)
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	body, err := json.Marshal(v)
+	if err != nil {
+		text(w, http.StatusInternalServerError, err.Error())
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(code)
+	_, _ = w.Write(append(body, '\n'))
+}

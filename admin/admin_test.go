@@ -1,0 +1,120 @@
+package admin
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"go.uber.org/goleak"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/outboxrelay/outboxrelay/status"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func serve(t *testing.T, h http.Handler, path string) (int, string) {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest("GET", path, nil))
+	b, _ := io.ReadAll(rec.Body)
+	return rec.Code, string(b)
+}
+
+func TestRoutes(t *testing.T) {
+	var notReady atomic.Pointer[string]
+	var statusErr error
+	s := New(Config{
+		Ready: func() error {
+			if r := notReady.Load(); r != nil {
+				return errors.New(*r)
+			}
+			return nil
+		},
+		Status: func(context.Context) (status.Status, error) {
+			if statusErr != nil {
+				return status.Status{}, statusErr
+			}
+			return status.Status{Slot: "outboxrelay", Exists: true}, nil
+		},
+		Metrics: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "outboxrelay_x 1\n") }),
+	})
+	h := s.Handler()
+	if code, body := serve(t, h, "/healthz"); code != 200 || body != "ok\n" {
+		t.Errorf("/healthz = %d %q", code, body)
+	}
+	if code, body := serve(t, h, "/readyz"); code != 200 || body != "ready\n" {
+		t.Errorf("/readyz = %d %q", code, body)
+	}
+	reason := "kafka sink is not connected"
+	notReady.Store(&reason)
+	if code, body := serve(t, h, "/readyz"); code != 503 || body != "not ready: kafka sink is not connected\n" {
+		t.Errorf("/readyz not ready = %d %q", code, body)
+	}
+	if code, _ := serve(t, h, "/healthz"); code != 200 {
+		t.Errorf("/healthz while not ready = %d", code)
+	}
+	if code, body := serve(t, h, "/status"); code != 200 || !strings.HasPrefix(body, `{"slot":"outboxrelay","exists":true,`) {
+		t.Errorf("/status = %d %s", code, body)
+	}
+	statusErr = errors.New("cannot connect to postgres://relay:hunter2@db/shop")
+	if code, body := serve(t, h, "/status"); code != 503 || strings.Contains(body, "hunter2") || !strings.Contains(body, `"error"`) {
+		t.Errorf("/status failing = %d %s", code, body)
+	}
+	if code, body := serve(t, h, "/metrics"); code != 200 || body != "outboxrelay_x 1\n" {
+		t.Errorf("/metrics = %d %q", code, body)
+	}
+	if code, _ := serve(t, h, "/nope"); code != 404 {
+		t.Errorf("/nope = %d", code)
+	}
+}
+
+func TestRunLogsAddressAndShutsDown(t *testing.T) {
+	core, logs := observer.New(zap.InfoLevel)
+	s := New(Config{Listen: "127.0.0.1:0", Log: zap.New(core)})
+	if err := s.Listen(); err != nil {
+		t.Fatal(err)
+	}
+	addr := s.Addr().String()
+	entries := logs.FilterMessage("http listening").All()
+	if len(entries) != 1 || entries[0].ContextMap()["addr"] != addr {
+		t.Fatalf("log entries %v, want http listening with addr %s", entries, addr)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- s.Run(ctx) }()
+	resp, err := http.Get("http://" + addr + "/healthz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	http.DefaultClient.CloseIdleConnections()
+	if resp.StatusCode != 200 {
+		t.Errorf("/healthz = %d", resp.StatusCode)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if _, err := http.Get("http://" + addr + "/healthz"); err == nil {
+		t.Error("server still answers after Run returned")
+	}
+}
+
+func TestListenBusy(t *testing.T) {
+	a := New(Config{Listen: "127.0.0.1:0"})
+	if err := a.Listen(); err != nil {
+		t.Fatal(err)
+	}
+	defer a.ln.Close()
+	b := New(Config{Listen: a.Addr().String()})
+	if err := b.Listen(); err == nil || !strings.Contains(err.Error(), "http.listen") {
+		t.Errorf("Listen on a busy port = %v", err)
+	}
+}

@@ -1,0 +1,86 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/outboxrelay/outboxrelay/status"
+)
+
+func TestStatusExitCodes(t *testing.T) {
+	ok := status.Status{Slot: "outboxrelay", Exists: true, WALStatus: "reserved", ConfirmedFlushLSN: 0x100, CurrentWALLSN: 0x900, LagBytes: 0x800}
+	tests := []struct {
+		name   string
+		edit   func(*status.Status)
+		maxLag int64
+		code   int
+		msg    string
+	}{
+		{"healthy", func(*status.Status) {}, 0, exitOK, ""},
+		{"under the limit", func(*status.Status) {}, 4096, exitOK, ""},
+		{"over the limit", func(*status.Status) {}, 1024, exitUnhealthy, "lag of 2048 bytes is over the limit of 1024 bytes"},
+		{"missing", func(s *status.Status) { *s = status.Status{Slot: "outboxrelay"} }, 0, exitUnhealthy, `slot "outboxrelay" does not exist`},
+		{"lost", func(s *status.Status) { s.WALStatus = "lost" }, 0, exitUnhealthy, "wal_status=lost"},
+		{"unreserved", func(s *status.Status) { s.WALStatus = "unreserved" }, 0, exitUnhealthy, "wal_status=unreserved"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			st := ok
+			tt.edit(&st)
+			err := healthErr(st, tt.maxLag)
+			code := exitOK
+			var ee *exitError
+			if errors.As(err, &ee) {
+				code = ee.code
+			} else if err != nil {
+				t.Fatalf("healthErr = %v, not an exitError", err)
+			}
+			if code != tt.code || (tt.msg != "" && !strings.Contains(err.Error(), tt.msg)) {
+				t.Errorf("healthErr = %v (exit %d), want exit %d with %q", err, code, tt.code, tt.msg)
+			}
+		})
+	}
+}
+
+func TestPrintStatus(t *testing.T) {
+	st := status.Status{Slot: "gone", CurrentWALLSN: 0x5000}
+	var text, js bytes.Buffer
+	if err := printStatus(&text, st, false, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(text.String(), "slot                 gone\nexists               false\n") {
+		t.Errorf("text:\n%s", text.String())
+	}
+	if err := printStatus(&js, st, true, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(js.Bytes(), &m); err != nil {
+		t.Fatalf("--json output is not one object: %v\n%s", err, js.String())
+	}
+	if m["exists"] != false || m["lag_bytes"] != nil || len(m) != 14 {
+		t.Errorf("--json object: %v", m)
+	}
+}
+
+func TestStatusUsage(t *testing.T) {
+	t.Setenv("OUTBOXRELAY_POSTGRES_URL", "")
+	t.Setenv("DATABASE_URL", "")
+	for _, args := range [][]string{
+		{"status"},
+		{"status", "--database-url", "postgres://x@127.0.0.1:1/x", "--max-lag-bytes", "-1"},
+		{"status", "--database-url", "postgres://x@127.0.0.1:1/x", "--max-lag-bytes", "many"},
+		{"status", "--database-url", "postgres://x@127.0.0.1:1/x", "extra"},
+		{"status", "--database-url", "postgres://relay:hunter2@127.0.0.1:1/x?connect_timeout=2"},
+	} {
+		var stdout, stderr bytes.Buffer
+		code := runMain(args, &stdout, &stderr)
+		if code != exitUsage || strings.Count(stderr.String(), "\n") != 1 || strings.Contains(stderr.String(), "hunter2") {
+			t.Errorf("%v: exit %d, stderr %q; want exit 2 with one line and no password", args, code, stderr.String())
+		}
+	}
+}

@@ -1,0 +1,225 @@
+// Package metrics exposes the relay's Prometheus metrics (prefix
+// outboxrelay_). It observes the pipeline through relay.Hooks and through
+// functions it calls on scrape or on a timer, so nothing in the relay's
+// path calls into it directly. Every Metrics has its own registry; the
+// global one is never touched.
+package metrics
+
+import (
+	"context"
+	"math"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.uber.org/zap"
+
+	"github.com/outboxrelay/outboxrelay/relay"
+	"github.com/outboxrelay/outboxrelay/status"
+)
+
+// Namespace prefixes every metric name.
+const Namespace = "outboxrelay"
+
+// LatencyBuckets are the end_to_end_latency_seconds buckets: 1ms to 60s,
+// dense where a healthy relay lives (below a second) and coarse for the
+// minutes a broker outage adds.
+var LatencyBuckets = []float64{
+	0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+	1, 2.5, 5, 10, 20, 30, 60,
+}
+
+// Config configures New. Every field is optional.
+type Config struct {
+	// Sink is the sink label: kafka, rabbitmq.
+	Sink string
+	// Inflight reports the messages handed to the sink and not yet
+	// acknowledged (relay.Relay.Inflight); read on every scrape.
+	Inflight func() int
+	// Status reads the slot's status (status.Read) for
+	// replication_lag_bytes and slot_wal_status. Run calls it every
+	// PollInterval (default 5s), each call bounded by PollInterval.
+	Status       func(ctx context.Context) (status.Status, error)
+	PollInterval time.Duration
+	Log          *zap.Logger
+}
+
+// Metrics holds the collectors. Its hooks are safe for concurrent use.
+type Metrics struct {
+	cfg      Config
+	log      *zap.Logger
+	registry *prometheus.Registry
+
+	published     *prometheus.CounterVec
+	publishErrors *prometheus.CounterVec
+	deadLetters   prometheus.Counter
+	lag           prometheus.Gauge
+	walStatus     *prometheus.GaugeVec
+	latency       prometheus.Histogram
+	// lastPublished is the newest acknowledgement, in Unix nanoseconds.
+	lastPublished atomic.Int64
+}
+
+// New registers the collectors (with the Go runtime and process
+// collectors) in a new registry. It starts nothing.
+func New(cfg Config) *Metrics {
+	if cfg.PollInterval <= 0 {
+		cfg.PollInterval = 5 * time.Second
+	}
+	if cfg.Log == nil {
+		cfg.Log = zap.NewNop()
+	}
+	m := &Metrics{cfg: cfg, log: cfg.Log.Named("metrics"), registry: prometheus.NewRegistry()}
+	m.published = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Name: "messages_published_total",
+		Help: "Messages the broker acknowledged, by sink and destination (topic or routing key).",
+	}, []string{"sink", "destination"})
+	m.publishErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Name: "publish_errors_total",
+		Help: "Failed publish attempts, by sink and reason (retryable: retried without limit; permanent: dead-lettered after max_attempts).",
+	}, []string{"sink", "reason"})
+	m.deadLetters = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: Namespace, Name: "dead_letters_total",
+		Help: "Messages stored in outboxrelay.dead_letters by this process.",
+	})
+	m.lag = prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: Namespace, Name: "replication_lag_bytes",
+		Help: "WAL bytes between the server's current position and the slot's confirmed_flush_lsn, refreshed every few seconds.",
+	})
+	m.walStatus = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: Namespace, Name: "slot_wal_status",
+		Help: "1 for the slot's current wal_status (reserved, extended, unreserved, lost), 0 for the others; all 0 while the slot is missing.",
+	}, []string{"status"})
+	for _, ws := range walStatuses {
+		m.walStatus.WithLabelValues(ws)
+	}
+	m.latency = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Namespace: Namespace, Name: "end_to_end_latency_seconds",
+		Help:    "Time from the source transaction's commit to the broker's acknowledgement.",
+		Buckets: LatencyBuckets,
+	})
+	inflight := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: Namespace, Name: "inflight_messages",
+		Help: "Messages handed to the sink and not yet acknowledged.",
+	}, func() float64 {
+		if cfg.Inflight == nil {
+			return 0
+		}
+		return float64(cfg.Inflight())
+	})
+	last := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: Namespace, Name: "last_published_timestamp_seconds",
+		Help: "Unix time of the newest broker acknowledgement; 0 before the first.",
+	}, func() float64 {
+		return float64(m.lastPublished.Load()) / 1e9
+	})
+	m.registry.MustRegister(m.published, m.publishErrors, m.deadLetters, m.lag, m.walStatus, m.latency, inflight, last,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	// Both error series exist from the start, so rate() and alerts see 0.
+	for _, reason := range []string{reasonRetryable, reasonPermanent} {
+		m.publishErrors.WithLabelValues(cfg.Sink, reason)
+	}
+	return m
+}
+
+// Registry returns the registry holding every collector.
+func (m *Metrics) Registry() *prometheus.Registry { return m.registry }
+
+// Handler serves the registry in the Prometheus exposition formats.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{Registry: m.registry})
+}
+
+// walStatuses are the values of pg_replication_slots.wal_status.
+var walStatuses = []string{"reserved", "extended", "unreserved", "lost"}
+
+const (
+	reasonRetryable = "retryable"
+	reasonPermanent = "permanent"
+)
+
+// Reason classifies a publish error for the reason label, with the relay's
+// own predicate.
+func Reason(err error) string {
+	if relay.Retryable(err) {
+		return reasonRetryable
+	}
+	return reasonPermanent
+}
+
+// Hooks returns the relay hooks that feed the metrics. They never block.
+func (m *Metrics) Hooks() relay.Hooks {
+	return relay.Hooks{
+		Published:     m.observePublished,
+		PublishFailed: m.observeFailed,
+		DeadLettered:  func(*relay.Message) { m.deadLetters.Inc() },
+	}
+}
+
+func (m *Metrics) observePublished(msg *relay.Message, ackedAt time.Time) {
+	m.published.WithLabelValues(m.cfg.Sink, msg.Destination).Inc()
+	if !msg.CommitTime.IsZero() {
+		// The commit time is the database server's clock: clamp skew.
+		m.latency.Observe(math.Max(0, ackedAt.Sub(msg.CommitTime).Seconds()))
+	}
+	now := ackedAt.UnixNano()
+	for {
+		old := m.lastPublished.Load()
+		if old >= now || m.lastPublished.CompareAndSwap(old, now) {
+			return
+		}
+	}
+}
+
+func (m *Metrics) observeFailed(_ *relay.Message, err error) {
+	m.publishErrors.WithLabelValues(m.cfg.Sink, Reason(err)).Inc()
+}
+
+// Run refreshes replication_lag_bytes and slot_wal_status from
+// Config.Status at once and then every PollInterval until ctx is cancelled,
+// and returns nil. A failed read is logged at debug level and leaves the
+// previous values. Without Config.Status it only waits for ctx.
+//
+// Polling rather than querying on scrape keeps scrapes fast and the load on
+// PostgreSQL fixed however many scrapers there are, at the price of values
+// up to PollInterval old.
+func (m *Metrics) Run(ctx context.Context) error {
+	if m.cfg.Status == nil {
+		<-ctx.Done()
+		return nil
+	}
+	t := time.NewTicker(m.cfg.PollInterval)
+	defer t.Stop()
+	for {
+		readCtx, cancel := context.WithTimeout(ctx, m.cfg.PollInterval)
+		st, err := m.cfg.Status(readCtx)
+		cancel()
+		switch {
+		case err == nil:
+			m.observeSlot(st)
+		case ctx.Err() == nil:
+			m.log.Debug("read slot status", zap.Error(err))
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+func (m *Metrics) observeSlot(st status.Status) {
+	if st.LagKnown() {
+		m.lag.Set(float64(st.LagBytes))
+	}
+	for _, ws := range walStatuses {
+		v := 0.0
+		if st.Exists && st.WALStatus == ws {
+			v = 1
+		}
+		m.walStatus.WithLabelValues(ws).Set(v)
+	}
+}

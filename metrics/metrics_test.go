@@ -1,0 +1,156 @@
+package metrics
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"go.uber.org/goleak"
+
+	"github.com/outboxrelay/outboxrelay/relay"
+	"github.com/outboxrelay/outboxrelay/status"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// gather returns the metrics of family name, failing when it is missing.
+func gather(t *testing.T, m *Metrics, name string) []*dto.Metric {
+	t.Helper()
+	mfs, err := m.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			return mf.GetMetric()
+		}
+	}
+	t.Fatalf("no metric %s", name)
+	return nil
+}
+
+func labels(m *dto.Metric) map[string]string {
+	l := map[string]string{}
+	for _, p := range m.GetLabel() {
+		l[p.GetName()] = p.GetValue()
+	}
+	return l
+}
+
+func TestHooks(t *testing.T) {
+	inflight := 7
+	m := New(Config{Sink: "kafka", Inflight: func() int { return inflight }})
+	h := m.Hooks()
+	commit := time.Date(2026, 11, 29, 8, 0, 0, 0, time.UTC)
+	for i, d := range []time.Duration{3 * time.Millisecond, 40 * time.Millisecond, 2 * time.Second} {
+		dest := "outbox.order"
+		if i == 2 {
+			dest = "outbox.invoice"
+		}
+		h.Published(&relay.Message{Destination: dest, CommitTime: commit}, commit.Add(d))
+	}
+	// A database clock ahead of ours must not give negative latencies.
+	h.Published(&relay.Message{Destination: "outbox.order", CommitTime: commit}, commit.Add(-time.Second))
+	h.PublishFailed(&relay.Message{}, errors.New("broker not available"))
+	h.PublishFailed(&relay.Message{}, relay.Permanent(errors.New("message too large")))
+	h.PublishFailed(&relay.Message{}, relay.Permanent(errors.New("message too large")))
+	h.DeadLettered(&relay.Message{})
+
+	got := map[string]float64{}
+	for _, mt := range gather(t, m, "outboxrelay_messages_published_total") {
+		l := labels(mt)
+		if l["sink"] != "kafka" {
+			t.Errorf("sink label = %q", l["sink"])
+		}
+		got[l["destination"]] = mt.GetCounter().GetValue()
+	}
+	if got["outbox.order"] != 3 || got["outbox.invoice"] != 1 {
+		t.Errorf("messages_published_total = %v", got)
+	}
+	errs := map[string]float64{}
+	for _, mt := range gather(t, m, "outboxrelay_publish_errors_total") {
+		errs[labels(mt)["reason"]] = mt.GetCounter().GetValue()
+	}
+	if errs["retryable"] != 1 || errs["permanent"] != 2 || len(errs) != 2 {
+		t.Errorf("publish_errors_total = %v", errs)
+	}
+	if v := gather(t, m, "outboxrelay_dead_letters_total")[0].GetCounter().GetValue(); v != 1 {
+		t.Errorf("dead_letters_total = %v", v)
+	}
+	hist := gather(t, m, "outboxrelay_end_to_end_latency_seconds")[0].GetHistogram()
+	if hist.GetSampleCount() != 4 || hist.GetSampleSum() < 2.04 || hist.GetSampleSum() > 2.05 {
+		t.Errorf("latency count %d sum %v, want 4 and 2.043", hist.GetSampleCount(), hist.GetSampleSum())
+	}
+	for _, b := range hist.GetBucket() {
+		want := map[float64]uint64{0.001: 1, 0.0025: 1, 0.005: 2, 0.05: 3, 1: 3, 2.5: 4, 60: 4}
+		if w, ok := want[b.GetUpperBound()]; ok && b.GetCumulativeCount() != w {
+			t.Errorf("bucket le=%v has %d, want %d", b.GetUpperBound(), b.GetCumulativeCount(), w)
+		}
+	}
+	if v := gather(t, m, "outboxrelay_inflight_messages")[0].GetGauge().GetValue(); v != 7 {
+		t.Errorf("inflight_messages = %v", v)
+	}
+	// The newest acknowledgement wins even when an older one is reported later.
+	if v := gather(t, m, "outboxrelay_last_published_timestamp_seconds")[0].GetGauge().GetValue(); v != float64(commit.Add(2*time.Second).Unix()) {
+		t.Errorf("last_published_timestamp_seconds = %v", v)
+	}
+}
+
+func TestHandler(t *testing.T) {
+	m := New(Config{Sink: "rabbitmq"})
+	rec := httptest.NewRecorder()
+	m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	body, _ := io.ReadAll(rec.Body)
+	for _, want := range []string{
+		`outboxrelay_publish_errors_total{reason="permanent",sink="rabbitmq"} 0`,
+		"outboxrelay_replication_lag_bytes 0",
+		"outboxrelay_inflight_messages 0",
+		"outboxrelay_end_to_end_latency_seconds_bucket{le=\"0.001\"} 0",
+		"go_goroutines",
+	} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("/metrics has no %q", want)
+		}
+	}
+}
+
+func TestRunPollsSlot(t *testing.T) {
+	var calls atomic.Int32
+	m := New(Config{PollInterval: 10 * time.Millisecond, Status: func(ctx context.Context) (status.Status, error) {
+		switch calls.Add(1) {
+		case 1:
+			return status.Status{Exists: true, WALStatus: "reserved", ConfirmedFlushLSN: 0x100, CurrentWALLSN: 0x1100, LagBytes: 4096}, nil
+		case 2:
+			return status.Status{}, errors.New("connection refused")
+		default:
+			// Lag unknown: the last known value stays.
+			return status.Status{Exists: true, WALStatus: "unreserved"}, nil
+		}
+	}})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- m.Run(ctx) }()
+	for calls.Load() < 4 {
+		time.Sleep(5 * time.Millisecond)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if v := gather(t, m, "outboxrelay_replication_lag_bytes")[0].GetGauge().GetValue(); v != 4096 {
+		t.Errorf("replication_lag_bytes = %v", v)
+	}
+	ws := map[string]float64{}
+	for _, mt := range gather(t, m, "outboxrelay_slot_wal_status") {
+		ws[labels(mt)["status"]] = mt.GetGauge().GetValue()
+	}
+	if len(ws) != 4 || ws["unreserved"] != 1 || ws["reserved"] != 0 || ws["lost"] != 0 {
+		t.Errorf("slot_wal_status = %v", ws)
+	}
+}

@@ -1,0 +1,278 @@
+// Package status reports where a replication slot stands and how far the
+// relay has published: the figures behind `outboxrelay status`, the
+// relay's GET /status and the SQL view outboxrelay.status.
+//
+// PostgreSQL's side comes from pg_replication_slots and the current WAL
+// position; the relay's side from outboxrelay.checkpoint, which Writer keeps
+// up to date while the relay runs, and outboxrelay.dead_letters.
+package status
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// LSN is a WAL position. It is encoded in JSON as PostgreSQL writes it
+// ("0/1A2B3C4"), and as null when it is zero (unknown).
+type LSN uint64
+
+// String formats l as PostgreSQL does.
+func (l LSN) String() string { return pglogrepl.LSN(l).String() }
+
+// MarshalJSON implements json.Marshaler.
+func (l LSN) MarshalJSON() ([]byte, error) {
+	if l == 0 {
+		return []byte("null"), nil
+	}
+	return json.Marshal(l.String())
+}
+
+// UnmarshalJSON implements json.Unmarshaler.
+func (l *LSN) UnmarshalJSON(b []byte) error {
+	var s *string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return err
+	}
+	if s == nil {
+		*l = 0
+		return nil
+	}
+	v, err := pglogrepl.ParseLSN(*s)
+	if err != nil {
+		return fmt.Errorf("lsn %q: %w", *s, err)
+	}
+	*l = LSN(v)
+	return nil
+}
+
+// Status is the checkpoint status of one slot. Its JSON form has the same
+// names as the columns of the view outboxrelay.status; figures that are not
+// known (for a missing slot, or before the first publish) are null.
+type Status struct {
+	Slot   string `json:"slot"`
+	Exists bool   `json:"exists"`
+	// Active reports whether a process (normally the relay) streams from the slot.
+	Active bool `json:"active"`
+	// WALStatus is pg_replication_slots.wal_status: reserved, extended,
+	// unreserved or lost.
+	WALStatus         string `json:"wal_status"`
+	ConfirmedFlushLSN LSN    `json:"confirmed_flush_lsn"`
+	RestartLSN        LSN    `json:"restart_lsn"`
+	CurrentWALLSN     LSN    `json:"current_wal_lsn"`
+	// LagBytes is how much WAL the relay has not confirmed yet:
+	// current_wal_lsn - confirmed_flush_lsn. Valid only when LagKnown.
+	LagBytes int64 `json:"lag_bytes"`
+	// RetainedWALBytes is how much WAL the slot keeps on the server:
+	// current_wal_lsn - restart_lsn. Valid only when RetainedKnown.
+	RetainedWALBytes int64 `json:"retained_wal_bytes"`
+	// LastPublishedLSN, LastPublishedAt and LastMessageID describe the
+	// furthest message the broker has acknowledged; PublishedTotal counts
+	// acknowledged messages over the slot's life (repeats after a crash
+	// included).
+	LastPublishedLSN LSN       `json:"last_published_lsn"`
+	LastPublishedAt  time.Time `json:"last_published_at"`
+	LastMessageID    string    `json:"last_message_id"`
+	PublishedTotal   int64     `json:"published_total"`
+	// DeadLetters counts dead letters of the slot not yet replayed.
+	DeadLetters int64 `json:"dead_letters"`
+	// Warnings say why some figures are missing (for example the
+	// outboxrelay schema is not there). Not a column of the view.
+	Warnings []string `json:"warnings,omitempty"`
+}
+
+// LagKnown reports whether LagBytes is meaningful.
+func (s Status) LagKnown() bool {
+	return s.Exists && s.ConfirmedFlushLSN != 0 && s.CurrentWALLSN != 0
+}
+
+// RetainedKnown reports whether RetainedWALBytes is meaningful.
+func (s Status) RetainedKnown() bool {
+	return s.Exists && s.RestartLSN != 0 && s.CurrentWALLSN != 0
+}
+
+// MarshalJSON writes unknown figures as null, in the order of the view's columns.
+func (s Status) MarshalJSON() ([]byte, error) {
+	type nullable struct {
+		Slot              string     `json:"slot"`
+		Exists            bool       `json:"exists"`
+		Active            *bool      `json:"active"`
+		WALStatus         *string    `json:"wal_status"`
+		ConfirmedFlushLSN LSN        `json:"confirmed_flush_lsn"`
+		RestartLSN        LSN        `json:"restart_lsn"`
+		CurrentWALLSN     LSN        `json:"current_wal_lsn"`
+		LagBytes          *int64     `json:"lag_bytes"`
+		RetainedWALBytes  *int64     `json:"retained_wal_bytes"`
+		LastPublishedLSN  LSN        `json:"last_published_lsn"`
+		LastPublishedAt   *time.Time `json:"last_published_at"`
+		LastMessageID     *string    `json:"last_message_id"`
+		PublishedTotal    int64      `json:"published_total"`
+		DeadLetters       int64      `json:"dead_letters"`
+		Warnings          []string   `json:"warnings,omitempty"`
+	}
+	n := nullable{
+		Slot: s.Slot, Exists: s.Exists, ConfirmedFlushLSN: s.ConfirmedFlushLSN, RestartLSN: s.RestartLSN,
+		CurrentWALLSN: s.CurrentWALLSN, LastPublishedLSN: s.LastPublishedLSN, PublishedTotal: s.PublishedTotal,
+		DeadLetters: s.DeadLetters, Warnings: s.Warnings,
+	}
+	if s.Exists {
+		n.Active = &s.Active
+	}
+	if s.WALStatus != "" {
+		n.WALStatus = &s.WALStatus
+	}
+	if s.LagKnown() {
+		n.LagBytes = &s.LagBytes
+	}
+	if s.RetainedKnown() {
+		n.RetainedWALBytes = &s.RetainedWALBytes
+	}
+	if !s.LastPublishedAt.IsZero() {
+		t := s.LastPublishedAt.UTC()
+		n.LastPublishedAt = &t
+	}
+	if s.LastMessageID != "" {
+		n.LastMessageID = &s.LastMessageID
+	}
+	return json.Marshal(n)
+}
+
+// Problems lists why the slot is unhealthy, or nothing when it is healthy:
+// the slot is missing, PostgreSQL removed (lost) or is about to remove
+// (unreserved) WAL the slot needs, or the lag is over maxLagBytes (when
+// maxLagBytes > 0).
+func (s Status) Problems(maxLagBytes int64) []string {
+	var p []string
+	if !s.Exists {
+		return append(p, fmt.Sprintf("replication slot %q does not exist; start the relay to create it (or check --slot)", s.Slot))
+	}
+	switch s.WALStatus {
+	case "lost":
+		p = append(p, fmt.Sprintf("replication slot %q has wal_status=lost: PostgreSQL removed WAL the relay still needed; re-create the slot and republish what was missed", s.Slot))
+	case "unreserved":
+		p = append(p, fmt.Sprintf("replication slot %q has wal_status=unreserved: PostgreSQL will remove WAL the relay still needs at the next checkpoint (max_slot_wal_keep_size)", s.Slot))
+	}
+	if maxLagBytes > 0 && s.LagKnown() && s.LagBytes > maxLagBytes {
+		p = append(p, fmt.Sprintf("lag of %d bytes is over the limit of %d bytes", s.LagBytes, maxLagBytes))
+	}
+	return p
+}
+
+// Querier runs a query returning one row: *pgx.Conn, *pgxpool.Pool and
+// pgx.Tx all satisfy it.
+type Querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// The current position is the replay position on a standby, where
+// pg_current_wal_lsn() fails. The view uses the same expression.
+const slotQuery = `
+SELECT w.lsn::text,
+       s.slot_name IS NOT NULL,
+       coalesce(s.active, false),
+       coalesce(s.wal_status, ''),
+       s.confirmed_flush_lsn::text,
+       s.restart_lsn::text,
+       coalesce(s.plugin, ''),
+       coalesce(s.database::text, ''),
+       current_database()::text,
+       to_regclass('outboxrelay.checkpoint') IS NOT NULL,
+       to_regclass('outboxrelay.dead_letters') IS NOT NULL
+FROM (SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END AS lsn) w
+LEFT JOIN pg_replication_slots s ON s.slot_name = $1`
+
+const checkpointQuery = `
+SELECT last_lsn::text, last_message_id, last_published_at, published_total
+FROM outboxrelay.checkpoint WHERE slot = $1`
+
+const deadLettersQuery = `
+SELECT count(*) FROM outboxrelay.dead_letters WHERE slot = $1 AND replayed_at IS NULL`
+
+// Read returns the status of slot. A missing slot is not an error (Exists
+// is false), nor is a missing outboxrelay schema: the slot's figures are
+// still read and Warnings says what is missing. Read runs up to three
+// short queries; it returns ctx's error when ctx ends first. It is safe for
+// concurrent use if q is.
+func Read(ctx context.Context, q Querier, slot string) (Status, error) {
+	s := Status{Slot: slot}
+	var (
+		current, confirmed, restart *string
+		plugin, database, currentDB string
+		haveCheckpoint, haveDLQ     bool
+	)
+	err := q.QueryRow(ctx, slotQuery, slot).Scan(&current, &s.Exists, &s.Active, &s.WALStatus, &confirmed, &restart,
+		&plugin, &database, &currentDB, &haveCheckpoint, &haveDLQ)
+	if err != nil {
+		return s, fmt.Errorf("read replication slot %q: %w", slot, err)
+	}
+	for _, f := range []struct {
+		text *string
+		lsn  *LSN
+	}{{current, &s.CurrentWALLSN}, {confirmed, &s.ConfirmedFlushLSN}, {restart, &s.RestartLSN}} {
+		if f.text == nil {
+			continue
+		}
+		v, err := pglogrepl.ParseLSN(*f.text)
+		if err != nil {
+			return s, fmt.Errorf("parse lsn %q: %w", *f.text, err)
+		}
+		*f.lsn = LSN(v)
+	}
+	s.LagBytes = int64(s.CurrentWALLSN) - int64(s.ConfirmedFlushLSN)
+	s.RetainedWALBytes = int64(s.CurrentWALLSN) - int64(s.RestartLSN)
+	if s.Exists {
+		switch {
+		case database == "":
+			s.Warnings = append(s.Warnings, fmt.Sprintf("slot %q is a physical slot, not the relay's", slot))
+		case database != currentDB:
+			s.Warnings = append(s.Warnings, fmt.Sprintf("slot %q belongs to database %q; connect to it to see the relay's progress", slot, database))
+		case plugin != "pgoutput":
+			s.Warnings = append(s.Warnings, fmt.Sprintf("slot %q uses plugin %s, not pgoutput", slot, plugin))
+		}
+	}
+
+	if !haveCheckpoint {
+		s.Warnings = append(s.Warnings, "schema outboxrelay is missing, so relay progress is unknown; run `outboxrelay migrate`")
+		return s, nil
+	}
+	var (
+		lastLSN, lastID *string
+		lastAt          *time.Time
+	)
+	err = q.QueryRow(ctx, checkpointQuery, slot).Scan(&lastLSN, &lastID, &lastAt, &s.PublishedTotal)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+	case err != nil:
+		return s, fmt.Errorf("read outboxrelay.checkpoint: %w", err)
+	}
+	if lastLSN != nil {
+		v, err := pglogrepl.ParseLSN(*lastLSN)
+		if err != nil {
+			return s, fmt.Errorf("parse lsn %q: %w", *lastLSN, err)
+		}
+		s.LastPublishedLSN = LSN(v)
+	}
+	if lastID != nil {
+		s.LastMessageID = *lastID
+	}
+	if lastAt != nil {
+		s.LastPublishedAt = lastAt.UTC()
+	}
+	if haveDLQ {
+		err = q.QueryRow(ctx, deadLettersQuery, slot).Scan(&s.DeadLetters)
+		var pgErr *pgconn.PgError
+		switch {
+		case errors.As(err, &pgErr) && pgErr.Code == "42501": // insufficient_privilege
+			s.Warnings = append(s.Warnings, "no SELECT privilege on outboxrelay.dead_letters, so dead_letters is not counted; use the view outboxrelay.status")
+		case err != nil:
+			return s, fmt.Errorf("count dead letters: %w", err)
+		}
+	}
+	return s, nil
+}
