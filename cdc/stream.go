@@ -187,6 +187,14 @@ func (s *Stream) session(ctx context.Context, h Handler) (err error) {
 		if err := st.send(); err == nil {
 			s.log.Info("confirmed final position", zap.String("lsn", h.Confirmed().String()))
 		}
+		// End the COPY properly and read what the walsender still sends
+		// until it is done. Closing a socket with unread data resets it, and
+		// a walsender that sees the reset may exit before it has read the
+		// final status update: the slot would not move.
+		_ = conn.Conn().SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := pglogrepl.SendStandbyCopyDone(ctx, conn); err != nil {
+			s.log.Debug("end replication", zap.Error(err))
+		}
 	}
 	if ctx.Err() != nil {
 		return nil

@@ -123,7 +123,7 @@ sink:
 http:
   listen: 127.0.0.1:0
 log:
-  level: debug
+  level: info
 %s`, e.dbURL, e.brokers, e.extra)
 	path := filepath.Join(e.t.TempDir(), "outboxrelay.yaml")
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
@@ -206,7 +206,7 @@ func (e *env) start(extraEnv ...string) *proc {
 			_ = cmd.Process.Kill()
 			<-p.done
 		}
-		if e.t.Failed() {
+		if e.t.Failed() || os.Getenv("OUTBOXRELAY_TEST_LOGS") != "" {
 			e.t.Logf("relay output:\n%s", tail(p.out.String(), 60))
 		}
 	})

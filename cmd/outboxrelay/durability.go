@@ -53,4 +53,13 @@ func (d *durability) heartbeat(ctx context.Context) error {
 	return nil
 }
 
+// retention deletes old outbox rows until ctx is done, when configured.
+func (d *durability) retention(ctx context.Context) error {
+	return cdc.Retention(ctx, d.pool, cdc.RetentionConfig{
+		Tables: d.cfg.Postgres.Tables,
+		Column: d.cfg.Postgres.Columns.CreatedAt,
+		MaxAge: d.cfg.Postgres.Retention,
+	}, d.log.Named("retention"))
+}
+
 func (d *durability) close() { d.pool.Close() }

@@ -49,6 +49,14 @@ func cmdMigrate(args []string, stdout io.Writer) error {
 		return usageErr("migrate: %v", err)
 	}
 	fmt.Fprintf(stdout, "migrated: table %s, schema outboxrelay, publication %s\n", o.Table, o.Publication)
+	var walLevel string
+	if err := conn.QueryRow(ctx, "SHOW wal_level").Scan(&walLevel); err != nil {
+		return usageErr("migrate: read wal_level: %v", err)
+	}
+	if *slot != "" && walLevel != "logical" {
+		fmt.Fprintf(stdout, "replication slot %s not created: wal_level is %s; set wal_level=logical, restart PostgreSQL and run migrate again\n", *slot, walLevel)
+		*slot = ""
+	}
 	if *slot != "" {
 		// The slot is created outside the migration transaction: PostgreSQL
 		// refuses to create one in a transaction that has written.

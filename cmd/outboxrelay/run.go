@@ -20,7 +20,9 @@ import (
 	"github.com/outboxrelay/outboxrelay/metrics"
 	"github.com/outboxrelay/outboxrelay/relay"
 	"github.com/outboxrelay/outboxrelay/sinks/kafka"
+	natssink "github.com/outboxrelay/outboxrelay/sinks/nats"
 	"github.com/outboxrelay/outboxrelay/sinks/rabbitmq"
+	redissink "github.com/outboxrelay/outboxrelay/sinks/redis"
 	"github.com/outboxrelay/outboxrelay/status"
 )
 
@@ -117,13 +119,15 @@ func run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 		Log:      log,
 	})
 	rc := relay.Config{
-		Database:         database,
-		Columns:          cfg.Postgres.Columns,
-		MessagePrefix:    cfg.Postgres.MessagePrefix,
-		MaxInFlight:      cfg.Relay.MaxInFlight,
-		MaxInFlightBytes: cfg.Relay.MaxInFlightBytes,
-		MaxAttempts:      cfg.Relay.MaxAttempts,
-		Hooks:            joinHooks(relay.Hooks{Published: checkpoint.Published}, m.Hooks()),
+		Database:          database,
+		Columns:           cfg.Postgres.Columns,
+		MessagePrefix:     cfg.Postgres.MessagePrefix,
+		MaxInFlight:       cfg.Relay.MaxInFlight,
+		MaxInFlightBytes:  cfg.Relay.MaxInFlightBytes,
+		MaxAttempts:       cfg.Relay.MaxAttempts,
+		Format:            relay.Format(cfg.Envelope.Format),
+		CloudEventsSource: cfg.Envelope.Source,
+		Hooks:             joinHooks(relay.Hooks{Published: checkpoint.Published}, m.Hooks()),
 	}
 	dur.apply(&rc)
 	r = relay.New(rc, sink, log)
@@ -178,6 +182,7 @@ func run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 		})
 	}
 	report.Go(func() error { return dur.heartbeat(relayCtx) })
+	report.Go(func() error { return dur.retention(relayCtx) })
 
 	log.Info("starting", zap.String("version", version), zap.String("sink", cfg.Sink.Type),
 		zap.String("slot", cfg.Postgres.Slot), zap.Strings("tables", cfg.Postgres.Tables))
@@ -237,6 +242,34 @@ func openSink(ctx context.Context, cfg config.Config, log *zap.Logger) (relay.Si
 		if err := s.Ping(ctx); err != nil {
 			_ = s.Close()
 			return nil, usageErr("cannot reach Kafka: %v", err)
+		}
+		return s, nil
+	case "nats":
+		n := cfg.Sink.NATS
+		s, err := natssink.New(natssink.Config{
+			URL: n.URL, Subject: n.Subject, Stream: n.Stream, CreateStream: n.CreateStream,
+			DuplicateWindow: n.DuplicateWindow, MaxPending: n.MaxPending, AckTimeout: n.AckTimeout,
+			CredentialsFile: n.CredentialsFile,
+		}, log)
+		if err != nil {
+			return nil, usageErr("sink.nats: %v", err)
+		}
+		if err := s.Connect(ctx); err != nil {
+			_ = s.Close()
+			return nil, usageErr("cannot reach NATS JetStream: %v", err)
+		}
+		return s, nil
+	case "redis":
+		rd := cfg.Sink.Redis
+		s, err := redissink.New(redissink.Config{
+			URL: rd.URL, Stream: rd.Stream, MaxLen: rd.MaxLen, BatchSize: rd.BatchSize, MaxPending: rd.MaxPending,
+		}, log)
+		if err != nil {
+			return nil, usageErr("sink.redis: %v", err)
+		}
+		if err := s.Connect(ctx); err != nil {
+			_ = s.Close()
+			return nil, usageErr("cannot reach Redis: %v", err)
 		}
 		return s, nil
 	case "rabbitmq":
