@@ -1,15 +1,19 @@
 // Package admin is the relay's HTTP endpoint for operators and
 // orchestrators: /healthz (liveness), /readyz (readiness), /status (the
-// checkpoint status as JSON) and /metrics (Prometheus).
+// checkpoint status as JSON) and /metrics (Prometheus). An optional bearer
+// token guards /status and /metrics; the probes stay open.
 package admin
 
 import (
 	"context"
+	"crypto/sha256"
+	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -32,6 +36,10 @@ type Config struct {
 	StatusTimeout time.Duration
 	// Metrics serves /metrics. Nil disables it.
 	Metrics http.Handler
+	// Token, when set, is the bearer token /status and /metrics require
+	// (Authorization: Bearer <token>); without it they answer 401.
+	// /healthz and /readyz stay open, so that probes need no secret.
+	Token string
 	// ShutdownTimeout bounds the wait for open requests when Run stops (default 5s).
 	ShutdownTimeout time.Duration
 	Log             *zap.Logger
@@ -124,12 +132,33 @@ func (s *Server) Handler() http.Handler {
 	})
 	mux.HandleFunc("GET /readyz", s.readyz)
 	if s.cfg.Status != nil {
-		mux.HandleFunc("GET /status", s.status)
+		mux.Handle("GET /status", s.protect(http.HandlerFunc(s.status)))
 	}
 	if s.cfg.Metrics != nil {
-		mux.Handle("GET /metrics", s.cfg.Metrics)
+		mux.Handle("GET /metrics", s.protect(s.cfg.Metrics))
 	}
 	return mux
+}
+
+// protect requires the bearer token, when one is configured. The
+// comparison takes the same time whatever the token sent: both sides are
+// hashed first, so neither the content nor the length leaks through timing.
+func (s *Server) protect(h http.Handler) http.Handler {
+	if s.cfg.Token == "" {
+		return h
+	}
+	want := sha256.Sum256([]byte(s.cfg.Token))
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		scheme, token, _ := strings.Cut(r.Header.Get("Authorization"), " ")
+		got := sha256.Sum256([]byte(strings.TrimSpace(token)))
+		ok := subtle.ConstantTimeCompare(got[:], want[:]) == 1
+		if !strings.EqualFold(scheme, "Bearer") || !ok {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="outboxrelay"`)
+			text(w, http.StatusUnauthorized, "unauthorized: send Authorization: Bearer <http.token>")
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 func (s *Server) readyz(w http.ResponseWriter, _ *http.Request) {

@@ -118,3 +118,49 @@ func TestListenBusy(t *testing.T) {
 		t.Errorf("Listen on a busy port = %v", err)
 	}
 }
+
+// TestToken: with a token, /status and /metrics answer 401 unless the
+// request carries it as a bearer token; the probes stay open.
+func TestToken(t *testing.T) {
+	const token = "s3cret-token-0123456789"
+	s := New(Config{
+		Ready:   func() error { return nil },
+		Status:  func(context.Context) (status.Status, error) { return status.Status{Slot: "outboxrelay"}, nil },
+		Metrics: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "outboxrelay_x 1\n") }),
+		Token:   token,
+	})
+	h := s.Handler()
+	get := func(path, auth string) *httptest.ResponseRecorder {
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest("GET", path, nil)
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
+		}
+		h.ServeHTTP(rec, req)
+		return rec
+	}
+	for _, path := range []string{"/healthz", "/readyz"} {
+		if rec := get(path, ""); rec.Code != 200 {
+			t.Errorf("%s without a token = %d, want 200", path, rec.Code)
+		}
+	}
+	for _, path := range []string{"/status", "/metrics"} {
+		for _, auth := range []string{"", "Bearer", "Bearer wrong", "Basic " + token, "Bearer " + token + "x", token} {
+			rec := get(path, auth)
+			if rec.Code != http.StatusUnauthorized {
+				t.Errorf("%s with Authorization %q = %d, want 401", path, auth, rec.Code)
+			}
+			if rec.Header().Get("WWW-Authenticate") == "" {
+				t.Errorf("%s 401 without WWW-Authenticate", path)
+			}
+			if strings.Contains(rec.Body.String(), token) {
+				t.Errorf("%s 401 body shows the token: %q", path, rec.Body.String())
+			}
+		}
+		for _, auth := range []string{"Bearer " + token, "bearer " + token} {
+			if rec := get(path, auth); rec.Code != 200 {
+				t.Errorf("%s with Authorization %q = %d, want 200", path, auth, rec.Code)
+			}
+		}
+	}
+}

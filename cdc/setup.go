@@ -143,6 +143,110 @@ func EnsureSlot(ctx context.Context, conn *pgx.Conn, slot string) error {
 	return nil
 }
 
+// Privileges names the optional parts of the relay that write to
+// PostgreSQL, so that CheckPrivileges asks only for what will be used.
+type Privileges struct {
+	// DeadLetters: the relay inserts into outboxrelay.dead_letters.
+	DeadLetters bool
+	// Heartbeat: the relay calls pg_logical_emit_message.
+	Heartbeat bool
+	// Retention lists the outbox tables (schema.name) the relay deletes
+	// old rows from.
+	Retention []string
+}
+
+// CheckPrivileges checks that the connected role can do what the relay
+// does besides streaming: record its checkpoint (SELECT, INSERT, UPDATE on
+// outboxrelay.checkpoint) and, as p says, store dead letters, send
+// heartbeats and delete old outbox rows. Run it after Setup, which checks
+// that the schema exists. A missing privilege comes back as *SetupError
+// with the exact GRANT statements to run, so that the relay fails at start
+// instead of at its first checkpoint or dead letter.
+func CheckPrivileges(ctx context.Context, conn *pgx.Conn, p Privileges) error {
+	var role string
+	if err := conn.QueryRow(ctx, "SELECT current_user").Scan(&role); err != nil {
+		return fmt.Errorf("read role: %w", err)
+	}
+	r := displayIdent(role)
+	var grants []string
+	need := func(ok bool, grant string) {
+		if !ok {
+			grants = append(grants, grant+" TO "+r)
+		}
+	}
+
+	var usage bool
+	if err := conn.QueryRow(ctx, "SELECT has_schema_privilege('outboxrelay', 'USAGE')").Scan(&usage); err != nil {
+		return fmt.Errorf("check privileges on schema outboxrelay: %w", err)
+	}
+	need(usage, "GRANT USAGE ON SCHEMA outboxrelay")
+	type tablePrivileges struct {
+		name  string // sanitized
+		privs []string
+	}
+	tables := []tablePrivileges{{"outboxrelay.checkpoint", []string{"SELECT", "INSERT", "UPDATE"}}}
+	if p.DeadLetters {
+		tables = append(tables, tablePrivileges{"outboxrelay.dead_letters", []string{"INSERT"}})
+	}
+	for _, t := range p.Retention {
+		schema, name, err := SplitTable(t)
+		if err != nil {
+			return &SetupError{Msg: err.Error()}
+		}
+		tables = append(tables, tablePrivileges{pgx.Identifier{schema, name}.Sanitize(), []string{"SELECT", "DELETE"}})
+	}
+	for _, t := range tables {
+		var missing []string
+		err := conn.QueryRow(ctx, `SELECT coalesce(array_agg(p ORDER BY o), '{}')
+			FROM unnest($2::text[]) WITH ORDINALITY AS u(p, o) WHERE NOT has_table_privilege($1, p)`, t.name, t.privs).Scan(&missing)
+		if isCode(err, "42P01") || isCode(err, "3F000") {
+			return &SetupError{Msg: fmt.Sprintf("table %s does not exist; run `outboxrelay migrate` or fix postgres.tables", t.name)}
+		}
+		if err != nil {
+			return fmt.Errorf("check privileges on %s: %w", t.name, err)
+		}
+		if len(missing) > 0 {
+			need(false, fmt.Sprintf("GRANT %s ON %s", strings.Join(missing, ", "), t.name))
+		}
+	}
+	if p.DeadLetters {
+		var seq *string
+		var ok bool
+		err := conn.QueryRow(ctx, `SELECT s, s IS NULL OR has_sequence_privilege(s, 'USAGE')
+			FROM pg_get_serial_sequence('outboxrelay.dead_letters', 'id') s`).Scan(&seq, &ok)
+		if err != nil {
+			return fmt.Errorf("check privileges on the dead_letters sequence: %w", err)
+		}
+		if seq != nil {
+			need(ok, "GRANT USAGE ON SEQUENCE "+*seq)
+		}
+	}
+	if p.Heartbeat {
+		// PUBLIC may execute it unless an administrator revoked that. The
+		// signature differs between versions (PostgreSQL 17 added flush).
+		var ok bool
+		err := conn.QueryRow(ctx, `SELECT coalesce(bool_or(has_function_privilege(p.oid, 'EXECUTE')), false)
+			FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+			WHERE n.nspname = 'pg_catalog' AND p.proname = 'pg_logical_emit_message'`).Scan(&ok)
+		if err != nil {
+			return fmt.Errorf("check the privilege to send heartbeats: %w", err)
+		}
+		if !ok {
+			var sig string
+			if err := conn.QueryRow(ctx, `SELECT p.oid::regprocedure::text FROM pg_proc p
+				WHERE p.proname = 'pg_logical_emit_message' AND p.proargtypes[2] = 'text'::regtype LIMIT 1`).Scan(&sig); err != nil {
+				sig = "pg_logical_emit_message(boolean, text, text)"
+			}
+			need(false, "GRANT EXECUTE ON FUNCTION "+sig)
+		}
+	}
+	if len(grants) == 0 {
+		return nil
+	}
+	return &SetupError{Msg: fmt.Sprintf("role %s lacks privileges the relay needs; as the owner of the outboxrelay schema and the outbox tables, run: %s (see `outboxrelay migrate --print-role`)",
+		role, strings.Join(grants, "; "))}
+}
+
 // displayIdent quotes an identifier for a hint only when SQL needs the quotes.
 func displayIdent(s string) string {
 	if identRE.MatchString(s) {

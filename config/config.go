@@ -5,11 +5,15 @@ package config
 
 import (
 	"bytes"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"reflect"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -21,6 +25,10 @@ import (
 )
 
 // Config is the whole configuration file.
+//
+// A field tagged secret:"url" or secret:"text" holds a password (or a URL
+// that may carry one). Each has a sibling key with the suffix _file that
+// names a file to read it from, and Redacted hides it.
 type Config struct {
 	Postgres Postgres `yaml:"postgres"`
 	Sink     Sink     `yaml:"sink"`
@@ -33,7 +41,12 @@ type Config struct {
 // Postgres is the source database.
 type Postgres struct {
 	// URL of the database; the relay adds replication=database itself.
-	URL         string        `yaml:"url"`
+	// Every libpq TLS parameter (sslmode, sslrootcert, sslcert, sslkey,
+	// sslpassword) is honoured, on the regular and the replication
+	// connection alike.
+	URL string `yaml:"url" secret:"url"`
+	// URLFile names a file holding URL (a mounted secret).
+	URLFile     string        `yaml:"url_file"`
 	Slot        string        `yaml:"slot"`
 	Publication string        `yaml:"publication"`
 	Tables      []string      `yaml:"tables"`
@@ -71,7 +84,8 @@ type Sink struct {
 
 // NATS configures sinks/nats (JetStream).
 type NATS struct {
-	URL     string `yaml:"url"`
+	URL     string `yaml:"url" secret:"url"`
+	URLFile string `yaml:"url_file"`
 	Subject string `yaml:"subject"`
 	Stream  string `yaml:"stream"`
 	// CreateStream creates Stream, on the template's subject prefix, when it is missing.
@@ -84,8 +98,9 @@ type NATS struct {
 
 // Redis configures sinks/redis (Redis Streams).
 type Redis struct {
-	URL    string `yaml:"url"`
-	Stream string `yaml:"stream"`
+	URL     string `yaml:"url" secret:"url"`
+	URLFile string `yaml:"url_file"`
+	Stream  string `yaml:"stream"`
 	// MaxLen trims each stream to about this many entries (MAXLEN ~); 0 never trims.
 	MaxLen     int64 `yaml:"max_len"`
 	BatchSize  int   `yaml:"batch_size"`
@@ -97,16 +112,124 @@ type Kafka struct {
 	Brokers []string      `yaml:"brokers"`
 	Topic   string        `yaml:"topic"`
 	Linger  time.Duration `yaml:"linger"`
+	TLS     TLS           `yaml:"tls"`
+	SASL    SASL          `yaml:"sasl"`
+}
+
+// SASL authenticates the Kafka client.
+type SASL struct {
+	// Mechanism is PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512; empty disables SASL.
+	Mechanism    string `yaml:"mechanism"`
+	Username     string `yaml:"username"`
+	Password     string `yaml:"password" secret:"text"`
+	PasswordFile string `yaml:"password_file"`
+}
+
+// SASL mechanisms sink.kafka.sasl.mechanism accepts.
+const (
+	SASLPlain       = "PLAIN"
+	SASLScramSHA256 = "SCRAM-SHA-256"
+	SASLScramSHA512 = "SCRAM-SHA-512"
+)
+
+// TLS configures a client's TLS connections to a broker. Files are PEM.
+type TLS struct {
+	// Enabled turns TLS on (Kafka). For RabbitMQ an amqps:// URL does.
+	Enabled bool `yaml:"enabled"`
+	// CAFile holds the certificates that may sign the server's; empty
+	// trusts the system's roots.
+	CAFile string `yaml:"ca_file"`
+	// CertFile and KeyFile are the client certificate and its key, for
+	// servers that authenticate clients by certificate.
+	CertFile string `yaml:"cert_file"`
+	KeyFile  string `yaml:"key_file"`
+	// ServerName is the name the server's certificate must carry; empty
+	// means the host the client dials.
+	ServerName string `yaml:"server_name"`
+	// InsecureSkipVerify accepts any server certificate. For tests only:
+	// it gives up the protection TLS is there for.
+	InsecureSkipVerify bool `yaml:"insecure_skip_verify"`
+}
+
+// configured reports whether any setting beyond Enabled is set.
+func (t TLS) configured() bool {
+	return t.CAFile != "" || t.CertFile != "" || t.KeyFile != "" || t.ServerName != "" || t.InsecureSkipVerify
+}
+
+// clientConfig builds the client's tls.Config from t, reading its files.
+// Errors name the key under prefix (sink.kafka.tls) to fix.
+func (t TLS) clientConfig(prefix string) (*tls.Config, error) {
+	c := &tls.Config{
+		MinVersion:         tls.VersionTLS12,
+		ServerName:         t.ServerName,
+		InsecureSkipVerify: t.InsecureSkipVerify, //nolint:gosec // the operator's explicit choice, documented as unsafe
+	}
+	if t.CAFile != "" {
+		pem, err := readFile(t.CAFile, maxPEMFile)
+		if err != nil {
+			return nil, fmt.Errorf("%s.ca_file: %w", prefix, err)
+		}
+		c.RootCAs = x509.NewCertPool()
+		if !c.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("%s.ca_file %s holds no PEM certificate", prefix, t.CAFile)
+		}
+	}
+	switch {
+	case t.CertFile != "" && t.KeyFile != "":
+		certPEM, err := readFile(t.CertFile, maxPEMFile)
+		if err != nil {
+			return nil, fmt.Errorf("%s.cert_file: %w", prefix, err)
+		}
+		keyPEM, err := readFile(t.KeyFile, maxPEMFile)
+		if err != nil {
+			return nil, fmt.Errorf("%s.key_file: %w", prefix, err)
+		}
+		cert, err := tls.X509KeyPair(certPEM, keyPEM)
+		if err != nil {
+			return nil, fmt.Errorf("%s.cert_file and key_file: %w", prefix, err)
+		}
+		c.Certificates = []tls.Certificate{cert}
+	case t.CertFile != "" || t.KeyFile != "":
+		return nil, fmt.Errorf("%s.cert_file and %s.key_file must be set together", prefix, prefix)
+	}
+	return c, nil
+}
+
+// TLSConfig returns the TLS settings of the Kafka connections, or nil when
+// sink.kafka.tls.enabled is false.
+func (k Kafka) TLSConfig() (*tls.Config, error) {
+	if !k.TLS.Enabled {
+		return nil, nil
+	}
+	return k.TLS.clientConfig("sink.kafka.tls")
 }
 
 // RabbitMQ configures sinks/rabbitmq.
 type RabbitMQ struct {
-	URL          string `yaml:"url"`
+	URL          string `yaml:"url" secret:"url"`
+	URLFile      string `yaml:"url_file"`
 	Exchange     string `yaml:"exchange"`
 	RoutingKey   string `yaml:"routing_key"`
 	Declare      bool   `yaml:"declare"`
 	ExchangeType string `yaml:"exchange_type"`
 	Durable      bool   `yaml:"durable"`
+	// TLS applies to amqps:// URLs.
+	TLS TLS `yaml:"tls"`
+	// Auth is "plain" (the URL's user and password) or "external" (the
+	// client certificate, SASL EXTERNAL; needs amqps:// and
+	// tls.cert_file/key_file, and the broker's rabbitmq_auth_mechanism_ssl
+	// plugin).
+	Auth string `yaml:"auth"`
+}
+
+// TLSConfig returns the TLS settings of an amqps:// connection, or nil
+// when none are configured (amqps:// then verifies the server against the
+// system's roots and the URL's host).
+func (r RabbitMQ) TLSConfig() (*tls.Config, error) {
+	if !r.TLS.configured() {
+		return nil, nil
+	}
+	return r.TLS.clientConfig("sink.rabbitmq.tls")
 }
 
 // Relay tunes the pipeline.
@@ -123,6 +246,10 @@ type Relay struct {
 // HTTP is the health, status and metrics endpoint.
 type HTTP struct {
 	Listen string `yaml:"listen"`
+	// Token, when set, is the bearer token /status and /metrics require;
+	// /healthz and /readyz stay open for probes.
+	Token     string `yaml:"token" secret:"text"`
+	TokenFile string `yaml:"token_file"`
 }
 
 // Log configures logging.
@@ -143,7 +270,7 @@ func Default() Config {
 			Kafka: Kafka{Topic: "outbox.{aggregate_type}"},
 			RabbitMQ: RabbitMQ{
 				Exchange: "outbox", RoutingKey: "{aggregate_type}.{event_type}",
-				ExchangeType: "topic", Durable: true,
+				ExchangeType: "topic", Durable: true, Auth: "plain",
 			},
 			NATS: NATS{
 				URL: "nats://127.0.0.1:4222", Subject: "outbox.{aggregate_type}.{event_type}", Stream: "OUTBOX",
@@ -162,28 +289,209 @@ func Default() Config {
 const EnvPrefix = "OUTBOXRELAY_"
 
 // Load reads the YAML file at path (none when path is ""), then applies
-// environment overrides from lookup (os.LookupEnv in the binary), then
-// validates. Unknown keys are errors.
+// environment overrides from lookup (os.LookupEnv in the binary), then reads
+// the secrets that *_file keys name, then validates. Unknown keys are errors.
 func Load(path string, lookup func(string) (string, bool)) (Config, error) {
-	cfg := Default()
+	var data []byte
 	if path != "" {
-		data, err := os.ReadFile(path)
-		if err != nil {
-			return cfg, fmt.Errorf("read config: %w", err)
+		var err error
+		if data, err = os.ReadFile(path); err != nil {
+			return Default(), fmt.Errorf("read config: %w", err)
 		}
+	}
+	return load(data, path, lookup)
+}
+
+func load(data []byte, name string, lookup func(string) (string, bool)) (Config, error) {
+	cfg := Default()
+	if len(data) > 0 {
 		dec := yaml.NewDecoder(bytes.NewReader(data))
 		dec.KnownFields(true)
 		if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) { // an empty file is fine
-			return cfg, fmt.Errorf("config %s: %w", path, err)
+			return cfg, fmt.Errorf("config %s: %w", name, err)
 		}
 	}
+	fromEnv := map[string]bool{}
 	if lookup != nil {
-		if err := applyEnv(reflect.ValueOf(&cfg).Elem(), EnvPrefix[:len(EnvPrefix)-1], lookup); err != nil {
+		if err := applyEnv(reflect.ValueOf(&cfg).Elem(), "", EnvPrefix[:len(EnvPrefix)-1], lookup, fromEnv); err != nil {
 			return cfg, err
 		}
 	}
+	if err := cfg.readSecretFiles(fromEnv); err != nil {
+		return cfg, err
+	}
 	return cfg, cfg.Validate()
 }
+
+// Redacted is what a hidden secret is shown as.
+const Redacted = "xxxxx"
+
+// maxSecretFile bounds a secret file: a URL or a password, never a stream.
+const maxSecretFile = 64 << 10
+
+// ReadSecretFile reads a secret (a password, token or URL) from a file,
+// such as a mounted Kubernetes or Docker secret, without its trailing
+// newline. The file must be a regular file of at most 64 KiB and not empty.
+// Errors name the file, never its content.
+func ReadSecretFile(path string) (string, error) {
+	b, err := readFile(path, maxSecretFile)
+	if err != nil {
+		return "", err
+	}
+	s := strings.TrimRight(string(b), "\r\n")
+	if s == "" {
+		return "", fmt.Errorf("%s is empty", path)
+	}
+	return s, nil
+}
+
+// maxPEMFile bounds a certificate, key or CA bundle file.
+const maxPEMFile = 1 << 20
+
+// readFile reads a regular file of at most limit bytes, so that a
+// configuration naming a device or a pipe fails instead of hanging.
+func readFile(path string, limit int64) ([]byte, error) {
+	// Stat before opening: opening a FIFO would block.
+	info, err := os.Stat(path)
+	if err != nil {
+		return nil, err
+	}
+	if !info.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s is not a regular file", path)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(b)) > limit {
+		return nil, fmt.Errorf("%s is larger than %d bytes", path, limit)
+	}
+	return b, nil
+}
+
+// readSecretFiles sets every secret whose _file key is set from that file.
+// When a secret and its file are both set, the one set in the environment
+// wins, as the environment wins over the file everywhere; both set in the
+// same place is an error.
+func (c *Config) readSecretFiles(fromEnv map[string]bool) error {
+	var errs []error
+	walkSecrets(reflect.ValueOf(c).Elem(), "", func(key, _ string, val, file reflect.Value) {
+		fileKey := key + "_file"
+		if file.String() == "" {
+			return
+		}
+		if val.String() != "" {
+			switch {
+			case fromEnv[key] && !fromEnv[fileKey]:
+				return // the environment's value wins over the file's _file
+			case fromEnv[fileKey] && !fromEnv[key]:
+			default:
+				errs = append(errs, fmt.Errorf("%s and %s are both set; keep one", key, fileKey))
+				return
+			}
+		}
+		s, err := ReadSecretFile(file.String())
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", fileKey, err))
+			return
+		}
+		val.SetString(s)
+	})
+	return errors.Join(errs...)
+}
+
+// walkSecrets calls fn for every field of v (a struct) tagged secret, with
+// its key, its kind (url or text), its value and its _file sibling.
+func walkSecrets(v reflect.Value, path string, fn func(key, kind string, val, file reflect.Value)) {
+	t := v.Type()
+	for i := 0; i < t.NumField(); i++ {
+		f := t.Field(i)
+		name := yamlName(f)
+		if f.Type.Kind() == reflect.Struct && f.Type != reflect.TypeOf(time.Duration(0)) {
+			walkSecrets(v.Field(i), joinPath(path, name), fn)
+			continue
+		}
+		kind := f.Tag.Get("secret")
+		if kind == "" {
+			continue
+		}
+		var file reflect.Value
+		for j := 0; j < t.NumField(); j++ {
+			if yamlName(t.Field(j)) == name+"_file" {
+				file = v.Field(j)
+			}
+		}
+		fn(joinPath(path, name), kind, v.Field(i), file)
+	}
+}
+
+func yamlName(f reflect.StructField) string {
+	return strings.Split(f.Tag.Get("yaml"), ",")[0]
+}
+
+// Redacted returns a copy of c with every secret hidden: passwords and
+// tokens become xxxxx, URLs keep everything but their passwords.
+func (c Config) Redacted() Config {
+	walkSecrets(reflect.ValueOf(&c).Elem(), "", func(_, kind string, val, _ reflect.Value) {
+		switch {
+		case val.String() == "":
+		case kind == "url":
+			val.SetString(RedactURL(val.String()))
+		default:
+			val.SetString(Redacted)
+		}
+	})
+	return c
+}
+
+// RedactedYAML is the effective configuration as YAML, secrets hidden.
+func (c Config) RedactedYAML() ([]byte, error) {
+	var b bytes.Buffer
+	enc := yaml.NewEncoder(&b)
+	enc.SetIndent(2)
+	if err := enc.Encode(c.Redacted()); err != nil {
+		return nil, err
+	}
+	if err := enc.Close(); err != nil {
+		return nil, err
+	}
+	return b.Bytes(), nil
+}
+
+// RedactURL hides the passwords of a connection URL (its userinfo
+// password, and query parameters such as password and sslpassword) or of a
+// key=value DSN, keeping the rest readable.
+func RedactURL(s string) string {
+	u, err := url.Parse(s)
+	if err != nil || u.Scheme == "" || u.Opaque != "" {
+		return cdc.RedactURL(s)
+	}
+	if u.User != nil {
+		if _, has := u.User.Password(); has {
+			u.User = url.UserPassword(u.User.Username(), Redacted)
+		}
+	}
+	// Query parameters are redacted in place, so that the rest of the
+	// query reads as written.
+	params := strings.Split(u.RawQuery, "&")
+	for i, p := range params {
+		k, _, ok := strings.Cut(p, "=")
+		if key, err := url.QueryUnescape(k); ok && (err != nil || strings.Contains(strings.ToLower(key), "password")) {
+			params[i] = k + "=" + Redacted
+		}
+	}
+	u.RawQuery = strings.Join(params, "&")
+	// A list of URLs (NATS takes one) parses as one: hide the passwords of
+	// the others too.
+	return userinfoPassword.ReplaceAllString(u.String(), "${1}"+Redacted+"@")
+}
+
+var userinfoPassword = regexp.MustCompile(`(://[^:/@\s]*:)[^@\s/]*@`)
 
 // Key is one configuration key.
 type Key struct {
@@ -232,15 +540,17 @@ func format(v reflect.Value) string {
 	}
 }
 
-func applyEnv(v reflect.Value, env string, lookup func(string) (string, bool)) error {
+// applyEnv sets the fields of v found in the environment and records their
+// keys in set.
+func applyEnv(v reflect.Value, path, env string, lookup func(string) (string, bool), set map[string]bool) error {
 	t := v.Type()
 	for i := 0; i < t.NumField(); i++ {
 		f := t.Field(i)
-		name := strings.Split(f.Tag.Get("yaml"), ",")[0]
-		e := env + "_" + strings.ToUpper(name)
+		name := yamlName(f)
+		p, e := joinPath(path, name), env+"_"+strings.ToUpper(name)
 		fv := v.Field(i)
 		if f.Type.Kind() == reflect.Struct && f.Type != reflect.TypeOf(time.Duration(0)) {
-			if err := applyEnv(fv, e, lookup); err != nil {
+			if err := applyEnv(fv, p, e, lookup, set); err != nil {
 				return err
 			}
 			continue
@@ -252,6 +562,7 @@ func applyEnv(v reflect.Value, env string, lookup func(string) (string, bool)) e
 		if err := setValue(fv, s); err != nil {
 			return fmt.Errorf("environment %s: %w", e, err)
 		}
+		set[p] = true
 	}
 	return nil
 }
@@ -330,10 +641,12 @@ func (c *Config) Validate() error {
 		if len(c.Sink.Kafka.Brokers) == 0 {
 			errs = append(errs, errors.New("sink.kafka.brokers needs at least one host:port"))
 		}
+		errs = append(errs, c.Sink.Kafka.validateSecurity()...)
 	case "rabbitmq":
 		if c.Sink.RabbitMQ.URL == "" {
-			errs = append(errs, errors.New("sink.rabbitmq.url is required"))
+			errs = append(errs, errors.New("sink.rabbitmq.url is required (or sink.rabbitmq.url_file)"))
 		}
+		errs = append(errs, c.Sink.RabbitMQ.validateSecurity()...)
 	case "nats":
 		if c.Sink.NATS.URL == "" {
 			errs = append(errs, errors.New("sink.nats.url is required"))
@@ -366,12 +679,63 @@ func (c *Config) Validate() error {
 	if c.Relay.MaxAttempts < 1 {
 		errs = append(errs, errors.New("relay.max_attempts must be at least 1"))
 	}
+	if t := c.HTTP.Token; t != "" && strings.IndexFunc(t, func(r rune) bool { return r <= ' ' || r >= 0x7f }) >= 0 {
+		errs = append(errs, errors.New("http.token must be printable ASCII without spaces"))
+	}
 	switch c.Log.Level {
 	case "debug", "info", "warn", "error":
 	default:
 		errs = append(errs, fmt.Errorf("log.level %q is not one of debug, info, warn, error", c.Log.Level))
 	}
 	return errors.Join(errs...)
+}
+
+func (k Kafka) validateSecurity() []error {
+	var errs []error
+	if k.TLS.configured() && !k.TLS.Enabled {
+		errs = append(errs, errors.New("sink.kafka.tls has settings but sink.kafka.tls.enabled is false; set sink.kafka.tls.enabled: true"))
+	}
+	if _, err := k.TLSConfig(); err != nil {
+		errs = append(errs, err)
+	}
+	s := k.SASL
+	switch s.Mechanism {
+	case "":
+		if s.Username != "" || s.Password != "" {
+			errs = append(errs, errors.New("sink.kafka.sasl has a username or password but no mechanism; set sink.kafka.sasl.mechanism to PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512"))
+		}
+	case SASLPlain, SASLScramSHA256, SASLScramSHA512:
+		if s.Username == "" {
+			errs = append(errs, fmt.Errorf("sink.kafka.sasl.username is required for %s", s.Mechanism))
+		}
+		if s.Password == "" {
+			errs = append(errs, fmt.Errorf("sink.kafka.sasl.password (or password_file) is required for %s", s.Mechanism))
+		}
+	default:
+		errs = append(errs, fmt.Errorf("sink.kafka.sasl.mechanism %q is not one of PLAIN, SCRAM-SHA-256, SCRAM-SHA-512", s.Mechanism))
+	}
+	return errs
+}
+
+func (r RabbitMQ) validateSecurity() []error {
+	var errs []error
+	amqps := strings.HasPrefix(strings.ToLower(r.URL), "amqps://")
+	if (r.TLS.Enabled || r.TLS.configured()) && !amqps && r.URL != "" {
+		errs = append(errs, errors.New("sink.rabbitmq.tls is set but sink.rabbitmq.url is not amqps://; use an amqps:// URL"))
+	}
+	if _, err := r.TLSConfig(); err != nil {
+		errs = append(errs, err)
+	}
+	switch r.Auth {
+	case "plain":
+	case "external":
+		if !amqps || r.TLS.CertFile == "" {
+			errs = append(errs, errors.New("sink.rabbitmq.auth external authenticates with the client certificate; use an amqps:// url and set sink.rabbitmq.tls.cert_file and key_file"))
+		}
+	default:
+		errs = append(errs, fmt.Errorf("sink.rabbitmq.auth %q is not one of plain, external", r.Auth))
+	}
+	return errs
 }
 
 func splitJoined(err error) []error {

@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/outboxrelay/outboxrelay/cdc"
+	"github.com/outboxrelay/outboxrelay/config"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -28,6 +29,7 @@ const usage = `outboxrelay relays committed PostgreSQL outbox rows to Kafka or R
 
 Usage:
   outboxrelay migrate --database-url URL [--print] [--table T] [--publication P] [--debezium]
+  outboxrelay migrate --print-role [--role NAME] [--table T] [--publication P] [--debezium]
   outboxrelay run     --config FILE [--check-config]
   outboxrelay status  --database-url URL [--slot NAME] [--json] [--max-lag-bytes N]
   outboxrelay dlq     list|replay|purge ...
@@ -116,7 +118,10 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 	return nil
 }
 
-// databaseURL takes --database-url, falling back to the environment.
+// databaseURL takes --database-url, falling back to the environment:
+// OUTBOXRELAY_POSTGRES_URL, the file OUTBOXRELAY_POSTGRES_URL_FILE names
+// (a mounted secret; it keeps the password out of the process list), then
+// DATABASE_URL.
 func databaseURL(flagValue string) (string, error) {
 	if flagValue != "" {
 		return flagValue, nil
@@ -124,8 +129,15 @@ func databaseURL(flagValue string) (string, error) {
 	if v := os.Getenv("OUTBOXRELAY_POSTGRES_URL"); v != "" {
 		return v, nil
 	}
+	if f := os.Getenv("OUTBOXRELAY_POSTGRES_URL_FILE"); f != "" {
+		v, err := config.ReadSecretFile(f)
+		if err != nil {
+			return "", usageErr("OUTBOXRELAY_POSTGRES_URL_FILE: %v", err)
+		}
+		return v, nil
+	}
 	if v := os.Getenv("DATABASE_URL"); v != "" {
 		return v, nil
 	}
-	return "", usageErr("--database-url is required (or OUTBOXRELAY_POSTGRES_URL)")
+	return "", usageErr("--database-url is required (or OUTBOXRELAY_POSTGRES_URL, OUTBOXRELAY_POSTGRES_URL_FILE)")
 }

@@ -23,8 +23,13 @@ func cmdMigrate(args []string, stdout io.Writer) error {
 	fs.StringVar(&o.Publication, "publication", "outboxrelay", "publication to create")
 	fs.BoolVar(&o.Debezium, "debezium", false, "also create a Debezium-shaped outbox table (public.outboxevent)")
 	slot := fs.String("slot", "outboxrelay", "replication slot to create, so rows written before the relay first runs are kept; empty to skip")
+	printRoleSQL := fs.Bool("print-role", false, "print the SQL that creates a least-privilege role for the relay, and exit")
+	role := fs.String("role", "outboxrelay", "role name for --print-role")
 	if err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	if *printRoleSQL {
+		return printRole(stdout, *role, o)
 	}
 	sql, err := migrations.Render(o)
 	if err != nil {

@@ -2,14 +2,25 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sasl"
+	"github.com/twmb/franz-go/pkg/sasl/plain"
+	"github.com/twmb/franz-go/pkg/sasl/scram"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"golang.org/x/sync/errgroup"
@@ -38,8 +49,18 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 		return usageErr("invalid configuration: %v", err)
 	}
 	if *check {
-		fmt.Fprintf(stdout, "configuration ok: %s sink, slot %s, tables %v\n", cfg.Sink.Type, cfg.Postgres.Slot, cfg.Postgres.Tables)
-		return nil
+		// The effective configuration, defaults and environment applied,
+		// secrets hidden, as YAML: safe to paste into a ticket.
+		out, err := cfg.RedactedYAML()
+		if err != nil {
+			return usageErr("print configuration: %v", err)
+		}
+		fmt.Fprintf(stdout, "# configuration ok: %s sink, slot %s, tables %v\n", cfg.Sink.Type, cfg.Postgres.Slot, cfg.Postgres.Tables)
+		for _, w := range securityWarnings(cfg) {
+			fmt.Fprintf(stdout, "# warning: %s\n", w)
+		}
+		_, err = stdout.Write(out)
+		return err
 	}
 	log, err := newLogger(cfg.Log.Level, stderr)
 	if err != nil {
@@ -88,6 +109,13 @@ func run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 	}
 	database := conn.Config().Database
 	err = cdc.Setup(setupCtx, conn, cfg.CDC(), cfg.Postgres.Columns.Required())
+	if err == nil {
+		p := cdc.Privileges{DeadLetters: cfg.Relay.DeadLetters, Heartbeat: cfg.Postgres.HeartbeatInterval > 0}
+		if cfg.Postgres.Retention > 0 {
+			p.Retention = cfg.Postgres.Tables
+		}
+		err = cdc.CheckPrivileges(setupCtx, conn, p)
+	}
 	conn.Close(context.WithoutCancel(ctx))
 	if err != nil {
 		return startErr(fmt.Errorf("prepare PostgreSQL: %w", err))
@@ -156,6 +184,7 @@ func run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 			},
 			Status:  readStatus,
 			Metrics: m.Handler(),
+			Token:   cfg.HTTP.Token,
 			Log:     log,
 		})
 		if err := srv.Listen(); err != nil {
@@ -184,6 +213,9 @@ func run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 	report.Go(func() error { return dur.heartbeat(relayCtx) })
 	report.Go(func() error { return dur.retention(relayCtx) })
 
+	for _, w := range securityWarnings(cfg) {
+		log.Warn(w)
+	}
 	log.Info("starting", zap.String("version", version), zap.String("sink", cfg.Sink.Type),
 		zap.String("slot", cfg.Postgres.Slot), zap.Strings("tables", cfg.Postgres.Tables))
 	err = r.Run(relayCtx, stream)
@@ -235,13 +267,25 @@ func openSink(ctx context.Context, cfg config.Config, log *zap.Logger) (relay.Si
 	switch cfg.Sink.Type {
 	case "kafka":
 		k := cfg.Sink.Kafka
-		s, err := kafka.New(kafka.Config{Brokers: k.Brokers, Topic: k.Topic, Linger: k.Linger}, log)
+		kc := kafka.Config{Brokers: k.Brokers, Topic: k.Topic, Linger: k.Linger}
+		var err error
+		if kc.TLS, err = k.TLSConfig(); err != nil {
+			return nil, usageErr("%v", err)
+		}
+		if m := kafkaSASL(k.SASL); m != nil {
+			kc.Opts = append(kc.Opts, kgo.SASL(m))
+		}
+		s, err := kafka.New(kc, log)
 		if err != nil {
 			return nil, usageErr("sink.kafka: %v", err)
 		}
 		if err := s.Ping(ctx); err != nil {
 			_ = s.Close()
-			return nil, usageErr("cannot reach Kafka: %v", err)
+			if errors.Is(err, kerr.SaslAuthenticationFailed) || errors.Is(err, kerr.IllegalSaslState) || errors.Is(err, kerr.UnsupportedSaslMechanism) {
+				return nil, usageErr("cannot reach Kafka: authentication failed for user %q with %s; check sink.kafka.sasl.mechanism, username and password (%v)",
+					k.SASL.Username, k.SASL.Mechanism, err)
+			}
+			return nil, usageErr("cannot reach Kafka: %v%s", err, tlsHint(err, "sink.kafka.tls.ca_file and server_name"))
 		}
 		return s, nil
 	case "nats":
@@ -274,18 +318,95 @@ func openSink(ctx context.Context, cfg config.Config, log *zap.Logger) (relay.Si
 		return s, nil
 	case "rabbitmq":
 		q := cfg.Sink.RabbitMQ
-		s, err := rabbitmq.New(rabbitmq.Config{
+		rc := rabbitmq.Config{
 			URL: q.URL, Exchange: q.Exchange, RoutingKey: q.RoutingKey,
 			Declare: q.Declare, ExchangeType: q.ExchangeType, Durable: &q.Durable,
-		}, log)
+		}
+		var err error
+		if rc.TLS, err = q.TLSConfig(); err != nil {
+			return nil, usageErr("%v", err)
+		}
+		if q.Auth == "external" {
+			rc.SASL = rabbitmq.ExternalAuth()
+		}
+		s, err := rabbitmq.New(rc, log)
 		if err != nil {
 			return nil, usageErr("sink.rabbitmq: %v", err)
 		}
 		if err := s.Connect(ctx); err != nil {
 			_ = s.Close()
-			return nil, usageErr("cannot reach RabbitMQ: %v", err)
+			hint := tlsHint(err, "sink.rabbitmq.tls.ca_file and server_name")
+			if q.Auth == "external" && errors.Is(err, amqp.ErrSASL) {
+				hint = "; auth: external needs the broker's rabbitmq_auth_mechanism_ssl plugin and EXTERNAL in its auth_mechanisms"
+			}
+			return nil, usageErr("cannot reach RabbitMQ: %v%s", err, hint)
 		}
 		return s, nil
 	}
 	return nil, errors.New("unknown sink type " + cfg.Sink.Type)
+}
+
+// kafkaSASL returns the configured SASL mechanism, or nil for none.
+// Validate has checked the mechanism's name.
+func kafkaSASL(c config.SASL) sasl.Mechanism {
+	switch c.Mechanism {
+	case config.SASLPlain:
+		return plain.Auth{User: c.Username, Pass: c.Password}.AsMechanism()
+	case config.SASLScramSHA256:
+		return scram.Auth{User: c.Username, Pass: c.Password}.AsSha256Mechanism()
+	case config.SASLScramSHA512:
+		return scram.Auth{User: c.Username, Pass: c.Password}.AsSha512Mechanism()
+	}
+	return nil
+}
+
+// tlsHint names the settings to check when err is a server certificate
+// that did not verify, and is empty otherwise.
+func tlsHint(err error, settings string) string {
+	var verr *tls.CertificateVerificationError
+	var hostErr x509.HostnameError
+	var authErr x509.UnknownAuthorityError
+	if errors.As(err, &verr) || errors.As(err, &hostErr) || errors.As(err, &authErr) {
+		return "; the server's TLS certificate did not verify: check " + settings
+	}
+	return ""
+}
+
+// securityWarnings lists settings that work but leave something exposed.
+// The relay logs them at start and --check-config prints them.
+func securityWarnings(cfg config.Config) []string {
+	var ws []string
+	if pc, err := pgconn.ParseConfig(cfg.Postgres.URL); err == nil && !loopback(pc.Host) {
+		if t := pc.TLSConfig; t == nil || t.InsecureSkipVerify && t.VerifyPeerCertificate == nil {
+			ws = append(ws, "postgres.url does not verify the server's certificate; use sslmode=verify-full with sslrootcert=<CA file>")
+		}
+	}
+	if host, _, err := net.SplitHostPort(cfg.HTTP.Listen); err == nil && cfg.HTTP.Token == "" && !loopback(host) {
+		ws = append(ws, fmt.Sprintf("http.listen %s is reachable from other hosts and http.token is not set: /status and /metrics are open", cfg.HTTP.Listen))
+	}
+	switch cfg.Sink.Type {
+	case "kafka":
+		k := cfg.Sink.Kafka
+		if k.SASL.Mechanism == config.SASLPlain && !k.TLS.Enabled {
+			ws = append(ws, "sink.kafka.sasl.mechanism PLAIN without sink.kafka.tls sends the password unencrypted; enable sink.kafka.tls")
+		}
+		if k.TLS.Enabled && k.TLS.InsecureSkipVerify {
+			ws = append(ws, "sink.kafka.tls.insecure_skip_verify accepts any broker certificate; use sink.kafka.tls.ca_file instead")
+		}
+	case "rabbitmq":
+		if cfg.Sink.RabbitMQ.TLS.InsecureSkipVerify {
+			ws = append(ws, "sink.rabbitmq.tls.insecure_skip_verify accepts any broker certificate; use sink.rabbitmq.tls.ca_file instead")
+		}
+	}
+	return ws
+}
+
+// loopback reports whether host (a name, an address or a unix socket
+// directory) stays on this machine.
+func loopback(host string) bool {
+	if host == "localhost" || strings.HasPrefix(host, "/") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }

@@ -63,8 +63,22 @@ type Config struct {
 	// backoff, with jitter, between connection attempts. Defaults 100ms, 30s.
 	ReconnectBackoffMin, ReconnectBackoffMax time.Duration
 	// TLS configures amqps:// connections; nil uses the system roots and the
-	// URL's host as server name. The sink never modifies it.
+	// URL's host as server name. An empty ServerName means the URL's host.
+	// Set Certificates to present a client certificate. The sink never
+	// modifies it.
 	TLS *tls.Config
+	// SASL are the authentication mechanisms to offer, in order of
+	// preference. Nil means PLAIN with the URL's user and password (or the
+	// URL's auth_mechanism). [ExternalAuth] authenticates with the client
+	// certificate of TLS instead of a password.
+	SASL []amqp.Authentication
+}
+
+// ExternalAuth returns the SASL EXTERNAL mechanism: the broker takes the
+// user from the client certificate that TLS presents (RabbitMQ's
+// rabbitmq_auth_mechanism_ssl plugin). No password is sent.
+func ExternalAuth() []amqp.Authentication {
+	return []amqp.Authentication{&amqp.ExternalAuth{}}
 }
 
 // Validate reports the first problem with c as one sentence that names the
@@ -79,6 +93,11 @@ func (c *Config) Validate() error {
 	}
 	if c.TLS != nil && uri.Scheme != "amqps" {
 		return fmt.Errorf("rabbitmq tls is configured but url %s is not amqps://; use an amqps:// url", redactURL(c.URL))
+	}
+	for _, a := range c.SASL {
+		if a != nil && a.Mechanism() == "EXTERNAL" && (uri.Scheme != "amqps" || c.TLS == nil || len(c.TLS.Certificates) == 0 && c.TLS.GetClientCertificate == nil) {
+			return errors.New("rabbitmq EXTERNAL authentication needs an amqps:// url and a client certificate in TLS")
+		}
 	}
 	if len(c.Exchange) > 255 {
 		return fmt.Errorf("rabbitmq exchange name is %d bytes; use at most 255", len(c.Exchange))

@@ -54,6 +54,7 @@ func (s *Sink) dial(ctx context.Context) (*session, error) {
 	cfg := amqp.Config{
 		Properties: props,
 		Locale:     "en_US",
+		SASL:       s.cfg.SASL,
 		Dial: func(network, addr string) (net.Conn, error) {
 			d := net.Dialer{Timeout: s.cfg.DialTimeout}
 			c, err := d.DialContext(ctx, network, addr)

@@ -1,0 +1,252 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+func env(kv map[string]string) func(string) (string, bool) {
+	return func(k string) (string, bool) {
+		v, ok := kv[k]
+		return v, ok
+	}
+}
+
+func writeTemp(t *testing.T, name, body string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+const minimal = `
+postgres:
+  url: postgres://relay@127.0.0.1/shop
+sink:
+  kafka:
+    brokers: [127.0.0.1:9092]
+`
+
+func TestLoadMinimal(t *testing.T) {
+	cfg, err := Load(writeTemp(t, "c.yaml", minimal), env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Sink.RabbitMQ.Auth != "plain" || cfg.HTTP.Listen != "127.0.0.1:9187" {
+		t.Errorf("defaults not applied: %+v", cfg)
+	}
+}
+
+// TestSecretFiles: every secret can come from a file, read at load time
+// without its trailing newline; the environment names the file too, and
+// wins over the configuration file.
+func TestSecretFiles(t *testing.T) {
+	pgURL := writeTemp(t, "pgurl", "postgres://relay:from-file@127.0.0.1/shop\n")
+	password := writeTemp(t, "password", "kafka-pass\r\n")
+	token := writeTemp(t, "token", "http-token")
+	amqpURL := writeTemp(t, "amqp", "amqp://u:p@127.0.0.1/\n\n")
+	yml := `
+postgres:
+  url_file: ` + pgURL + `
+sink:
+  kafka:
+    brokers: [127.0.0.1:9092]
+    sasl:
+      mechanism: SCRAM-SHA-256
+      username: relay
+      password_file: ` + password + `
+  rabbitmq:
+    url_file: ` + amqpURL + `
+http:
+  token_file: ` + token + `
+`
+	cfg, err := Load(writeTemp(t, "c.yaml", yml), env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for got, want := range map[string]string{
+		cfg.Postgres.URL:             "postgres://relay:from-file@127.0.0.1/shop",
+		cfg.Sink.Kafka.SASL.Password: "kafka-pass",
+		cfg.HTTP.Token:               "http-token",
+		cfg.Sink.RabbitMQ.URL:        "amqp://u:p@127.0.0.1/",
+	} {
+		if got != want {
+			t.Errorf("read %q, want %q", got, want)
+		}
+	}
+
+	// The environment's value wins over the file's _file, and the
+	// environment's _file over the file's value.
+	cfg, err = Load(writeTemp(t, "c.yaml", yml), env(map[string]string{"OUTBOXRELAY_POSTGRES_URL": "postgres://relay:from-env@127.0.0.1/shop"}))
+	if err != nil || cfg.Postgres.URL != "postgres://relay:from-env@127.0.0.1/shop" {
+		t.Errorf("env URL over url_file: %q, %v", cfg.Postgres.URL, err)
+	}
+	cfg, err = Load(writeTemp(t, "c.yaml", minimal), env(map[string]string{"OUTBOXRELAY_POSTGRES_URL_FILE": pgURL}))
+	if err != nil || cfg.Postgres.URL != "postgres://relay:from-file@127.0.0.1/shop" {
+		t.Errorf("env url_file over url: %q, %v", cfg.Postgres.URL, err)
+	}
+	cfg, err = Load("", env(map[string]string{
+		"OUTBOXRELAY_POSTGRES_URL_FILE": pgURL, "OUTBOXRELAY_SINK_KAFKA_BROKERS": "k:9092",
+		"OUTBOXRELAY_SINK_KAFKA_SASL_MECHANISM": "PLAIN", "OUTBOXRELAY_SINK_KAFKA_SASL_USERNAME": "u",
+		"OUTBOXRELAY_SINK_KAFKA_SASL_PASSWORD_FILE": password, "OUTBOXRELAY_HTTP_TOKEN_FILE": token,
+	}))
+	if err != nil || cfg.Sink.Kafka.SASL.Password != "kafka-pass" || cfg.HTTP.Token != "http-token" {
+		t.Errorf("secrets from env files: %+v, %v", cfg.Sink.Kafka.SASL, err)
+	}
+
+	for name, tc := range map[string]struct {
+		yml  string
+		env  map[string]string
+		want string
+	}{
+		"both in the file": {"postgres:\n  url: postgres://x@h/db\n  url_file: " + pgURL + "\n", nil, "postgres.url and postgres.url_file are both set"},
+		"both in the env":  {"", map[string]string{"OUTBOXRELAY_POSTGRES_URL": "x", "OUTBOXRELAY_POSTGRES_URL_FILE": pgURL}, "both set"},
+		"missing file":     {"postgres:\n  url_file: /nonexistent/url\n", nil, "postgres.url_file: stat /nonexistent/url"},
+		"empty file":       {"postgres:\n  url_file: " + writeTemp(t, "empty", "\n") + "\n", nil, "is empty"},
+		"not a file":       {"postgres:\n  url_file: " + t.TempDir() + "\n", nil, "not a regular file"},
+	} {
+		_, err := Load(writeTemp(t, "c.yaml", tc.yml), env(tc.env))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want an error containing %q", name, err, tc.want)
+		}
+		if err != nil && strings.Contains(err.Error(), "from-file") {
+			t.Errorf("%s: the error shows the secret: %v", name, err)
+		}
+	}
+}
+
+// TestEverySecretHasAFile: each secret key has its _file sibling, so no
+// secret ever has to be written into the configuration file.
+func TestEverySecretHasAFile(t *testing.T) {
+	n := 0
+	cfg := Default()
+	walkSecrets(reflect.ValueOf(&cfg).Elem(), "", func(key, kind string, _, file reflect.Value) {
+		n++
+		if !file.IsValid() {
+			t.Errorf("%s has no %s_file", key, key)
+		}
+		if kind != "url" && kind != "text" {
+			t.Errorf("%s: secret kind %q", key, kind)
+		}
+	})
+	if n != 6 {
+		t.Errorf("%d secrets, want 6 (postgres.url, sink.kafka.sasl.password, sink.rabbitmq.url, sink.nats.url, sink.redis.url, http.token)", n)
+	}
+	keys := map[string]string{}
+	for _, k := range Keys() {
+		keys[k.Path] = k.Env
+	}
+	for path, env := range map[string]string{
+		"postgres.url_file":             "OUTBOXRELAY_POSTGRES_URL_FILE",
+		"sink.kafka.sasl.password_file": "OUTBOXRELAY_SINK_KAFKA_SASL_PASSWORD_FILE",
+		"sink.kafka.tls.ca_file":        "OUTBOXRELAY_SINK_KAFKA_TLS_CA_FILE",
+		"sink.rabbitmq.tls.server_name": "OUTBOXRELAY_SINK_RABBITMQ_TLS_SERVER_NAME",
+		"sink.rabbitmq.auth":            "OUTBOXRELAY_SINK_RABBITMQ_AUTH",
+		"http.token_file":               "OUTBOXRELAY_HTTP_TOKEN_FILE",
+	} {
+		if keys[path] != env {
+			t.Errorf("key %s: env %q, want %q", path, keys[path], env)
+		}
+	}
+}
+
+// TestRedacted: the printed configuration hides every secret and keeps
+// everything else, URLs included, readable.
+func TestRedacted(t *testing.T) {
+	const secret = "S3cr3t-Canary"
+	cfg := Default()
+	cfg.Postgres.URL = "postgres://relay:" + secret + "@db:5432/shop?sslmode=verify-full&sslrootcert=/etc/ca.pem&sslpassword=" + secret
+	cfg.Sink.Kafka.SASL.Password = secret
+	cfg.Sink.RabbitMQ.URL = "amqps://relay:" + secret + "@mq:5671/vhost"
+	cfg.Sink.NATS.URL = "nats://relay:" + secret + "@n1:4222,nats://relay:" + secret + "@n2:4222"
+	cfg.Sink.Redis.URL = "redis://:" + secret + "@redis:6379/0"
+	cfg.HTTP.Token = secret
+	out, err := cfg.RedactedYAML()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(out), secret) {
+		t.Fatalf("secret in the printed configuration:\n%s", out)
+	}
+	for _, want := range []string{
+		"url: postgres://relay:xxxxx@db:5432/shop?sslmode=verify-full&sslrootcert=/etc/ca.pem&sslpassword=xxxxx",
+		"url: amqps://relay:xxxxx@mq:5671/vhost",
+		"url: redis://:xxxxx@redis:6379/0",
+		"password: xxxxx",
+		"token: xxxxx",
+	} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("printed configuration lacks %q:\n%s", want, out)
+		}
+	}
+	if cfg.HTTP.Token != secret {
+		t.Error("Redacted changed its receiver")
+	}
+	for in, want := range map[string]string{
+		"host=db user=relay password=" + secret + " dbname=shop": "host=db user=relay password=xxxxx dbname=shop",
+		"postgres://relay@db/shop":                               "postgres://relay@db/shop",
+		"amqp://guest:guest@127.0.0.1:5672/":                     "amqp://guest:xxxxx@127.0.0.1:5672/",
+	} {
+		if got := RedactURL(in); got != want {
+			t.Errorf("RedactURL(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestValidateSecurity(t *testing.T) {
+	dir := t.TempDir()
+	for name, tc := range map[string]struct {
+		yml  string
+		want string
+	}{
+		"tls settings without enabled": {"sink:\n  kafka:\n    tls:\n      ca_file: /x\n", "sink.kafka.tls.enabled is false"},
+		"missing ca":                   {"sink:\n  kafka:\n    tls:\n      enabled: true\n      ca_file: " + dir + "/none.pem\n", "sink.kafka.tls.ca_file"},
+		"not pem":                      {"sink:\n  kafka:\n    tls:\n      enabled: true\n      ca_file: " + writeTemp(t, "ca.pem", "nope") + "\n", "holds no PEM certificate"},
+		"cert without key":             {"sink:\n  kafka:\n    tls:\n      enabled: true\n      cert_file: /x\n", "must be set together"},
+		"unknown mechanism":            {"sink:\n  kafka:\n    sasl:\n      mechanism: GSSAPI\n", `mechanism "GSSAPI" is not one of`},
+		"no password":                  {"sink:\n  kafka:\n    sasl:\n      mechanism: PLAIN\n      username: u\n", "sink.kafka.sasl.password (or password_file) is required"},
+		"password without mechanism":   {"sink:\n  kafka:\n    sasl:\n      username: u\n      password: p\n", "no mechanism"},
+		"rabbitmq tls on amqp":         {"sink:\n  type: rabbitmq\n  rabbitmq:\n    url: amqp://u:p@h/\n    tls:\n      server_name: mq\n", "not amqps://"},
+		"external without cert":        {"sink:\n  type: rabbitmq\n  rabbitmq:\n    url: amqps://h/\n    auth: external\n", "auth external authenticates with the client certificate"},
+		"unknown auth":                 {"sink:\n  type: rabbitmq\n  rabbitmq:\n    url: amqps://h/\n    auth: token\n", `auth "token" is not one of`},
+		"token with space":             {"http:\n  token: a b\n", "http.token must be printable"},
+	} {
+		yml := "postgres:\n  url: postgres://relay@127.0.0.1/shop\n" + tc.yml
+		if !strings.Contains(tc.yml, "brokers") && !strings.Contains(tc.yml, "type: rabbitmq") {
+			yml = strings.Replace(yml, "sink:\n  kafka:\n", "sink:\n  kafka:\n    brokers: [k:9092]\n", 1)
+			if !strings.Contains(yml, "brokers") {
+				yml += "sink:\n  kafka:\n    brokers: [k:9092]\n"
+			}
+		}
+		_, err := Load(writeTemp(t, "c.yaml", yml), env(nil))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want an error containing %q", name, err, tc.want)
+		}
+	}
+}
+
+// FuzzLoad: no configuration file, however malformed, makes the loader
+// (or printing the result) panic or hang.
+func FuzzLoad(f *testing.F) {
+	f.Add([]byte(minimal))
+	f.Add([]byte("postgres: {url: 'x', tables: [a.b, c]}\nsink: {type: rabbitmq, rabbitmq: {url: 'amqps://u:p@h/', auth: external}}"))
+	f.Add([]byte("sink:\n  kafka:\n    tls: {enabled: true, ca_file: /dev/zero}\n    sasl: {mechanism: PLAIN, password_file: /dev/stdin}\n"))
+	f.Add([]byte("http: [1, 2]\nlog: {level: 3}\n"))
+	f.Add([]byte("a: &a [*a, *a]\n"))
+	f.Add([]byte("postgres:\n  status_interval: 99999999999h\n  columns: {id: ''}\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		cfg, err := load(data, "fuzz.yaml", nil)
+		if err != nil {
+			_ = err.Error()
+			return
+		}
+		if _, err := cfg.RedactedYAML(); err != nil {
+			t.Fatalf("a loaded configuration does not print: %v", err)
+		}
+	})
+}
