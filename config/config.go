@@ -66,8 +66,9 @@ type Postgres struct {
 
 // Envelope chooses the message format.
 type Envelope struct {
-	// Format is "envelope" (outboxrelay's envelope, version 1) or
-	// "cloudevents" (CloudEvents 1.0, structured content mode).
+	// Format is "envelope" (outboxrelay's envelope, version 1),
+	// "cloudevents" (CloudEvents 1.0, structured content mode) or
+	// "cloudevents-binary" (binary content mode).
 	Format string `yaml:"format"`
 	// Source is the CloudEvents source attribute (a URI reference).
 	Source string `yaml:"source"`
@@ -660,12 +661,12 @@ func (c *Config) Validate() error {
 	}
 	switch c.Envelope.Format {
 	case "envelope":
-	case "cloudevents":
+	case "cloudevents", "cloudevents-binary":
 		if c.Envelope.Source == "" {
 			errs = append(errs, errors.New("envelope.source must be a URI reference for CloudEvents"))
 		}
 	default:
-		errs = append(errs, fmt.Errorf("envelope.format %q is not one of envelope, cloudevents", c.Envelope.Format))
+		errs = append(errs, fmt.Errorf("envelope.format %q is not one of envelope, cloudevents, cloudevents-binary", c.Envelope.Format))
 	}
 	if c.Postgres.Retention < 0 {
 		errs = append(errs, fmt.Errorf("postgres.retention %s must not be negative", c.Postgres.Retention))

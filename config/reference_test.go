@@ -1,0 +1,53 @@
+package config
+
+import (
+	"flag"
+	"os"
+	"strings"
+	"testing"
+)
+
+var updateReadme = flag.Bool("update-readme", false, "rewrite the README's configuration reference")
+
+func TestEveryKeyIsDocumented(t *testing.T) {
+	seen := map[string]bool{}
+	for _, k := range Keys() {
+		seen[k.Path] = true
+		if descriptions[k.Path] == "" {
+			t.Errorf("key %s has no description in config/reference.go", k.Path)
+		}
+	}
+	for path := range descriptions {
+		if !seen[path] {
+			t.Errorf("description for %s, which is not a configuration key", path)
+		}
+	}
+}
+
+// TestReadmeReference keeps the README's table equal to the struct: run
+// `go test ./config -update-readme` after changing a key.
+func TestReadmeReference(t *testing.T) {
+	const path = "../README.md"
+	const start, end = "<!-- config-keys:start -->\n", "<!-- config-keys:end -->"
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme := string(data)
+	i, j := strings.Index(readme, start), strings.Index(readme, end)
+	if i < 0 || j < i {
+		t.Fatalf("README has no %q ... %q block", start, end)
+	}
+	want := Reference()
+	got := readme[i+len(start) : j]
+	if got == want {
+		return
+	}
+	if *updateReadme {
+		if err := os.WriteFile(path, []byte(readme[:i+len(start)]+want+readme[j:]), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	t.Fatalf("README configuration reference is out of date; run: go test ./config -update-readme")
+}
