@@ -301,8 +301,14 @@ type consumer struct {
 
 func (e *env) consume(topics ...string) *consumer {
 	e.t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(e.brokers), kgo.ConsumeTopics(topics...),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100*time.Millisecond))
+	return e.consumeWith(nil, topics...)
+}
+
+// consumeWith is consume with extra client options (TLS, SASL).
+func (e *env) consumeWith(opts []kgo.Opt, topics ...string) *consumer {
+	e.t.Helper()
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(e.brokers), kgo.ConsumeTopics(topics...),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100 * time.Millisecond)}, opts...)...)
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -29,7 +29,7 @@ func openDurability(ctx context.Context, cfg config.Config, log *zap.Logger) (*d
 	pcfg.MaxConns = 4
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
-		return nil, usageErr("cannot connect to PostgreSQL: %v", err)
+		return nil, usageErr("cannot connect to PostgreSQL: %v%s", err, tlsHint(err, "sslrootcert and sslmode in postgres.url"))
 	}
 	return &durability{pool: pool, cfg: cfg, log: log}, nil
 }

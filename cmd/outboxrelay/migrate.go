@@ -84,7 +84,7 @@ func connect(ctx context.Context, url string) (*pgx.Conn, error) {
 	}
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
-		return nil, usageErr("cannot connect to PostgreSQL: %v", err)
+		return nil, usageErr("cannot connect to PostgreSQL: %v%s", err, tlsHint(err, "sslrootcert and sslmode in postgres.url"))
 	}
 	return conn, nil
 }

@@ -281,11 +281,20 @@ func openSink(ctx context.Context, cfg config.Config, log *zap.Logger) (relay.Si
 		}
 		if err := s.Ping(ctx); err != nil {
 			_ = s.Close()
-			if errors.Is(err, kerr.SaslAuthenticationFailed) || errors.Is(err, kerr.IllegalSaslState) || errors.Is(err, kerr.UnsupportedSaslMechanism) {
+			switch {
+			case errors.Is(err, kerr.SaslAuthenticationFailed) || errors.Is(err, kerr.IllegalSaslState) || errors.Is(err, kerr.UnsupportedSaslMechanism):
 				return nil, usageErr("cannot reach Kafka: authentication failed for user %q with %s; check sink.kafka.sasl.mechanism, username and password (%v)",
 					k.SASL.Username, k.SASL.Mechanism, err)
+			case k.SASL.Mechanism != "" && (errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET)):
+				// Some brokers drop the connection instead of answering
+				// a failed authentication.
+				return nil, usageErr("cannot reach Kafka: the broker closed the connection, as it does when authentication failed for user %q with %s; check sink.kafka.sasl.mechanism, username and password, and sink.kafka.tls.enabled",
+					k.SASL.Username, k.SASL.Mechanism)
 			}
-			return nil, usageErr("cannot reach Kafka: %v%s", err, tlsHint(err, "sink.kafka.tls.ca_file and server_name"))
+			if ce := certError(err); ce != nil {
+				return nil, usageErr("cannot reach Kafka: the broker's TLS certificate did not verify (%v); check sink.kafka.tls.ca_file and server_name", ce)
+			}
+			return nil, usageErr("cannot reach Kafka: %v", err)
 		}
 		return s, nil
 	case "nats":
@@ -335,11 +344,13 @@ func openSink(ctx context.Context, cfg config.Config, log *zap.Logger) (relay.Si
 		}
 		if err := s.Connect(ctx); err != nil {
 			_ = s.Close()
-			hint := tlsHint(err, "sink.rabbitmq.tls.ca_file and server_name")
-			if q.Auth == "external" && errors.Is(err, amqp.ErrSASL) {
-				hint = "; auth: external needs the broker's rabbitmq_auth_mechanism_ssl plugin and EXTERNAL in its auth_mechanisms"
+			if ce := certError(err); ce != nil {
+				return nil, usageErr("cannot reach RabbitMQ: the broker's TLS certificate did not verify (%v); check sink.rabbitmq.tls.ca_file and server_name", ce)
 			}
-			return nil, usageErr("cannot reach RabbitMQ: %v%s", err, hint)
+			if q.Auth == "external" && errors.Is(err, amqp.ErrSASL) {
+				return nil, usageErr("cannot reach RabbitMQ: %v; auth: external needs the broker's rabbitmq_auth_mechanism_ssl plugin and EXTERNAL in its auth_mechanisms", err)
+			}
+			return nil, usageErr("cannot reach RabbitMQ: %v", err)
 		}
 		return s, nil
 	}
@@ -360,13 +371,27 @@ func kafkaSASL(c config.SASL) sasl.Mechanism {
 	return nil
 }
 
+// certError returns the failed server certificate check inside err, or nil.
+func certError(err error) error {
+	var verr *tls.CertificateVerificationError
+	if errors.As(err, &verr) {
+		return verr
+	}
+	var hostErr x509.HostnameError
+	if errors.As(err, &hostErr) {
+		return hostErr
+	}
+	var authErr x509.UnknownAuthorityError
+	if errors.As(err, &authErr) {
+		return authErr
+	}
+	return nil
+}
+
 // tlsHint names the settings to check when err is a server certificate
 // that did not verify, and is empty otherwise.
 func tlsHint(err error, settings string) string {
-	var verr *tls.CertificateVerificationError
-	var hostErr x509.HostnameError
-	var authErr x509.UnknownAuthorityError
-	if errors.As(err, &verr) || errors.As(err, &hostErr) || errors.As(err, &authErr) {
+	if certError(err) != nil {
 		return "; the server's TLS certificate did not verify: check " + settings
 	}
 	return ""

@@ -217,7 +217,8 @@ func (s *Server) initdb(ctx context.Context) error {
 	return s.writeFile(conf, b)
 }
 
-// writeHBA trusts every local and loopback connection, replication included.
+// writeHBA trusts every local and loopback connection, replication
+// included, after the caller's own lines (Options.HBA).
 func (s *Server) writeHBA() error {
 	const hba = `# Written by pgserver: a throwaway cluster that trusts loopback.
 # TYPE  DATABASE     USER  ADDRESS       METHOD
@@ -226,7 +227,15 @@ local   replication  all                 trust
 host    all          all   127.0.0.1/32  trust
 host    replication  all   127.0.0.1/32  trust
 `
-	return s.writeFile(filepath.Join(s.dataDir, "pg_hba.conf"), []byte(hba))
+	var b bytes.Buffer
+	if len(s.hba) > 0 {
+		b.WriteString("# Options.HBA\n")
+		for _, l := range s.hba {
+			b.WriteString(l + "\n")
+		}
+	}
+	b.WriteString(hba)
+	return s.writeFile(filepath.Join(s.dataDir, "pg_hba.conf"), b.Bytes())
 }
 
 // startOnFreePort picks a port, writes the settings and starts the server,

@@ -21,6 +21,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -46,6 +47,12 @@ type Options struct {
 	// Logf, if set, receives one line for each step (initdb, start, stop).
 	Logf func(format string, args ...any)
 
+	// HBA are extra pg_hba.conf lines, matched before pgserver's own, which
+	// trust every local and loopback connection: for example
+	// "hostssl all alice 127.0.0.1/32 cert" to require a client certificate
+	// of one user. pgserver itself connects as postgres without TLS.
+	HBA []string
+
 	// DataDir, if set, is the data directory to use. It is initialised if
 	// it holds no cluster yet, reused otherwise, and kept by Stop. By
 	// default the cluster lives in a temporary directory that Stop removes.
@@ -64,6 +71,7 @@ type Server struct {
 	sockDir  string // "" when the path would be too long for a socket
 	port     int
 	settings map[string]string
+	hba      []string
 	logf     func(format string, args ...any)
 	osUser   *osUser // non-nil when commands run as the postgres OS user
 
@@ -88,6 +96,11 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 	if err := validateSettings(opts.Settings); err != nil {
 		return nil, err
 	}
+	for _, l := range opts.HBA {
+		if strings.ContainsAny(l, "\n\r\x00") {
+			return nil, fmt.Errorf("HBA line %q: must be a single line", l)
+		}
+	}
 	binDir, err := findBinDir(ctx)
 	if err != nil {
 		return nil, err
@@ -107,6 +120,7 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 		dataDir:  filepath.Join(workDir, "data"),
 		logFile:  filepath.Join(workDir, "postgres.log"),
 		settings: opts.Settings,
+		hba:      opts.HBA,
 		logf:     opts.Logf,
 		osUser:   u,
 		state:    stateDown,
