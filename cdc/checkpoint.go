@@ -27,8 +27,10 @@ type Checkpoints struct {
 
 // Save records lsn as confirmed for the slot.
 func (c Checkpoints) Save(ctx context.Context, lsn LSN) error {
-	_, err := c.DB.Exec(ctx, `INSERT INTO outboxrelay.checkpoint (slot, confirmed_lsn, updated_at) VALUES ($1, $2::pg_lsn, now())
-		ON CONFLICT (slot) DO UPDATE SET confirmed_lsn = EXCLUDED.confirmed_lsn, updated_at = now()`, c.Slot, lsn.String())
+	// GREATEST: a relay that just lost the slot to a standby may still
+	// record its late acknowledgements; the record never moves back.
+	_, err := c.DB.Exec(ctx, `INSERT INTO outboxrelay.checkpoint AS c (slot, confirmed_lsn, confirmed_at, updated_at) VALUES ($1, $2::pg_lsn, now(), now())
+		ON CONFLICT (slot) DO UPDATE SET confirmed_lsn = GREATEST(c.confirmed_lsn, EXCLUDED.confirmed_lsn), confirmed_at = now(), updated_at = now()`, c.Slot, lsn.String())
 	if err != nil {
 		return fmt.Errorf("record checkpoint: %w", err)
 	}
@@ -39,7 +41,9 @@ func (c Checkpoints) Save(ctx context.Context, lsn LSN) error {
 // position: messages between the two may never have been published.
 func (c Checkpoints) Verify(ctx context.Context, slotConfirmed LSN) error {
 	var recorded *string
-	err := c.DB.QueryRow(ctx, "SELECT confirmed_lsn::text FROM outboxrelay.checkpoint WHERE slot = $1", c.Slot).Scan(&recorded)
+	var restartedSince bool
+	err := c.DB.QueryRow(ctx, `SELECT confirmed_lsn::text, coalesce(confirmed_at < pg_postmaster_start_time(), false)
+		FROM outboxrelay.checkpoint WHERE slot = $1`, c.Slot).Scan(&recorded, &restartedSince)
 	if errors.Is(err, pgx.ErrNoRows) || (err == nil && recorded == nil) {
 		return nil // first run for this slot
 	}
@@ -49,6 +53,12 @@ func (c Checkpoints) Verify(ctx context.Context, slotConfirmed LSN) error {
 	rec, err := pglogrepl.ParseLSN(*recorded)
 	if err != nil {
 		return fmt.Errorf("parse recorded checkpoint %q: %w", *recorded, err)
+	}
+	if slotConfirmed > rec && restartedSince {
+		// While PostgreSQL shut down, the relay could not record what it
+		// confirmed (it confirms unrecorded rather than hold the shutdown
+		// up). A slot ahead of the record is then expected, not replaced.
+		return c.Save(ctx, slotConfirmed)
 	}
 	if slotConfirmed > rec {
 		return &SetupError{Msg: fmt.Sprintf(

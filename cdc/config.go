@@ -42,6 +42,8 @@ type Config struct {
 	ReconnectMin, ReconnectMax time.Duration
 	// StandbyPoll is how often a standby checks whether the slot is free (default 1s).
 	StandbyPoll time.Duration
+	// ReceiveTimeout ends a session that received nothing for this long (default 30s).
+	ReceiveTimeout time.Duration
 }
 
 var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_$]{0,62}$`)
@@ -81,6 +83,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.ReconnectMax <= 0 {
 		c.ReconnectMax = 30 * time.Second
+	}
+	if c.ReceiveTimeout <= 0 {
+		c.ReceiveTimeout = 30 * time.Second
 	}
 	if c.StandbyPoll <= 0 {
 		c.StandbyPoll = time.Second

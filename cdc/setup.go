@@ -29,7 +29,9 @@ func Setup(ctx context.Context, conn *pgx.Conn, cfg Config, requiredColumns []st
 
 	var role string
 	var canReplicate bool
-	if err := conn.QueryRow(ctx, "SELECT rolname, rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user").Scan(&role, &canReplicate); err != nil {
+	if err := conn.QueryRow(ctx, `SELECT rolname, rolreplication OR rolsuper OR EXISTS (
+			SELECT 1 FROM pg_roles g WHERE g.rolname = 'rds_replication' AND pg_has_role(current_user, g.oid, 'member'))
+		FROM pg_roles WHERE rolname = current_user`).Scan(&role, &canReplicate); err != nil {
 		return fmt.Errorf("read role attributes: %w", err)
 	}
 	if !canReplicate {
@@ -134,11 +136,15 @@ func EnsureSlot(ctx context.Context, conn *pgx.Conn, slot string) error {
 	if plugin != "pgoutput" {
 		return &SetupError{Msg: fmt.Sprintf("replication slot %s uses plugin %q; drop it or choose another postgres.slot (outboxrelay needs pgoutput)", slot, plugin)}
 	}
-	if database == nil || *database != conn.Config().Database {
+	var current string
+	if err := conn.QueryRow(ctx, "SELECT current_database()").Scan(&current); err != nil {
+		return fmt.Errorf("read current database: %w", err)
+	}
+	if database == nil || *database != current {
 		return &SetupError{Msg: fmt.Sprintf("replication slot %s belongs to another database; choose another postgres.slot", slot)}
 	}
-	if walStatus == "lost" || walStatus == "unreserved" {
-		return &SetupError{Msg: fmt.Sprintf("replication slot %s has wal_status=%s: PostgreSQL removed (or is about to remove) WAL it still needs (max_slot_wal_keep_size); drop and re-create the slot, republish what was missed from the outbox table, then delete its row in outboxrelay.checkpoint", slot, walStatus)}
+	if walStatus == "lost" {
+		return &SetupError{Msg: fmt.Sprintf("replication slot %s has wal_status=lost: PostgreSQL removed WAL it still needed (max_slot_wal_keep_size); drop and re-create the slot, republish what was missed from the outbox table, then delete its row in outboxrelay.checkpoint", slot)}
 	}
 	return nil
 }

@@ -145,7 +145,12 @@ func (s *Stream) session(ctx context.Context, h Handler) (err error) {
 		return err
 	}
 	if err := h.Start(ctx, start); err != nil {
-		return handlerErr{err}
+		var se *SetupError
+		if errors.As(err, &se) {
+			return handlerErr{err}
+		}
+		// A database hiccup while checking the slot: try the session again.
+		return retryableErr{fmt.Errorf("start session: %w", err)}
 	}
 
 	args := []string{
@@ -202,6 +207,12 @@ func (s *Stream) session(ctx context.Context, h Handler) (err error) {
 	return readErr
 }
 
+// retryableErr marks a session failure worth another session.
+type retryableErr struct{ err error }
+
+func (e retryableErr) Error() string { return e.err.Error() }
+func (e retryableErr) Unwrap() error { return e.err }
+
 type handlerErr struct{ err error }
 
 func (e handlerErr) Error() string { return e.err.Error() }
@@ -216,11 +227,19 @@ func (s *Stream) read(ctx context.Context, conn *pgconn.PgConn, h Handler, st *s
 	dec := NewDecoder()
 	var ev Event
 	inTx := false
+	netConn := conn.Conn()
 	for {
+		// A silent peer (a cut without a reset) must not hold the session
+		// forever: the status writer asks the server for a reply regularly,
+		// so a live walsender always sends something within the timeout.
+		_ = netConn.SetReadDeadline(time.Now().Add(s.cfg.ReceiveTimeout))
 		msg, err := conn.ReceiveMessage(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
+			}
+			if pgconn.Timeout(err) {
+				return retryableErr{fmt.Errorf("nothing from the walsender for %s; reconnecting", s.cfg.ReceiveTimeout)}
 			}
 			return fmt.Errorf("receive from walsender: %w", err)
 		}
@@ -295,20 +314,24 @@ func (w *statusWriter) requestReply() {
 func (w *statusWriter) run(ctx context.Context, every time.Duration, log *zap.Logger) {
 	t := time.NewTicker(every)
 	defer t.Stop()
-	for {
+	for tick := 1; ; tick++ {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		case <-w.reply:
 		}
-		if err := w.send(); err != nil {
-			log.Debug("send standby status", zap.Error(err))
+		// Every few seconds ask for a reply, so that the reader's receive
+		// timeout only fires on a dead connection.
+		if err := w.sendRequest(tick%5 == 0); err != nil {
+			log.Warn("send standby status", zap.Error(err))
 		}
 	}
 }
 
-func (w *statusWriter) send() error {
+func (w *statusWriter) send() error { return w.sendRequest(false) }
+
+func (w *statusWriter) sendRequest(replyRequested bool) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	pos := w.h.Confirmed()
@@ -319,6 +342,7 @@ func (w *statusWriter) send() error {
 		WALFlushPosition: pos,
 		WALApplyPosition: pos,
 		ClientTime:       time.Now(),
+		ReplyRequested:   replyRequested,
 	})
 }
 
@@ -334,8 +358,8 @@ func slotStart(ctx context.Context, conn *pgconn.PgConn, slot string) (LSN, erro
 		return 0, &SetupError{Msg: fmt.Sprintf("replication slot %q does not exist; it was dropped while the relay ran — check for lost messages, then restart the relay to create it again", slot)}
 	}
 	row := res[0].Rows[0]
-	if ws := string(row[1]); ws == "lost" || ws == "unreserved" {
-		return 0, &SetupError{Msg: fmt.Sprintf("replication slot %q has wal_status=%s: PostgreSQL removed (or is about to remove) WAL it still needs (max_slot_wal_keep_size); drop and re-create the slot, republish what was missed from the outbox table, then delete its row in outboxrelay.checkpoint", slot, ws)}
+	if ws := string(row[1]); ws == "lost" {
+		return 0, &SetupError{Msg: fmt.Sprintf("replication slot %q has wal_status=lost: PostgreSQL removed WAL it still needed (max_slot_wal_keep_size); drop and re-create the slot, republish what was missed from the outbox table, then delete its row in outboxrelay.checkpoint", slot)}
 	}
 	if row[0] == nil {
 		return 0, nil
@@ -353,6 +377,10 @@ func slotStart(ctx context.Context, conn *pgconn.PgConn, slot string) (LSN, erro
 func Retryable(err error) bool {
 	if err == nil {
 		return false
+	}
+	var re retryableErr
+	if errors.As(err, &re) {
+		return true
 	}
 	var se *SetupError
 	if errors.As(err, &se) || errors.Is(err, ErrMalformed) || isHandlerErr(err) {

@@ -52,7 +52,8 @@ type Message struct {
 	// LastError is the error of the latest failed attempt.
 	LastError error
 
-	tx *txn // set by the relay
+	tx  *txn   // set by the relay
+	seq uint64 // publish order
 }
 
 // PermanentError marks a publish failure that retrying will not fix: the

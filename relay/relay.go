@@ -13,7 +13,10 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
+	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -73,7 +76,10 @@ type Hooks struct {
 type Config struct {
 	// Database is written to the envelope's source.database.
 	Database string
-	Columns  Columns
+	// Tables are the outbox tables as schema.name. Rows of other tables in
+	// the publication are ignored. Empty: every published table.
+	Tables  []string
+	Columns Columns
 	// Format is FormatEnvelope (default), FormatCloudEvents (structured
 	// content mode) or FormatCloudEventsBinary.
 	Format Format
@@ -163,7 +169,7 @@ type Relay struct {
 	window  *window
 	done    func(*Message, error)
 
-	mappings map[*cdc.Relation]*mapping
+	mappings map[uint32]*mapping // by relation id; replaced when the relation is announced again
 	cur      cdc.Begin
 	tx       *txn
 
@@ -175,6 +181,13 @@ type Relay struct {
 	fatalErr   error
 	fatal      chan struct{}
 	retrying   atomic.Int64
+	retryMu    sync.Mutex
+	retryQ     []*Message // sorted by seq
+	retryKick  chan struct{}
+	retryIdle  chan struct{} // closed when the queue empties
+	seq        uint64        // publish order, dispatch goroutine only
+	bgMu       sync.Mutex
+	closing    bool
 	// recorded is the newest position saved by Config.Checkpoint: the one
 	// reported to PostgreSQL.
 	recorded     atomic.Uint64
@@ -191,13 +204,15 @@ func New(cfg Config, sink Sink, log *zap.Logger) *Relay {
 		log = zap.NewNop()
 	}
 	r := &Relay{
-		cfg:      cfg,
-		sink:     sink,
-		log:      log.Named("relay"),
-		tracker:  newTracker(),
-		window:   newWindow(cfg.MaxInFlight, cfg.MaxInFlightBytes),
-		mappings: make(map[*cdc.Relation]*mapping),
-		fatal:    make(chan struct{}),
+		cfg:       cfg,
+		sink:      sink,
+		log:       log.Named("relay"),
+		tracker:   newTracker(),
+		window:    newWindow(cfg.MaxInFlight, cfg.MaxInFlightBytes),
+		mappings:  make(map[uint32]*mapping),
+		fatal:     make(chan struct{}),
+		retryKick: make(chan struct{}, 1),
+		retryIdle: make(chan struct{}),
 	}
 	r.done = r.onDone
 	return r
@@ -226,6 +241,10 @@ func (r *Relay) Run(ctx context.Context, src Source) error {
 			return nil
 		})
 	}
+	g.Go(func() error {
+		r.retryLoop(sinkCtx)
+		return nil
+	})
 	if r.cfg.Checkpoint != nil {
 		g.Go(func() error {
 			t := time.NewTicker(r.cfg.CheckpointInterval)
@@ -243,11 +262,26 @@ func (r *Relay) Run(ctx context.Context, src Source) error {
 	err := src.Run(streamCtx, r)
 	stopStream()
 	stopSink()
-	r.bg.Wait()
-	_ = g.Wait()
+	r.bgMu.Lock()
+	r.closing = true
+	r.bgMu.Unlock()
+	stopped := make(chan struct{})
+	go func() {
+		r.bg.Wait()
+		_ = g.Wait()
+		close(stopped)
+	}()
+	select {
+	case <-stopped:
+	case <-time.After(5 * time.Second):
+		// A publish that ignores cancellation must not hang the shutdown:
+		// closing the sink fails it.
+		r.log.Warn("sink did not stop publishing; closing it")
+	}
 	if cerr := r.sink.Close(); cerr != nil {
 		r.log.Warn("close sink", zap.Error(cerr))
 	}
+	<-stopped
 	if r.fatalErr != nil {
 		return r.fatalErr
 	}
@@ -290,8 +324,13 @@ func (r *Relay) checkpoint(ctx context.Context) error {
 	if uint64(c) <= r.recorded.Load() {
 		return nil
 	}
-	if err := r.cfg.Checkpoint(ctx, c); err != nil {
-		if !r.unrecorded.Swap(true) && ctx.Err() == nil {
+	saveCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := r.cfg.Checkpoint(saveCtx, c); err != nil {
+		if ctx.Err() != nil {
+			return err // our own cancellation says nothing about PostgreSQL
+		}
+		if !r.unrecorded.Swap(true) {
 			r.log.Warn("record checkpoint failed; confirming progress unrecorded until it succeeds", zap.Error(err))
 		}
 		return err
@@ -353,14 +392,15 @@ func (r *Relay) Reset() {
 	clear(r.mappings)
 }
 
-// Drain implements cdc.Handler.
+// Drain implements cdc.Handler. Whatever happens, it records the position
+// reached so far before it returns.
 func (r *Relay) Drain(ctx context.Context) error {
+	if r.cfg.Checkpoint != nil {
+		defer func() { _ = r.checkpoint(ctx) }() // on failure Confirmed falls back to the acknowledged position
+	}
 	for {
 		n, drained := r.tracker.inflight()
 		if n == 0 {
-			if r.cfg.Checkpoint != nil {
-				_ = r.checkpoint(ctx) // on failure Confirmed falls back to the acknowledged position
-			}
 			return nil
 		}
 		r.log.Info("draining", zap.Int("inflight", n))
@@ -394,6 +434,9 @@ func (r *Relay) Insert(ctx context.Context, ins *cdc.Insert) error {
 	if err != nil {
 		return err
 	}
+	if mp.skip {
+		return nil
+	}
 	m, buildErr := r.buildRow(mp, ins)
 	return r.dispatch(ctx, m, buildErr)
 }
@@ -413,6 +456,12 @@ func (r *Relay) Message(ctx context.Context, lm *cdc.LogicalMessage) error {
 		defer func() { r.tx = saved }()
 	}
 	m, buildErr := r.buildEmitted(lm)
+	if !lm.Transactional && buildErr == nil {
+		// PostgreSQL decodes a non-transactional message at once, whether its
+		// transaction commits or not: publishing it could publish a rolled-back
+		// event, ahead of its transaction.
+		buildErr = errors.New("non-transactional logical decoding message: it may belong to a rolled-back transaction; emit with pg_logical_emit_message(true, ...)")
+	}
 	return r.dispatch(ctx, m, buildErr)
 }
 
@@ -424,6 +473,8 @@ func (r *Relay) dispatch(ctx context.Context, m *Message, buildErr error) error 
 		return err
 	}
 	m.tx = r.tx
+	m.seq = r.seq
+	r.seq++
 	r.tracker.add(r.tx)
 	if buildErr != nil {
 		m.Attempts = 1
@@ -432,6 +483,10 @@ func (r *Relay) dispatch(ctx context.Context, m *Message, buildErr error) error 
 		m.LastError = fmt.Errorf("invalid outbox message: %w", buildErr)
 		r.deadLetter(m)
 		return nil
+	}
+	if err := r.waitRetries(ctx); err != nil {
+		// Not published: the message stays unconfirmed and comes again after restart.
+		return err
 	}
 	r.sink.Publish(ctx, m, r.done)
 	return nil
@@ -482,23 +537,96 @@ func (r *Relay) backoff(attempt int) time.Duration {
 	return d/2 + rand.N(d/2+1)
 }
 
+// retry queues m to be published again. Retries go out in their original
+// publish order, from one worker, and new messages wait while any are queued,
+// so a failed message does not fall behind later ones of its aggregate.
 func (r *Relay) retry(m *Message) {
-	wait := r.backoff(m.Attempts)
 	r.log.Warn("publish failed; retrying", zap.String("message_id", m.ID), zap.String("destination", m.Destination),
-		zap.Int("attempt", m.Attempts), zap.Duration("retry_in", wait), zap.Error(m.LastError))
-	r.retrying.Add(1)
+		zap.Int("attempt", m.Attempts), zap.Error(m.LastError))
+	r.retryMu.Lock()
+	i := sort.Search(len(r.retryQ), func(i int) bool { return r.retryQ[i].seq > m.seq })
+	r.retryQ = slices.Insert(r.retryQ, i, m)
+	r.retrying.Store(int64(len(r.retryQ)))
+	r.retryMu.Unlock()
+	select {
+	case r.retryKick <- struct{}{}:
+	default:
+	}
+}
+
+// retryLoop publishes queued retries after their backoff, oldest first.
+func (r *Relay) retryLoop(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-r.retryKick:
+		}
+		for {
+			r.retryMu.Lock()
+			if len(r.retryQ) == 0 {
+				r.retryMu.Unlock()
+				break
+			}
+			wait := r.backoff(r.retryQ[0].Attempts)
+			r.retryMu.Unlock()
+			t := time.NewTimer(wait)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return
+			case <-t.C:
+			}
+			r.retryMu.Lock()
+			batch := r.retryQ
+			r.retryQ = nil
+			r.retryMu.Unlock()
+			for _, m := range batch {
+				r.sink.Publish(ctx, m, r.done)
+			}
+			r.retryMu.Lock()
+			r.retrying.Store(int64(len(r.retryQ)))
+			if len(r.retryQ) == 0 {
+				close(r.retryIdle)
+				r.retryIdle = make(chan struct{})
+			}
+			r.retryMu.Unlock()
+		}
+	}
+}
+
+// waitRetries holds new messages back while retries are queued.
+func (r *Relay) waitRetries(ctx context.Context) error {
+	for r.retrying.Load() > 0 {
+		r.retryMu.Lock()
+		idle, queued := r.retryIdle, len(r.retryQ) > 0
+		r.retryMu.Unlock()
+		if !queued {
+			return nil
+		}
+		select {
+		case <-idle:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// goBackground runs f on a goroutine that Run waits for, unless Run is
+// already waiting (shutdown): then it reports false and runs nothing.
+func (r *Relay) goBackground(f func()) bool {
+	r.bgMu.Lock()
+	defer r.bgMu.Unlock()
+	if r.closing {
+		return false
+	}
 	r.bg.Add(1)
 	go func() {
 		defer r.bg.Done()
-		defer r.retrying.Add(-1)
-		t := time.NewTimer(wait)
-		defer t.Stop()
-		select {
-		case <-t.C:
-			r.sink.Publish(r.sinkCtx, m, r.done)
-		case <-r.sinkCtx.Done():
-		}
+		f()
 	}()
+	return true
 }
 
 func (r *Relay) deadLetter(m *Message) {
@@ -506,15 +634,19 @@ func (r *Relay) deadLetter(m *Message) {
 		r.fail(fmt.Errorf("message %s to %q failed %d times and no dead-letter store is configured: %w", m.ID, m.Destination, m.Attempts, m.LastError))
 		return
 	}
-	r.bg.Add(1)
-	go func() {
-		defer r.bg.Done()
+	r.goBackground(func() {
+		r.retrying.Add(1) // /readyz shows a dead letter that cannot be stored
+		defer r.retrying.Add(-1)
 		for attempt := 1; ; attempt++ {
 			err := r.cfg.DeadLetter(r.sinkCtx, m)
 			if err == nil {
 				break
 			}
 			if r.sinkCtx.Err() != nil {
+				return
+			}
+			if permanentStoreError(err) {
+				r.fail(fmt.Errorf("store dead letter for message %s: %w", m.ID, err))
 				return
 			}
 			wait := r.backoff(attempt)
@@ -531,11 +663,25 @@ func (r *Relay) deadLetter(m *Message) {
 			h(m)
 		}
 		r.complete(m)
-	}()
+	})
+}
+
+// permanentStoreError reports SQLSTATE classes that retrying will not fix:
+// 22 data exception, 23 integrity violation, 42 syntax or privilege.
+func permanentStoreError(err error) bool {
+	var coded interface{ SQLState() string }
+	if !errors.As(err, &coded) {
+		return false
+	}
+	code := coded.SQLState()
+	return strings.HasPrefix(code, "22") || strings.HasPrefix(code, "23") || strings.HasPrefix(code, "42")
 }
 
 // mapping locates the configured columns in a relation.
 type mapping struct {
+	rel *cdc.Relation
+	// skip: the table is in the publication but not in Config.Tables.
+	skip                                           bool
 	table                                          string
 	id, aggType, aggID, eventType, payload         int
 	headers, traceparent, schemaVersion, createdAt int
@@ -543,7 +689,7 @@ type mapping struct {
 }
 
 func (r *Relay) mapping(rel *cdc.Relation) (*mapping, error) {
-	if mp, ok := r.mappings[rel]; ok {
+	if mp, ok := r.mappings[rel.ID]; ok && mp.rel == rel {
 		return mp, nil
 	}
 	idx := func(name string) int {
@@ -558,6 +704,11 @@ func (r *Relay) mapping(rel *cdc.Relation) (*mapping, error) {
 		return -1
 	}
 	c := r.cfg.Columns
+	if len(r.cfg.Tables) > 0 && !slices.Contains(r.cfg.Tables, rel.QualifiedName()) {
+		mp := &mapping{rel: rel, skip: true}
+		r.mappings[rel.ID] = mp
+		return mp, nil
+	}
 	mp := &mapping{
 		table: rel.QualifiedName(),
 		id:    idx(c.ID), aggType: idx(c.AggregateType), aggID: idx(c.AggregateID), eventType: idx(c.EventType),
@@ -577,7 +728,8 @@ func (r *Relay) mapping(rel *cdc.Relation) (*mapping, error) {
 	default:
 		mp.payloadFormat = envelope.PayloadText
 	}
-	r.mappings[rel] = mp
+	mp.rel = rel
+	r.mappings[rel.ID] = mp
 	return mp, nil
 }
 

@@ -60,6 +60,17 @@ func (t *tracker) commit(end pglogrepl.LSN) {
 		tx.end = end
 		tx.committed = true
 		t.open = nil
+		// A transaction with nothing in flight behind a stuck one is folded
+		// into its complete predecessor, so that the thousands of empty
+		// transactions pgoutput may send (PostgreSQL 14) do not pile up.
+		if n := len(t.queue); tx.pending == 0 && n >= 2 && t.queue[n-1] == tx {
+			if prev := t.queue[n-2]; prev.committed && prev.pending == 0 {
+				prev.end = max(prev.end, end)
+				prev.marker = true
+				t.queue[n-1] = nil
+				t.queue = t.queue[:n-1]
+			}
+		}
 	}
 	t.advanceLocked()
 	t.mu.Unlock()

@@ -107,7 +107,11 @@ func run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 	if err != nil {
 		return startErr(err)
 	}
-	database := conn.Config().Database
+	var database string // the URL may name none: ask the server
+	if err := conn.QueryRow(setupCtx, "SELECT current_database()").Scan(&database); err != nil {
+		conn.Close(context.WithoutCancel(ctx))
+		return startErr(usageErr("cannot query PostgreSQL: %v", err))
+	}
 	err = cdc.Setup(setupCtx, conn, cfg.CDC(), cfg.Postgres.Columns.Required())
 	if err == nil {
 		p := cdc.Privileges{DeadLetters: cfg.Relay.DeadLetters, Heartbeat: cfg.Postgres.HeartbeatInterval > 0}
@@ -148,6 +152,7 @@ func run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 	})
 	rc := relay.Config{
 		Database:          database,
+		Tables:            qualifiedTables(cfg.Postgres.Tables),
 		Columns:           cfg.Postgres.Columns,
 		MessagePrefix:     cfg.Postgres.MessagePrefix,
 		MaxInFlight:       cfg.Relay.MaxInFlight,
@@ -434,4 +439,15 @@ func loopback(host string) bool {
 	}
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
+}
+
+// qualifiedTables writes each configured table as schema.name.
+func qualifiedTables(tables []string) []string {
+	out := make([]string, 0, len(tables))
+	for _, t := range tables {
+		if schema, name, err := cdc.SplitTable(t); err == nil {
+			out = append(out, schema+"."+name)
+		}
+	}
+	return out
 }
