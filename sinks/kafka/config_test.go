@@ -49,7 +49,7 @@ func TestTemplate(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%q: %v", tc.tmpl, err)
 		}
-		r := newTopics(tc.tmpl, tmpl).render(m)
+		r := newTopics(tmpl).render(m)
 		if r.err != nil || r.topic != tc.want {
 			t.Errorf("%q rendered %q, %v; want %q", tc.tmpl, r.topic, r.err, tc.want)
 		}
@@ -72,7 +72,7 @@ func TestCheckTopic(t *testing.T) {
 // TestTopicCacheBounded renders more distinct topics than the cache holds.
 func TestTopicCacheBounded(t *testing.T) {
 	tmpl, _ := parseTemplate("outbox.{aggregate_type}")
-	ts := newTopics("outbox.{aggregate_type}", tmpl)
+	ts := newTopics(tmpl)
 	for i := range maxCachedTopics + 10 {
 		m := &relay.Message{AggregateType: strings.Repeat("a", i%7) + string(rune('a'+i%26)) + strings.Repeat("b", i/26%50) + string(rune('0'+i/1300))}
 		r := ts.render(m)

@@ -77,7 +77,7 @@ func New(cfg Config, log *zap.Logger) (*Sink, error) {
 
 	s := &Sink{
 		brokers: cfg.Brokers,
-		topics:  newTopics(cfg.Topic, tmpl),
+		topics:  newTopics(tmpl),
 		log:     log,
 		health:  new(health),
 	}

@@ -1,116 +1,47 @@
 package kafka
 
 import (
+	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"sync/atomic"
 
 	"github.com/outboxrelay/outboxrelay/relay"
+	"github.com/outboxrelay/outboxrelay/sinks/route"
 )
 
 // maxTopicLen is Kafka's limit on a topic name's length.
 const maxTopicLen = 249
 
-// A field is a message field a topic template can refer to.
-type field uint8
-
-const (
-	fieldNone field = iota // a literal segment
-	fieldAggregateType
-	fieldEventType
-	fieldTable
-)
-
-var placeholders = map[string]field{
-	"aggregate_type": fieldAggregateType,
-	"event_type":     fieldEventType,
-	"table":          fieldTable,
-}
-
-// segment is a literal or a placeholder of a parsed template.
-type segment struct {
-	lit   string
-	field field
-}
-
-// template is a parsed topic template.
-type template struct {
-	segs []segment
-	// constant is the topic when the template has no placeholder.
-	constant string
-	isConst  bool
-}
-
 // parseTemplate parses a topic template. It rejects unknown placeholders,
 // unbalanced braces and literal text that can never be part of a legal topic
 // name, so that a configuration mistake is reported at start-up rather than
 // as one dead letter per message.
-func parseTemplate(s string) (template, error) {
-	var t template
-	rest := s
-	for rest != "" {
-		i := strings.IndexAny(rest, "{}")
-		if i < 0 {
-			t.segs = append(t.segs, segment{lit: rest})
-			break
-		}
-		if i > 0 {
-			t.segs = append(t.segs, segment{lit: rest[:i]})
-		}
-		if rest[i] == '}' {
-			return template{}, fmt.Errorf("topic template %q has a '}' without '{'", s)
-		}
-		end := strings.IndexByte(rest[i:], '}')
-		if end < 0 {
-			return template{}, fmt.Errorf("topic template %q has a '{' without '}'", s)
-		}
-		name := rest[i+1 : i+end]
-		f, ok := placeholders[name]
-		if !ok {
-			return template{}, fmt.Errorf("topic template %q has unknown placeholder {%s}; use {aggregate_type}, {event_type} or {table}", s, name)
-		}
-		t.segs = append(t.segs, segment{field: f})
-		rest = rest[i+end+1:]
+func parseTemplate(s string) (route.Template, error) {
+	t, err := route.Parse(s)
+	// The Kafka sink words unbalanced braces its own way, as it always has.
+	var serr *route.SyntaxError
+	switch {
+	case errors.As(err, &serr) && serr.Brace == '}':
+		return route.Template{}, fmt.Errorf("topic template %q has a '}' without '{'", s)
+	case errors.As(err, &serr) && serr.Brace == '{':
+		return route.Template{}, fmt.Errorf("topic template %q has a '{' without '}'", s)
+	case err != nil:
+		return route.Template{}, fmt.Errorf("topic %w", err) // "topic template ..."
 	}
-	for _, sg := range t.segs {
-		if sg.field != fieldNone {
-			continue
-		}
-		for j := 0; j < len(sg.lit); j++ {
-			if !legalTopicByte(sg.lit[j]) {
-				return template{}, fmt.Errorf("topic template %q contains %q, which no Kafka topic name may contain; use only [a-zA-Z0-9._-] outside placeholders", s, sg.lit[j])
-			}
+	// Rendered with empty values, the template is its literal text.
+	lit := t.Append(nil, &relay.Message{}, nil)
+	for _, c := range lit {
+		if !legalTopicByte(c) {
+			return route.Template{}, fmt.Errorf("topic template %q contains %q, which no Kafka topic name may contain; use only [a-zA-Z0-9._-] outside placeholders", s, c)
 		}
 	}
-	if len(t.segs) == 0 || len(t.segs) == 1 && t.segs[0].field == fieldNone {
-		c := ""
-		if len(t.segs) == 1 {
-			c = t.segs[0].lit
-		}
+	if c, ok := t.Constant(); ok {
 		if err := checkTopic(c); err != nil {
-			return template{}, fmt.Errorf("topic template %q: %w", s, err)
+			return route.Template{}, fmt.Errorf("topic template %q: %w", s, err)
 		}
-		t.constant, t.isConst = c, true
 	}
 	return t, nil
-}
-
-// appendTo appends the topic rendered for m to dst.
-func (t *template) appendTo(dst []byte, m *relay.Message) []byte {
-	for i := range t.segs {
-		switch t.segs[i].field {
-		case fieldNone:
-			dst = append(dst, t.segs[i].lit...)
-		case fieldAggregateType:
-			dst = append(dst, m.AggregateType...)
-		case fieldEventType:
-			dst = append(dst, m.EventType...)
-		case fieldTable:
-			dst = append(dst, m.Table...)
-		}
-	}
-	return dst
 }
 
 func legalTopicByte(c byte) bool {
@@ -162,18 +93,17 @@ type topicState struct {
 // that the steady state costs neither an allocation nor a validation per
 // message. It is safe for concurrent use.
 type topics struct {
-	raw      string
-	tmpl     template
-	constant topicResult // when tmpl.isConst
+	tmpl     route.Template
+	constant *topicResult // when tmpl is constant
 
 	mu    sync.RWMutex
 	cache map[string]topicResult
 }
 
-func newTopics(raw string, t template) *topics {
-	ts := &topics{raw: raw, tmpl: t, cache: map[string]topicResult{}}
-	if t.isConst {
-		ts.constant = topicResult{topic: t.constant, state: new(topicState)}
+func newTopics(t route.Template) *topics {
+	ts := &topics{tmpl: t, cache: map[string]topicResult{}}
+	if c, ok := t.Constant(); ok {
+		ts.constant = &topicResult{topic: c, state: new(topicState)}
 	}
 	return ts
 }
@@ -181,11 +111,11 @@ func newTopics(raw string, t template) *topics {
 // render returns m's topic, with an error when the topic is not a legal
 // Kafka topic name.
 func (ts *topics) render(m *relay.Message) topicResult {
-	if ts.tmpl.isConst {
-		return ts.constant
+	if ts.constant != nil {
+		return *ts.constant
 	}
 	var buf [128]byte
-	b := ts.tmpl.appendTo(buf[:0], m)
+	b := ts.tmpl.Append(buf[:0], m, nil)
 	ts.mu.RLock()
 	r, ok := ts.cache[string(b)] // no allocation: the compiler looks up b in place
 	ts.mu.RUnlock()
@@ -195,7 +125,7 @@ func (ts *topics) render(m *relay.Message) topicResult {
 
 	r = topicResult{topic: string(b)}
 	if r.err = checkTopic(r.topic); r.err != nil {
-		r.err = fmt.Errorf("topic template %q: %w", ts.raw, r.err)
+		r.err = fmt.Errorf("topic template %q: %w", ts.tmpl.String(), r.err)
 	}
 	ts.mu.Lock()
 	defer ts.mu.Unlock()

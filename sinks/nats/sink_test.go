@@ -140,7 +140,7 @@ type factory struct{ f *fixture }
 func (fa factory) NewSink(t *testing.T) relay.Sink { return startSink(t, fa.f.config()) }
 
 func (fa factory) Subscribe(t *testing.T, aggregateType string) sinktest.Consumer {
-	return fa.f.consumer(t, fa.f.prefix+"."+string(appendEscaped(nil, aggregateType))+".>")
+	return fa.f.consumer(t, fa.f.prefix+"."+string(tokenEscape.Append(nil, aggregateType))+".>")
 }
 
 // consumer reads the stream's messages on filter from the start.

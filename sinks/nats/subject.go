@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/outboxrelay/outboxrelay/relay"
+	"github.com/outboxrelay/outboxrelay/sinks/route"
 )
 
 // maxSubjectLen bounds a rendered subject. NATS has no subject limit of its
@@ -14,30 +15,16 @@ import (
 // keeps one message from taking the connection down.
 const maxSubjectLen = 1024
 
-type field uint8
-
-const (
-	literal field = iota
-	aggregateType
-	eventType
-	table
-)
-
-var placeholders = map[string]field{
-	"aggregate_type": aggregateType,
-	"event_type":     eventType,
-	"table":          table,
-}
-
-type segment struct {
-	field field
-	text  string // for literal segments
-}
+// tokenEscape holds the bytes percent-encoded in values because they would
+// change the subject's tokens: '.', '*', '>', '%', and whitespace and
+// control bytes.
+var tokenEscape = route.EscapeFunc(func(c byte) bool {
+	return c <= ' ' || c == 0x7F || c == '.' || c == '*' || c == '>' || c == '%'
+})
 
 // template is a parsed subject template.
 type template struct {
-	segs []segment
-	raw  string
+	route.Template
 }
 
 // parseTemplate parses a subject template. Unknown placeholders, unbalanced
@@ -45,98 +32,30 @@ type template struct {
 // (wildcards, whitespace, empty tokens) are errors, so that a configuration
 // mistake is reported at start-up rather than once per message.
 func parseTemplate(s string) (template, error) {
-	t := template{raw: s}
-	rest := s
-	for rest != "" {
-		i := strings.IndexAny(rest, "{}")
-		if i < 0 {
-			t.segs = append(t.segs, segment{text: rest})
-			break
-		}
-		if i > 0 {
-			t.segs = append(t.segs, segment{text: rest[:i]})
-		}
-		if rest[i] == '}' {
-			return template{}, fmt.Errorf("subject template %q has a '}' without '{'; placeholders are {aggregate_type}, {event_type} and {table}", s)
-		}
-		j := strings.IndexAny(rest[i+1:], "{}")
-		if j < 0 || rest[i+1+j] == '{' {
-			return template{}, fmt.Errorf("subject template %q has an unclosed '{'; placeholders are {aggregate_type}, {event_type} and {table}", s)
-		}
-		name := rest[i+1 : i+1+j]
-		f, ok := placeholders[name]
-		if !ok {
-			return template{}, fmt.Errorf("subject template %q has unknown placeholder {%s}; use {aggregate_type}, {event_type} or {table}", s, name)
-		}
-		t.segs = append(t.segs, segment{field: f})
-		rest = rest[i+1+j+1:]
-	}
-	if len(t.segs) == 0 {
+	if s == "" {
 		return template{}, errors.New("subject template is empty")
+	}
+	t, err := route.Parse(s)
+	if err != nil {
+		return template{}, fmt.Errorf("subject %w", err) // "subject template ..."
 	}
 	// Placeholders render to at least one byte of a token in the check:
 	// an empty value is the message's problem, not the template's.
-	if err := checkSubject(t.sample()); err != nil {
+	sample := t.Render(&relay.Message{AggregateType: "x", EventType: "x", Table: "x"}, nil)
+	if err := checkSubject(sample); err != nil {
 		return template{}, fmt.Errorf("subject template %q: %w", s, err)
 	}
-	return t, nil
-}
-
-// sample renders t with "x" for every placeholder.
-func (t template) sample() string {
-	var b strings.Builder
-	for _, s := range t.segs {
-		if s.field == literal {
-			b.WriteString(s.text)
-		} else {
-			b.WriteByte('x')
-		}
-	}
-	return b.String()
+	return template{t}, nil
 }
 
 // render returns m's subject, with an error when it is not a valid publish
 // subject.
 func (t template) render(m *relay.Message) (string, error) {
-	var buf [128]byte
-	b := buf[:0]
-	for _, s := range t.segs {
-		switch s.field {
-		case literal:
-			b = append(b, s.text...)
-		case aggregateType:
-			b = appendEscaped(b, m.AggregateType)
-		case eventType:
-			b = appendEscaped(b, m.EventType)
-		case table:
-			b = appendEscaped(b, m.Table)
-		}
-	}
-	subject := string(b)
+	subject := t.Render(m, tokenEscape)
 	if err := checkSubject(subject); err != nil {
-		return subject, fmt.Errorf("subject template %q for message %s: %w", t.raw, m.ID, err)
+		return subject, fmt.Errorf("subject template %q for message %s: %w", t.String(), m.ID, err)
 	}
 	return subject, nil
-}
-
-const upperHex = "0123456789ABCDEF"
-
-// appendEscaped appends v percent-encoding the bytes that would change the
-// subject's tokens: '.', '*', '>', '%', and whitespace and control bytes.
-func appendEscaped(dst []byte, v string) []byte {
-	for i := 0; i < len(v); i++ {
-		c := v[i]
-		if needsEscape(c) {
-			dst = append(dst, '%', upperHex[c>>4], upperHex[c&0xF])
-			continue
-		}
-		dst = append(dst, c)
-	}
-	return dst
-}
-
-func needsEscape(c byte) bool {
-	return c <= ' ' || c == 0x7F || c == '.' || c == '*' || c == '>' || c == '%'
 }
 
 // checkSubject applies the rules of the NATS server for publish subjects:
@@ -185,15 +104,7 @@ func (t template) streamSubjects() []string {
 
 // shape renders t with every token that holds a placeholder as "*".
 func (t template) shape() string {
-	var b strings.Builder
-	for _, s := range t.segs {
-		if s.field == literal {
-			b.WriteString(s.text)
-		} else {
-			b.WriteString("\x00")
-		}
-	}
-	tokens := strings.Split(b.String(), ".")
+	tokens := strings.Split(t.Render(&relay.Message{AggregateType: "\x00", EventType: "\x00", Table: "\x00"}, nil), ".")
 	for i, tok := range tokens {
 		if strings.IndexByte(tok, 0) >= 0 {
 			tokens[i] = "*"
