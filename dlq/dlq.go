@@ -52,6 +52,10 @@ type Letter struct {
 	LastFailedAt  time.Time       `json:"last_failed_at"`
 	CreatedAt     time.Time       `json:"created_at"`
 	ReplayedAt    *time.Time      `json:"replayed_at"`
+	// Body is the exact message body; Envelope is its text form.
+	Body        []byte          `json:"-"`
+	ContentType string          `json:"content_type,omitempty"`
+	Attributes  json.RawMessage `json:"attributes,omitempty"`
 }
 
 // Add stores m. It returns once the row is committed, so the relay may
@@ -76,15 +80,34 @@ func (s *Store) Add(ctx context.Context, m *relay.Message) error {
 	if last.IsZero() {
 		last = first
 	}
+	var attrs []byte
+	if len(m.Attributes) > 0 {
+		a := map[string]string{}
+		for _, h := range m.Attributes {
+			a[h.Key] = h.Value
+		}
+		if attrs, err = json.Marshal(a); err != nil {
+			return fmt.Errorf("encode attributes: %w", err)
+		}
+	}
 	_, err = s.DB.Exec(ctx, `INSERT INTO outboxrelay.dead_letters
-		(slot, message_id, destination, aggregate_type, aggregate_id, event_type, source_table, traceparent, headers, envelope, error, attempts, first_failed_at, last_failed_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)`,
+		(slot, message_id, destination, aggregate_type, aggregate_id, event_type, source_table, traceparent, headers, envelope, error, attempts, first_failed_at, last_failed_at,
+		 body, content_type, attributes)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)`,
 		s.Slot, clean(m.ID), clean(m.Destination), clean(m.AggregateType), clean(m.AggregateID), clean(m.EventType), m.Table,
-		m.Traceparent, string(hj), clean(string(m.Envelope)), clean(errText), m.Attempts, first, last)
+		m.Traceparent, string(hj), clean(string(m.Envelope)), clean(errText), m.Attempts, first, last,
+		m.Envelope, m.ContentType, nullJSON(attrs))
 	if err != nil {
 		return fmt.Errorf("store dead letter %s: %w", m.ID, err)
 	}
 	return nil
+}
+
+func nullJSON(b []byte) any {
+	if b == nil {
+		return nil
+	}
+	return string(b)
 }
 
 // clean makes s storable as PostgreSQL text, which cannot hold NUL bytes or
@@ -103,7 +126,8 @@ type Filter struct {
 // List returns the slot's dead letters, oldest first.
 func (s *Store) List(ctx context.Context, f Filter) ([]Letter, error) {
 	q := `SELECT id, message_id, destination, aggregate_type, aggregate_id, event_type, source_table, traceparent, headers,
-		envelope, error, attempts, first_failed_at, last_failed_at, created_at, replayed_at
+		envelope, error, attempts, first_failed_at, last_failed_at, created_at, replayed_at,
+		body, coalesce(content_type, ''), attributes
 		FROM outboxrelay.dead_letters WHERE slot = $1 AND ($2 = 0 OR id = $2) AND ($3 OR replayed_at IS NULL) ORDER BY id`
 	rows, err := s.DB.Query(ctx, q, s.Slot, f.ID, f.IncludeReplayed)
 	if err != nil {
@@ -111,10 +135,12 @@ func (s *Store) List(ctx context.Context, f Filter) ([]Letter, error) {
 	}
 	letters, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Letter, error) {
 		var l Letter
-		var headers []byte
+		var headers, attrs []byte
 		err := row.Scan(&l.ID, &l.MessageID, &l.Destination, &l.AggregateType, &l.AggregateID, &l.EventType, &l.Table,
-			&l.Traceparent, &headers, &l.Envelope, &l.Error, &l.Attempts, &l.FirstFailedAt, &l.LastFailedAt, &l.CreatedAt, &l.ReplayedAt)
+			&l.Traceparent, &headers, &l.Envelope, &l.Error, &l.Attempts, &l.FirstFailedAt, &l.LastFailedAt, &l.CreatedAt, &l.ReplayedAt,
+			&l.Body, &l.ContentType, &attrs)
 		l.Headers = headers
+		l.Attributes = attrs
 		return l, err
 	})
 	if err != nil {
@@ -129,10 +155,20 @@ func (l *Letter) Message() (*relay.Message, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dead letter %d: %w", l.ID, err)
 	}
+	body := l.Body
+	if body == nil { // stored before the body column existed
+		body = []byte(l.Envelope)
+	}
+	var attrs []envelope.Header
+	if len(l.Attributes) > 0 {
+		if attrs, err = envelope.ParseHeaders(l.Attributes); err != nil {
+			return nil, fmt.Errorf("dead letter %d attributes: %w", l.ID, err)
+		}
+	}
 	return &relay.Message{
 		ID: l.MessageID, AggregateType: l.AggregateType, AggregateID: l.AggregateID, EventType: l.EventType,
-		Table: l.Table, Traceparent: l.Traceparent, Headers: headers, Envelope: []byte(l.Envelope),
-		CommitTime: l.CreatedAt,
+		Table: l.Table, Traceparent: l.Traceparent, Headers: headers, Envelope: body,
+		ContentType: l.ContentType, Attributes: attrs, CommitTime: l.CreatedAt,
 	}, nil
 }
 
