@@ -155,8 +155,9 @@ type pending struct {
 // done receives nil once every in-sync replica has the record, a
 // relay.Permanent error when the topic is not a legal Kafka topic name
 // (nothing is produced) or the broker rejects the record for good (see
-// produceError), and a retryable error otherwise: ctx cancelled before the
-// record was sent, or the sink closed. Publish blocks while
+// produceError), and a retryable error otherwise: ctx cancelled before
+// Publish handed the record over, or the sink closed. Once handed over, the
+// record no longer depends on ctx. Publish blocks while
 // Config.MaxBufferedRecords records are unacknowledged, until one is or ctx
 // is cancelled. Records with the same AggregateID are sent in the order of
 // the Publish calls.
@@ -181,7 +182,10 @@ func (s *Sink) Publish(ctx context.Context, m *relay.Message, done func(*relay.M
 	s.inflight.Add(1)
 	s.mu.RUnlock()
 
-	p := &pending{Context: ctx, m: m, done: done, topic: t.state}
+	// The record outlives the call: franz-go fails a buffered record whose
+	// context ends, and a relay shutting down (ctx cancelled) still wants
+	// what it handed over to be acknowledged while it drains. Close ends it.
+	p := &pending{Context: context.WithoutCancel(ctx), m: m, done: done, topic: t.state}
 	if t.state != nil {
 		p.purges = t.state.purges.Load()
 	}
