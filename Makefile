@@ -20,7 +20,7 @@ test-short:
 	$(GO) test -short -count=1 ./...
 
 bench:
-	$(GO) test -run='^$$' -bench=. -benchmem ./envelope ./cdc
+	$(GO) run ./cmd/outboxrelay-bench $(BENCHFLAGS)
 
 demo:
 	$(GO) run ./cmd/outboxrelay-demo

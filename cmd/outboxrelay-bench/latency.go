@@ -1,0 +1,364 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"net/http"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// latencyResult is the live run: rows inserted one per transaction at a
+// fixed rate with synchronous_commit on, relayed into kfake.
+type latencyResult struct {
+	What       string  `json:"what"`
+	Rate       int     `json:"target_rows_per_sec"`
+	Achieved   float64 `json:"achieved_rows_per_sec"`
+	Inserted   int     `json:"inserted"`
+	Received   int     `json:"received"`
+	Duplicates int     `json:"duplicates"`
+	// Commit to receipt by a consumer, in milliseconds: an upper bound of
+	// commit to ack.
+	P50  float64 `json:"p50_ms"`
+	P99  float64 `json:"p99_ms"`
+	P999 float64 `json:"p999_ms"`
+	Max  float64 `json:"max_ms"`
+	// The relay's own view, from its end_to_end_latency_seconds histogram
+	// (commit to the broker's ack, as the relay sees it): the upper bounds
+	// of the buckets that hold the median and the 99th percentile, in
+	// milliseconds, and the cumulative counts per bucket.
+	RelayP50Le      float64            `json:"relay_histogram_p50_le_ms"`
+	RelayP99Le      float64            `json:"relay_histogram_p99_le_ms"`
+	RelayBuckets    map[string]float64 `json:"relay_histogram_buckets,omitempty"`
+	RelayCPUSeconds float64            `json:"relay_cpu_seconds"`
+	// Slow lists, for rows over 20 ms, when they committed (seconds into
+	// the run) and their latency, merged into windows; OthersBusy is the
+	// machine's CPU share used by everything but the relay, PostgreSQL and
+	// this process during the run.
+	Slow       []slowWindow `json:"slow,omitempty"`
+	OthersBusy float64      `json:"others_busy_share"`
+	PeakRSSMB  float64      `json:"peak_rss_mb"`
+}
+
+// slowWindow is a stretch of rows that took over 20 ms.
+type slowWindow struct {
+	From, To float64 // seconds into the run, by commit time
+	Rows     int
+	MaxMS    float64 `json:"max_ms"`
+}
+
+type envelopeTimes struct {
+	MessageID string `json:"message_id"`
+	Source    struct {
+		CommittedAt string `json:"committed_at"`
+	} `json:"source"`
+}
+
+// runLatency inserts rate rows/s for d and measures, for every row, the time
+// from its commit (the envelope's source.committed_at, PostgreSQL's clock)
+// to the moment a franz-go consumer in this process receives it (the same
+// clock). kfake makes a record readable as soon as it appends it, just
+// before it answers the produce request, so this is commit to ack plus
+// the consumer's fetch turnaround.
+func runLatency(ctx context.Context, env *benchEnv, rate int, d time.Duration) (*latencyResult, error) {
+	db := "bench_latency"
+	url, err := env.prepareDatabase(ctx, db)
+	if err != nil {
+		return nil, err
+	}
+	defer env.dropDatabase(db)
+	kf, err := newKafka()
+	if err != nil {
+		return nil, err
+	}
+	defer kf.Close()
+	broker := kf.ListenAddrs()[0]
+
+	const slot = "latency_relay"
+	if err := createSlots(ctx, url, []string{slot}); err != nil {
+		return nil, err
+	}
+	listen, err := freeAddr()
+	if err != nil {
+		return nil, err
+	}
+	p, err := startRelay(env, "relay-latency", kafkaConfig(url, broker, listen), slot)
+	if err != nil {
+		return nil, err
+	}
+	defer p.stop() //nolint:errcheck // reported by the measurement below when it matters
+	if err := waitActive(ctx, url, slot, p); err != nil {
+		return nil, err
+	}
+
+	cl, err := kgo.NewClient(kgo.SeedBrokers(broker), kgo.ConsumeTopics(topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(time.Second))
+	if err != nil {
+		return nil, err
+	}
+	defer cl.Close()
+	type sample struct{ recv, committed time.Time }
+	var (
+		mu      sync.Mutex
+		samples = map[string]sample{}
+		dups    int
+		bad     error
+	)
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for cctx.Err() == nil {
+			fs := cl.PollFetches(cctx)
+			now := time.Now()
+			fs.EachRecord(func(r *kgo.Record) {
+				var e envelopeTimes
+				if err := json.Unmarshal(r.Value, &e); err != nil {
+					mu.Lock()
+					bad = fmt.Errorf("record is not an envelope: %w", err)
+					mu.Unlock()
+					return
+				}
+				t, err := time.Parse("2006-01-02T15:04:05.000000Z", e.Source.CommittedAt)
+				if err != nil {
+					mu.Lock()
+					bad = fmt.Errorf("committed_at %q: %w", e.Source.CommittedAt, err)
+					mu.Unlock()
+					return
+				}
+				mu.Lock()
+				if _, ok := samples[e.MessageID]; ok {
+					dups++
+				} else {
+					samples[e.MessageID] = sample{recv: now, committed: t}
+				}
+				mu.Unlock()
+			})
+		}
+	})
+
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if _, err := conn.Exec(ctx, "SET synchronous_commit = on"); err != nil {
+		return nil, err
+	}
+	gen := newRowGen(1024)
+	n := int(d.Seconds() * float64(rate))
+	interval := time.Second / time.Duration(rate)
+	cpu0 := readProc(p.cmd.Process.Pid).cpu
+	busy0, self0, pg0 := machineBusy(), selfCPU(), postgresCPU(env.pg.DataDir())
+	start := time.Now()
+	var params [][]byte
+	for i := range n {
+		// A fixed schedule: a slow insert is caught up at once rather than
+		// shifting every later one.
+		if wait := time.Until(start.Add(time.Duration(i) * interval)); wait > 0 {
+			time.Sleep(wait)
+		}
+		params = gen.next(params[:0])
+		if _, err := conn.Exec(ctx, "INSERT INTO public.outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ($1, $2, $3, $4)",
+			string(params[0]), string(params[1]), string(params[2]), string(params[3])); err != nil {
+			return nil, fmt.Errorf("insert: %w", err)
+		}
+	}
+	elapsed := time.Since(start)
+
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		mu.Lock()
+		got := len(samples)
+		mu.Unlock()
+		if got >= n || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	rs := readProc(p.cmd.Process.Pid)
+	others := machineBusy() - busy0 - (selfCPU() - self0) - (rs.cpu - cpu0) - (postgresCPU(env.pg.DataDir()) - pg0)
+	wall := time.Since(start)
+	cancel()
+	wg.Wait()
+	buckets, histErr := scrapeLatency(ctx, listen)
+
+	mu.Lock()
+	defer mu.Unlock()
+	if bad != nil {
+		return nil, bad
+	}
+	res := &latencyResult{
+		What:     "commit (envelope source.committed_at) to receipt by a franz-go consumer of kfake; 1 KB rows, 1 row/txn, synchronous_commit=on (the server runs fsync=off)",
+		Rate:     rate,
+		Achieved: float64(n) / elapsed.Seconds(),
+		Inserted: n, Received: len(samples), Duplicates: dups,
+		RelayCPUSeconds: (rs.cpu - cpu0).Seconds(), PeakRSSMB: float64(rs.hwmKiB) / 1024,
+	}
+	res.OthersBusy = max(others.Seconds(), 0) / (wall.Seconds() * float64(runtime.NumCPU()))
+	var recv []float64
+	type slow struct{ at, ms float64 }
+	var slows []slow
+	for _, s := range samples {
+		l := ms(s.recv.Sub(s.committed))
+		recv = append(recv, l)
+		if l > 20 {
+			slows = append(slows, slow{s.committed.Sub(start).Seconds(), l})
+		}
+	}
+	slices.SortFunc(slows, func(a, b slow) int { return cmpFloat(a.at, b.at) })
+	for _, x := range slows {
+		if n := len(res.Slow); n > 0 && x.at-res.Slow[n-1].To < 0.1 {
+			w := &res.Slow[n-1]
+			w.To, w.Rows, w.MaxMS = x.at, w.Rows+1, max(w.MaxMS, x.ms)
+			continue
+		}
+		res.Slow = append(res.Slow, slowWindow{From: x.at, To: x.at, Rows: 1, MaxMS: x.ms})
+	}
+	res.P50, res.P99, res.P999, res.Max = quantile(recv, 0.5), quantile(recv, 0.99), quantile(recv, 0.999), quantile(recv, 1)
+	if histErr == nil {
+		res.RelayBuckets = map[string]float64{}
+		for _, b := range buckets {
+			res.RelayBuckets[strconv.FormatFloat(b.le*1000, 'g', -1, 64)+"ms"] = b.count
+		}
+		res.RelayP50Le, res.RelayP99Le = bucketQuantile(buckets, 0.5), bucketQuantile(buckets, 0.99)
+	}
+	if res.Received < n {
+		return res, fmt.Errorf("only %d of %d rows arrived within 30s of the last insert (relay log %s)", res.Received, n, p.log)
+	}
+	return res, nil
+}
+
+type bucket struct{ le, count float64 }
+
+func getMetrics(ctx context.Context, listen string) (string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+listen+"/metrics", nil)
+	if err != nil {
+		return "", err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	return string(body), err
+}
+
+// scrapeMetrics reads unlabelled samples from the relay's /metrics.
+func scrapeMetrics(ctx context.Context, listen string, names ...string) (map[string]float64, error) {
+	body, err := getMetrics(ctx, listen)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]float64{}
+	for line := range strings.SplitSeq(body, "\n") {
+		name, value, ok := strings.Cut(line, " ")
+		if !ok || !slices.Contains(names, name) {
+			continue
+		}
+		if v, err := strconv.ParseFloat(strings.TrimSpace(value), 64); err == nil {
+			out[name] = v
+		}
+	}
+	return out, nil
+}
+
+// scrapeLatency reads the relay's commit-to-ack histogram from /metrics.
+func scrapeLatency(ctx context.Context, listen string) ([]bucket, error) {
+	body, err := getMetrics(ctx, listen)
+	if err != nil {
+		return nil, err
+	}
+	const name = "outboxrelay_end_to_end_latency_seconds_bucket{le=\""
+	var out []bucket
+	for line := range strings.SplitSeq(body, "\n") {
+		rest, ok := strings.CutPrefix(line, name)
+		if !ok {
+			continue
+		}
+		le, count, ok := strings.Cut(rest, "\"} ")
+		if !ok {
+			continue
+		}
+		l, err1 := strconv.ParseFloat(le, 64)
+		c, err2 := strconv.ParseFloat(strings.TrimSpace(count), 64)
+		if err1 == nil && err2 == nil {
+			out = append(out, bucket{le: l, count: c})
+		}
+	}
+	if len(out) == 0 {
+		return nil, errors.New("no end_to_end_latency_seconds histogram in /metrics")
+	}
+	return out, nil
+}
+
+// bucketQuantile returns the upper bound, in milliseconds, of the bucket
+// holding the q-quantile.
+func bucketQuantile(bs []bucket, q float64) float64 {
+	total := bs[len(bs)-1].count
+	for _, b := range bs {
+		if b.count >= q*total {
+			return b.le * 1000
+		}
+	}
+	return math.Inf(1)
+}
+
+func freeAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// quantile returns the q-quantile of v (nearest rank); it sorts v.
+func quantile(v []float64, q float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	slices.Sort(v)
+	i := int(q*float64(len(v))+0.5) - 1
+	return v[min(max(i, 0), len(v)-1)]
+}
+
+// waitActive waits until the relay streams from slot.
+func waitActive(ctx context.Context, url, slot string, p *relayProc) error {
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		var active bool
+		if err := conn.QueryRow(ctx, "SELECT active FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&active); err != nil {
+			return err
+		}
+		if active {
+			return nil
+		}
+		select {
+		case <-p.done:
+			return fmt.Errorf("relay exited: %v (log %s)", p.err, p.log)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	return fmt.Errorf("relay did not start streaming within 30s (log %s)", p.log)
+}

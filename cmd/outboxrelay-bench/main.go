@@ -1,0 +1,921 @@
+// Command outboxrelay-bench measures the relay against the physical
+// ceiling of its two ends, on this machine, and writes the results as JSON
+// so that runs can be compared.
+//
+// It starts a throwaway PostgreSQL (integration/pgserver), an in-process
+// Kafka broker (kfake, reached over TCP) and uses RabbitMQ on
+// 127.0.0.1:5672 when it answers. For each workload it creates one pgoutput
+// slot per consumer, loads the backlog once and lets every consumer drain
+// the same WAL:
+//
+//	pg_recvlogical   the decoding ceiling: walsender and a C client, output to /dev/null
+//	pglogrepl        a bare Go loop that receives and discards
+//	relay->kafka     the relay binary (a subprocess) into kfake
+//	relay->rabbitmq  the same into RabbitMQ, a durable queue bound with "#"
+//	amqp091          a bare publisher, 1,000 confirms outstanding, same count and size
+//
+// A relay run is timed to the moment the broker holds every row, and also
+// to the moment the slot's confirmed_flush_lsn passes the backlog, which
+// adds the relay's checkpoint cadence. CPU seconds and peak RSS are those of
+// the relay binary, read from /proc. The PostgreSQL-side consumers repeat,
+// interleaved, and the table shows medians; every run is in the JSON.
+//
+// Then it measures commit-to-consumer latency in a live run at a fixed rate
+// with synchronous_commit on, and runs the Go micro-benchmarks of cdc and
+// envelope (go test -bench).
+//
+// Usage (make bench runs it; make bench BENCHFLAGS=-quick for a short run):
+//
+//	go run ./cmd/outboxrelay-bench [-quick] [-rows N] [-bigtx-rows N] [-count N]
+//	    [-profile WORKLOAD] [-relay-env KEY=VALUE,...] [-out FILE]
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxrelay/outboxrelay/integration/pgserver"
+)
+
+// Consumer names, as the table shows them.
+const (
+	cRecvlogical = "pg_recvlogical"
+	cPglogrepl   = "pglogrepl (bare)"
+	cRelayKafka  = "relay->kafka"
+	cRelayRabbit = "relay->rabbitmq"
+	cBareAMQP    = "amqp091 (bare)"
+)
+
+type options struct {
+	rows, bigTxRows int
+	quick           bool
+	only            string
+	amqpURL         string
+	out             string
+	latencyRate     int
+	latencyFor      time.Duration
+	profile         string
+	relayEnv        string
+	micro           bool
+	skipRabbit      bool
+	rabbitMaxRows   int
+	count           int
+	countMaxRows    int
+	quietWait       time.Duration
+	timeout         time.Duration
+}
+
+func main() {
+	var o options
+	flag.IntVar(&o.rows, "rows", 100_000, "rows per backlog workload (the 10 KB workload uses a tenth: the same payload bytes)")
+	flag.IntVar(&o.bigTxRows, "bigtx-rows", 1_000_000, "rows of the single-transaction workload")
+	flag.BoolVar(&o.quick, "quick", false, "fewer rows (20,000; 200,000 in one transaction) and a 5 s latency run")
+	flag.StringVar(&o.only, "only", "", "comma-separated workload names to run (default all)")
+	flag.StringVar(&o.amqpURL, "amqp-url", "amqp://guest:guest@127.0.0.1:5672/", "RabbitMQ; unreachable means the RabbitMQ rows are skipped")
+	flag.BoolVar(&o.skipRabbit, "skip-rabbitmq", false, "skip the RabbitMQ rows")
+	flag.IntVar(&o.rabbitMaxRows, "rabbitmq-max-rows", 100_000, "skip the RabbitMQ rows of workloads with more rows (the single big transaction, by default), to stay within 10 minutes")
+	flag.StringVar(&o.out, "out", "", "JSON results file (default .bench/results-<time>.json in the module)")
+	flag.IntVar(&o.latencyRate, "latency-rate", 1000, "rows/s of the live latency run (0 skips it)")
+	flag.DurationVar(&o.latencyFor, "latency-duration", 10*time.Second, "length of the live latency run")
+	flag.StringVar(&o.profile, "profile", "", "comma-separated workloads whose relay->kafka also runs once, unmeasured, under perf record; prints its top functions")
+	flag.StringVar(&o.relayEnv, "relay-env", "", "comma-separated KEY=VALUE added to the relay's environment (GOGC=400, OUTBOXRELAY_SINK_KAFKA_LINGER=1ms, ...), for experiments")
+	flag.DurationVar(&o.quietWait, "quiet-wait", 3*time.Second, "before each run, wait up to this long for the rest of the machine to use under 1/6 of its CPU")
+	flag.IntVar(&o.count, "count", 5, "repetitions of the PostgreSQL-side consumers; the table shows the median")
+	flag.IntVar(&o.countMaxRows, "count-max-rows", 200_000, "workloads with more rows run at most twice (the table then shows the faster run)")
+	flag.DurationVar(&o.timeout, "timeout", 30*time.Minute, "give up after this long")
+	flag.BoolVar(&o.micro, "micro", true, "run the cdc and envelope micro-benchmarks (go test -bench)")
+	flag.Parse()
+	if o.quick {
+		o.rows, o.bigTxRows, o.latencyFor = 20_000, 200_000, 5*time.Second
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	ctx, cancel := context.WithTimeout(ctx, o.timeout)
+	defer cancel()
+	if err := run(ctx, o); err != nil {
+		fmt.Fprintln(os.Stderr, "outboxrelay-bench:", err)
+		os.Exit(1)
+	}
+}
+
+// benchEnv is what every measurement shares.
+type benchEnv struct {
+	root        string // module root
+	workDir     string // relay configs and logs
+	relayBin    string
+	pg          *pgserver.Server
+	publication string
+	// relayExtraEnv is added to every relay's environment (-relay-env).
+	relayExtraEnv []string
+}
+
+// results is the JSON file.
+type results struct {
+	Started    time.Time         `json:"started"`
+	Seconds    float64           `json:"seconds"`
+	Commit     string            `json:"commit"`
+	Dirty      bool              `json:"dirty"`
+	GoVersion  string            `json:"go_version"`
+	PostgreSQL string            `json:"postgresql"`
+	CPUs       int               `json:"cpus"`
+	LoadAvg    float64           `json:"loadavg_1m_at_start"`
+	Options    map[string]string `json:"options"`
+	Workloads  []workloadResult  `json:"workloads"`
+	Latency    *latencyResult    `json:"latency,omitempty"`
+	Micro      []string          `json:"micro_benchmarks,omitempty"`
+	Targets    []string          `json:"targets,omitempty"`
+	Notes      []string          `json:"notes,omitempty"`
+}
+
+type workloadResult struct {
+	workload
+	LoadSeconds float64 `json:"load_seconds"`
+	WALBytes    int64   `json:"wal_bytes"`
+	// Summary has one row per consumer: the run with the median rate.
+	Summary []measurement `json:"summary"`
+	// Runs are all runs, in the order they ran (repetitions interleaved).
+	Runs  []measurement `json:"runs"`
+	Notes []string      `json:"notes,omitempty"`
+}
+
+// measurement is one consumer draining one workload's backlog.
+type measurement struct {
+	Consumer string `json:"consumer"`
+	Rep      int    `json:"rep,omitempty"`
+	// Seconds runs from the start of the walsender that served the
+	// consumer to the consumer being done; StartupSeconds is the time
+	// before it, from launching the consumer (the relay connects to
+	// PostgreSQL and the broker first).
+	Seconds        float64 `json:"seconds"`
+	StartupSeconds float64 `json:"startup_seconds"`
+	// AllocKBPerRow and GCs come from the relay's /metrics at the end of
+	// the run (go_memstats_alloc_bytes_total, go_gc_duration_seconds_count).
+	AllocKBPerRow float64 `json:"relay_alloc_kb_per_row,omitempty"`
+	GCs           int     `json:"relay_gcs,omitempty"`
+	// ConfirmLagSeconds is, for the relay, the time from the broker holding
+	// every row to the slot's confirmed_flush_lsn passing the backlog.
+	ConfirmLagSeconds float64 `json:"confirm_lag_seconds,omitempty"`
+	RowsPerSec        float64 `json:"rows_per_sec"`
+	MBPerSec          float64 `json:"payload_mb_per_sec"`
+	// Min and max of RowsPerSec over the repetitions (summary rows only).
+	RowsPerSecMin float64 `json:"rows_per_sec_min,omitempty"`
+	RowsPerSecMax float64 `json:"rows_per_sec_max,omitempty"`
+	Reps          int     `json:"reps,omitempty"`
+	// CPUPer100k is the consumer process's CPU seconds per 100,000 rows;
+	// for the bare Go consumers it is this process's.
+	CPUPer100k float64 `json:"cpu_s_per_100k"`
+	// WalsenderCPUPer100k is the CPU of the PostgreSQL walsender that
+	// decoded for the consumer.
+	WalsenderCPUPer100k float64 `json:"walsender_cpu_s_per_100k,omitempty"`
+	// BrokerCPUPer100k is the broker's CPU: for relay->kafka this
+	// process's (kfake), for the RabbitMQ rows the RabbitMQ server's.
+	BrokerCPUPer100k float64 `json:"broker_cpu_s_per_100k,omitempty"`
+	// OthersBusy is the share of the machine's CPU used by everything else
+	// (PostgreSQL's other processes, RabbitMQ, other users) during the run.
+	OthersBusy float64 `json:"others_busy_share"`
+	PeakRSSMB  float64 `json:"peak_rss_mb,omitempty"`
+	Ratio      float64 `json:"ratio,omitempty"`
+	RatioOf    string  `json:"ratio_of,omitempty"`
+	Delivered  int64   `json:"delivered,omitempty"`
+	Note       string  `json:"note,omitempty"`
+
+	launched, streamed, done, confirmed              time.Time
+	consumerCPU, walsenderCPU, benchCPU, machineBusy time.Duration
+	brokerCPU                                        time.Duration // RabbitMQ
+	allocBytes                                       float64
+	inProcess                                        bool
+}
+
+func run(ctx context.Context, o options) error {
+	res := &results{Started: time.Now(), GoVersion: runtime.Version(), CPUs: runtime.NumCPU(), LoadAvg: loadAvg()}
+	root, err := moduleRoot()
+	if err != nil {
+		return err
+	}
+	res.Commit, res.Dirty = gitState(root)
+	res.Options = map[string]string{
+		"rows": fmt.Sprint(o.rows), "bigtx_rows": fmt.Sprint(o.bigTxRows), "quick": fmt.Sprint(o.quick),
+		"latency_rate": fmt.Sprint(o.latencyRate), "latency_duration": o.latencyFor.String(),
+		"count": fmt.Sprint(o.count), "relay_env": o.relayEnv,
+	}
+
+	if o.micro {
+		fmt.Println("== micro-benchmarks: go test -run='^$' -bench=. -benchmem ./cdc ./envelope")
+		lines, err := microBenchmarks(ctx, root)
+		res.Micro = lines
+		if err != nil {
+			res.Notes = append(res.Notes, "micro-benchmarks failed: "+err.Error())
+			fmt.Fprintln(os.Stderr, "micro-benchmarks:", err)
+		}
+	}
+
+	workDir, err := os.MkdirTemp("", "outboxrelay-bench-")
+	if err != nil {
+		return err
+	}
+	env := &benchEnv{root: root, workDir: workDir, publication: "outboxrelay", relayBin: filepath.Join(workDir, "outboxrelay")}
+	for kv := range strings.SplitSeq(o.relayEnv, ",") {
+		if kv = strings.TrimSpace(kv); kv != "" {
+			env.relayExtraEnv = append(env.relayExtraEnv, kv)
+		}
+	}
+	fmt.Println("== building the relay")
+	build := exec.CommandContext(ctx, "go", "build", "-o", env.relayBin, "./cmd/outboxrelay")
+	build.Dir, build.Stdout, build.Stderr = root, os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		return fmt.Errorf("build relay: %w", err)
+	}
+
+	fmt.Println("== starting PostgreSQL")
+	env.pg, err = pgserver.Start(ctx, pgserver.Options{Settings: map[string]string{
+		"max_wal_size":          "16GB",
+		"checkpoint_timeout":    "1h",
+		"shared_buffers":        "512MB",
+		"wal_buffers":           "64MB",
+		"max_wal_senders":       "20",
+		"max_replication_slots": "20",
+		// The tables are insert-only; autovacuum would only add noise.
+		"autovacuum": "off",
+	}})
+	if err != nil {
+		return fmt.Errorf("start PostgreSQL: %w", err)
+	}
+	defer env.pg.Stop()
+	res.PostgreSQL = serverVersion(ctx, env.pg.URL("postgres"))
+
+	var rb *rabbit
+	if !o.skipRabbit {
+		rb, err = openRabbit(o.amqpURL, fmt.Sprintf("outboxrelay-bench-%d", os.Getpid()))
+		if err != nil {
+			note := fmt.Sprintf("RabbitMQ rows skipped: %s is unreachable (%v)", redact(o.amqpURL), err)
+			res.Notes = append(res.Notes, note)
+			fmt.Println("!!", note)
+			rb = nil
+		} else {
+			defer rb.close()
+		}
+	}
+
+	for _, w := range workloads(o) {
+		if o.only != "" && !slices.Contains(strings.Split(o.only, ","), w.Name) {
+			continue
+		}
+		wr, err := runWorkload(ctx, env, w, o, rb, slices.Contains(strings.Split(o.profile, ","), w.Name))
+		if err != nil {
+			if ctx.Err() != nil {
+				return err
+			}
+			note := fmt.Sprintf("workload %s failed: %v", w.Name, err)
+			fmt.Println("!!", note)
+			res.Notes = append(res.Notes, note)
+		}
+		if wr != nil {
+			res.Workloads = append(res.Workloads, *wr)
+		}
+	}
+
+	if o.latencyRate > 0 {
+		waitQuiet(o.quietWait, runtime.NumCPU())
+		fmt.Printf("== latency: %d rows/s for %s, synchronous_commit=on, into kfake\n", o.latencyRate, o.latencyFor)
+		lat, err := runLatency(ctx, env, o.latencyRate, o.latencyFor)
+		if err != nil {
+			res.Notes = append(res.Notes, "latency run: "+err.Error())
+			fmt.Fprintln(os.Stderr, "latency run:", err)
+		}
+		res.Latency = lat
+	}
+	res.Seconds = time.Since(res.Started).Seconds()
+	res.Targets = targets(res)
+
+	printReport(os.Stdout, res)
+	path := o.out
+	if path == "" {
+		path = filepath.Join(root, ".bench", "results-"+res.Started.Format("20060102-150405")+".json")
+	}
+	if err := writeJSON(path, res); err != nil {
+		return err
+	}
+	fmt.Println("results written to", path)
+	_ = os.RemoveAll(workDir)
+	return nil
+}
+
+func workloads(o options) []workload {
+	return []workload{
+		{Name: "1kb-x100", Rows: o.rows, Payload: 1024, RowsPerTxn: 100, Headline: true},
+		{Name: "1kb-x1", Rows: o.rows, Payload: 1024, RowsPerTxn: 1},
+		{Name: "200b-x100", Rows: o.rows, Payload: 200, RowsPerTxn: 100},
+		{Name: "10kb-toast-x10", Rows: max(o.rows/10, 1), Payload: 10 * 1024, RowsPerTxn: 10, Toast: true},
+		{Name: "200b-1tx", Rows: o.bigTxRows, Payload: 200, RowsPerTxn: o.bigTxRows},
+	}
+}
+
+// runWorkload loads one backlog and lets every consumer drain it. The
+// PostgreSQL-side consumers run reps times, interleaved, each on its own
+// slot, so that a burst of load from elsewhere on the machine hits one
+// repetition rather than one consumer.
+func runWorkload(ctx context.Context, env *benchEnv, w workload, o options, rb *rabbit, profile bool) (*workloadResult, error) {
+	db := "bench_" + strings.NewReplacer("-", "_").Replace(w.Name)
+	reps := o.count
+	if w.Rows > o.countMaxRows {
+		reps = min(reps, 2)
+	}
+	fmt.Printf("== %s: %d rows of %d B, %d rows/txn%s; %d repetition(s)\n", w.Name, w.Rows, w.Payload, w.RowsPerTxn,
+		map[bool]string{true: ", payload TOASTed", false: ""}[w.Toast], reps)
+	url, err := env.prepareDatabase(ctx, db)
+	if err != nil {
+		return nil, err
+	}
+	defer env.dropDatabase(db)
+
+	withRabbit := rb != nil && w.Rows <= o.rabbitMaxRows
+	var slots []string
+	for r := 1; r <= reps; r++ {
+		slots = append(slots, slotName("recvlogical", r), slotName("pglogrepl", r), slotName("relay_kafka", r))
+	}
+	if withRabbit {
+		slots = append(slots, slotName("relay_rabbitmq", 1), slotName("relay_rabbitmq", 2))
+	}
+	if profile {
+		slots = append(slots, "relay_kafka_profile")
+		if withRabbit {
+			slots = append(slots, "relay_rabbitmq_profile")
+		}
+	}
+	if err := createSlots(ctx, url, slots); err != nil {
+		return nil, err
+	}
+	start0, err := currentLSN(ctx, url)
+	if err != nil {
+		return nil, err
+	}
+	t0 := time.Now()
+	end, err := load(ctx, url, w)
+	if err != nil {
+		return nil, fmt.Errorf("load: %w", err)
+	}
+	wr := &workloadResult{workload: w, LoadSeconds: time.Since(t0).Seconds(), WALBytes: int64(end - start0)}
+	fmt.Printf("   loaded in %.1fs, %.0f MB of WAL\n", wr.LoadSeconds, float64(wr.WALBytes)/1e6)
+
+	// add records a run and returns its index; a consumer that fails is
+	// reported and the others still run.
+	add := func(m measurement, err error, name string, rep int) int {
+		if err != nil {
+			fmt.Printf("   %-18s FAILED: %v\n", name, err)
+			wr.Runs = append(wr.Runs, measurement{Consumer: name, Rep: rep, Note: "FAILED: " + err.Error()})
+			return -1
+		}
+		m.Consumer, m.Rep = name, rep
+		m.finish(w)
+		fmt.Printf("   %-18s %6.2fs (start %.2fs, confirm +%.2fs) %8.0f rows/s  cpu %.2f  walsender %.2f  broker %.2f s/100k  rss %3.0f MB  others %2.0f%%%s\n",
+			name, m.Seconds, m.StartupSeconds, m.ConfirmLagSeconds, m.RowsPerSec, m.CPUPer100k, m.WalsenderCPUPer100k, m.BrokerCPUPer100k, m.PeakRSSMB, 100*m.OthersBusy, m.gcNote())
+		wr.Runs = append(wr.Runs, m)
+		return len(wr.Runs) - 1
+	}
+
+	quiet := func() { waitQuiet(o.quietWait, runtime.NumCPU()) }
+	for r := 1; r <= reps; r++ {
+		quiet()
+		m, err := runRecvlogical(ctx, env, db, slotName("recvlogical", r), end)
+		add(m, err, cRecvlogical, r)
+		quiet()
+		m, err = runBareReplication(ctx, env, db, slotName("pglogrepl", r), end)
+		add(m, err, cPglogrepl, r)
+		quiet()
+		m, err = runRelayKafka(ctx, env, w, url, db, slotName("relay_kafka", r), end, "")
+		if i := add(m, err, cRelayKafka, r); i >= 0 {
+			wr.Runs[i].checkDelivered(w.Rows)
+		}
+	}
+
+	if profile {
+		if err := profileRelay(ctx, env, w, url, db, end); err != nil {
+			fmt.Fprintln(os.Stderr, "profile:", err)
+		}
+	}
+
+	switch {
+	case rb == nil:
+	case !withRabbit:
+		wr.Notes = append(wr.Notes, fmt.Sprintf("RabbitMQ rows skipped: %d rows is over -rabbitmq-max-rows %d", w.Rows, o.rabbitMaxRows))
+	default:
+		// RabbitMQ on this machine is shared: when it is restarted under
+		// a run, the run is repeated once (on a spare slot) after the
+		// broker answers again.
+		var body int
+		for attempt := 1; attempt <= 2; attempt++ {
+			quiet()
+			m, n, err := runRelayRabbit(ctx, env, w, rb, url, db, slotName("relay_rabbitmq", attempt), end, "")
+			if err != nil && attempt == 1 && rb.waitUp(ctx, time.Minute) {
+				fmt.Printf("   %-18s failed (%v); RabbitMQ answers again, repeating\n", cRelayRabbit, err)
+				continue
+			}
+			body = n
+			if i := add(m, err, cRelayRabbit, 0); i >= 0 {
+				wr.Runs[i].checkDelivered(w.Rows)
+			}
+			break
+		}
+		if body == 0 {
+			body = w.Payload + 512 // about an envelope's overhead
+		}
+		if profile {
+			if err := profileRelayRabbit(ctx, env, w, rb, url, db, end); err != nil {
+				fmt.Fprintln(os.Stderr, "profile:", err)
+			}
+		}
+		for attempt := 1; attempt <= 2; attempt++ {
+			quiet()
+			m, err := runBareAMQP(ctx, rb, w.Rows, body)
+			if err != nil && attempt == 1 && rb.waitUp(ctx, time.Minute) {
+				fmt.Printf("   %-18s failed (%v); RabbitMQ answers again, repeating\n", cBareAMQP, err)
+				continue
+			}
+			if i := add(m, err, cBareAMQP, 0); i >= 0 {
+				wr.Runs[i].checkDelivered(w.Rows)
+			}
+			break
+		}
+	}
+	wr.summarize()
+	return wr, nil
+}
+
+// runRelayRabbit runs the relay into the benchmark's queue and returns the
+// size of the envelopes it published.
+func runRelayRabbit(ctx context.Context, env *benchEnv, w workload, rb *rabbit, url, db, slot string, end pglogrepl.LSN, profile string) (measurement, int, error) {
+	if err := rb.purge(); err != nil {
+		return measurement{}, 0, err
+	}
+	defer rb.purge() //nolint:errcheck // the next run purges first too
+	qd, err := rb.depth()
+	if err != nil {
+		return measurement{}, 0, err
+	}
+	b0 := rb.serverCPU()
+	m, err := runRelay(ctx, env, "relay-rabbitmq-"+w.Name, func(listen string) string { return rabbitConfig(url, rb.url, listen) }, db, slot, end, w.Rows, qd.count, 50*time.Millisecond, profile)
+	m.brokerCPU = rb.serverCPU() - b0
+	qd.close()
+	if err != nil {
+		return m, 0, err
+	}
+	n, body, err := rb.settle(ctx, w.Rows)
+	m.Delivered = int64(n)
+	return m, body, err
+}
+
+// runBareAMQP publishes rows messages of body bytes with the bare publisher.
+func runBareAMQP(ctx context.Context, rb *rabbit, rows, body int) (measurement, error) {
+	if err := rb.purge(); err != nil {
+		return measurement{}, err
+	}
+	defer rb.purge() //nolint:errcheck // the next run purges first too
+	busy0, cpu0, b0 := machineBusy(), selfCPU(), rb.serverCPU()
+	m := measurement{launched: time.Now(), inProcess: true, Note: fmt.Sprintf("%d B bodies, the size of the relay's envelopes", body)}
+	err := bareAMQP(ctx, rb.url, rows, body)
+	m.done, m.consumerCPU, m.machineBusy, m.brokerCPU = time.Now(), selfCPU()-cpu0, machineBusy()-busy0, rb.serverCPU()-b0
+	if err != nil {
+		return m, err
+	}
+	n, _, err := rb.settle(ctx, rows)
+	m.Delivered = int64(n)
+	return m, err
+}
+
+// runRelayKafka runs the relay into a fresh kfake broker.
+func runRelayKafka(ctx context.Context, env *benchEnv, w workload, url, db, slot string, end pglogrepl.LSN, profile string) (measurement, error) {
+	kf, err := newKafka()
+	if err != nil {
+		return measurement{}, err
+	}
+	defer kf.Close() // frees the records
+	broker := kf.ListenAddrs()[0]
+	rc, err := newRecordCounter(broker)
+	if err != nil {
+		return measurement{}, err
+	}
+	defer rc.close()
+	m, err := runRelay(ctx, env, "relay-kafka-"+w.Name, func(listen string) string { return kafkaConfig(url, broker, listen) }, db, slot, end, w.Rows, rc.count, 10*time.Millisecond, profile)
+	if err != nil {
+		return m, err
+	}
+	m.Delivered, err = rc.count(ctx)
+	return m, err
+}
+
+func slotName(consumer string, rep int) string { return fmt.Sprintf("%s_%d", consumer, rep) }
+
+// summarize picks each consumer's median run (of two, the faster) and
+// computes the ratios between medians.
+func (wr *workloadResult) summarize() {
+	var order []string
+	byConsumer := map[string][]measurement{}
+	for _, m := range wr.Runs {
+		if _, ok := byConsumer[m.Consumer]; !ok {
+			order = append(order, m.Consumer)
+		}
+		byConsumer[m.Consumer] = append(byConsumer[m.Consumer], m)
+	}
+	rate := map[string]float64{}
+	for _, c := range order {
+		runs := byConsumer[c]
+		var ok []measurement
+		for _, m := range runs {
+			if m.Seconds > 0 {
+				ok = append(ok, m)
+			}
+		}
+		if len(ok) == 0 {
+			wr.Summary = append(wr.Summary, runs[0])
+			continue
+		}
+		slices.SortFunc(ok, func(a, b measurement) int { return cmpFloat(a.RowsPerSec, b.RowsPerSec) })
+		med := ok[len(ok)/2]
+		med.Rep, med.Reps = 0, len(ok)
+		med.RowsPerSecMin, med.RowsPerSecMax = ok[0].RowsPerSec, ok[len(ok)-1].RowsPerSec
+		rate[c] = med.RowsPerSec
+		wr.Summary = append(wr.Summary, med)
+	}
+	for i := range wr.Summary {
+		m := &wr.Summary[i]
+		ref := ""
+		switch m.Consumer {
+		case cPglogrepl, cRelayKafka:
+			ref = cRecvlogical
+		case cRelayRabbit:
+			ref = cBareAMQP
+		}
+		if ref != "" && rate[ref] > 0 && m.RowsPerSec > 0 {
+			m.Ratio, m.RatioOf = m.RowsPerSec/rate[ref], ref
+		}
+	}
+}
+
+func cmpFloat(a, b float64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// finish derives the rates from the raw measurement.
+func (m *measurement) finish(w workload) {
+	start := m.streamed
+	if start.IsZero() || start.Before(m.launched) {
+		start = m.launched // no walsender (RabbitMQ), or too short to be seen
+	}
+	m.Seconds = m.done.Sub(start).Seconds()
+	m.StartupSeconds = start.Sub(m.launched).Seconds()
+	last := m.done
+	if !m.confirmed.IsZero() {
+		m.ConfirmLagSeconds = m.confirmed.Sub(m.done).Seconds()
+		last = m.confirmed
+	}
+	rows := float64(w.Rows)
+	m.AllocKBPerRow = m.allocBytes / rows / 1024
+	m.RowsPerSec = rows / m.Seconds
+	m.MBPerSec = w.payloadBytes() / 1e6 / m.Seconds
+	per := func(d time.Duration) float64 { return d.Seconds() / rows * 100_000 }
+	m.CPUPer100k = per(m.consumerCPU)
+	m.WalsenderCPUPer100k = per(m.walsenderCPU)
+	switch m.Consumer {
+	case cRelayKafka:
+		m.BrokerCPUPer100k = per(m.benchCPU)
+	case cRelayRabbit, cBareAMQP:
+		m.brokerCPU = max(m.brokerCPU, 0) // negative if the broker restarted
+		m.BrokerCPUPer100k = per(m.brokerCPU)
+	}
+	others := m.machineBusy - m.consumerCPU - m.walsenderCPU - m.benchCPU - m.brokerCPU
+	wall := last.Sub(m.launched).Seconds()
+	m.OthersBusy = max(others.Seconds(), 0) / (wall * float64(runtime.NumCPU()))
+}
+
+func (m *measurement) gcNote() string {
+	if m.GCs == 0 {
+		return ""
+	}
+	return fmt.Sprintf("  alloc %.1f KB/row, %d GCs", m.AllocKBPerRow, m.GCs)
+}
+
+func (m *measurement) checkDelivered(want int) {
+	switch {
+	case m.Delivered < int64(want):
+		m.Note = strings.TrimSpace(fmt.Sprintf("%s ONLY %d of %d rows delivered", m.Note, m.Delivered, want))
+	case m.Delivered > int64(want):
+		m.Note = strings.TrimSpace(fmt.Sprintf("%s %d records for %d rows (duplicates or other publishers)", m.Note, m.Delivered, want))
+	}
+}
+
+// profileRelay runs relay->kafka once more, unmeasured, under perf record,
+// and prints the functions that took the most CPU.
+func profileRelay(ctx context.Context, env *benchEnv, w workload, url, db string, end pglogrepl.LSN) error {
+	data, err := profilePath(env, "relay-kafka-"+w.Name)
+	if err != nil {
+		return err
+	}
+	if _, err := runRelayKafka(ctx, env, w, url, db, "relay_kafka_profile", end, data); err != nil {
+		return err
+	}
+	return perfReport(ctx, data)
+}
+
+// profileRelayRabbit does the same for relay->rabbitmq.
+func profileRelayRabbit(ctx context.Context, env *benchEnv, w workload, rb *rabbit, url, db string, end pglogrepl.LSN) error {
+	data, err := profilePath(env, "relay-rabbitmq-"+w.Name)
+	if err != nil {
+		return err
+	}
+	if _, _, err := runRelayRabbit(ctx, env, w, rb, url, db, "relay_rabbitmq_profile", end, data); err != nil {
+		return err
+	}
+	return perfReport(ctx, data)
+}
+
+func profilePath(env *benchEnv, name string) (string, error) {
+	dir := filepath.Join(env.root, ".bench")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	fmt.Printf("   profiling %s (an extra, unmeasured run under perf record)\n", name)
+	return filepath.Join(dir, "perf-"+name+".data"), nil
+}
+
+// perfReport prints the top functions of a perf recording, by self time and
+// by time including callees, and keeps both reports beside it.
+func perfReport(ctx context.Context, data string) error {
+	for _, mode := range []string{"--no-children", "--children"} {
+		out, err := exec.CommandContext(ctx, "perf", "report", "-i", data, "--stdio", mode, "-g", "none",
+			"--percent-limit", "1", "--sort", "symbol").Output()
+		if err != nil {
+			return fmt.Errorf("perf report: %w", err)
+		}
+		txt := strings.TrimSuffix(data, ".data") + map[string]string{"--no-children": ".self.txt", "--children": ".total.txt"}[mode]
+		if err := os.WriteFile(txt, out, 0o644); err != nil {
+			return err
+		}
+		fmt.Printf("   top functions (%s), full report in %s:\n", map[string]string{"--no-children": "self", "--children": "including callees"}[mode], txt)
+		n := 0
+		for line := range strings.SplitSeq(string(out), "\n") {
+			if strings.HasPrefix(line, "#") || strings.TrimSpace(line) == "" {
+				continue
+			}
+			fmt.Println("     ", strings.TrimRight(strings.TrimSuffix(strings.TrimRight(line, " "), "-      -"), " "))
+			if n++; n == 25 {
+				break
+			}
+		}
+	}
+	return nil
+}
+
+// prepareDatabase creates db and migrates it with the relay binary.
+func (e *benchEnv) prepareDatabase(ctx context.Context, db string) (string, error) {
+	url, err := e.pg.CreateDatabase(ctx, db)
+	if err != nil {
+		return "", err
+	}
+	cmd := exec.CommandContext(ctx, e.relayBin, "migrate", "--database-url", url)
+	cmd.Env = relayEnv()
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("outboxrelay migrate: %w: %s", err, out)
+	}
+	return url, nil
+}
+
+func (e *benchEnv) dropDatabase(db string) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := dropDatabase(ctx, e.pg.URL("postgres"), db); err != nil {
+		fmt.Fprintln(os.Stderr, "cleanup:", err)
+	}
+}
+
+func currentLSN(ctx context.Context, url string) (pglogrepl.LSN, error) {
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	var s string
+	if err := conn.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&s); err != nil {
+		return 0, err
+	}
+	return pglogrepl.ParseLSN(s)
+}
+
+func serverVersion(ctx context.Context, url string) string {
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return ""
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	return conn.PgConn().ParameterStatus("server_version")
+}
+
+func moduleRoot() (string, error) {
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", fmt.Errorf("go env GOMOD: %w", err)
+	}
+	mod := strings.TrimSpace(string(out))
+	if mod == "" || mod == os.DevNull {
+		return "", errors.New("run outboxrelay-bench inside the outboxrelay module (make bench)")
+	}
+	return filepath.Dir(mod), nil
+}
+
+func gitState(root string) (commit string, dirty bool) {
+	out, err := exec.Command("git", "-C", root, "rev-parse", "--short", "HEAD").Output()
+	if err != nil {
+		return "", false
+	}
+	st, _ := exec.Command("git", "-C", root, "status", "--porcelain", "--untracked-files=no").Output()
+	return strings.TrimSpace(string(out)), len(st) > 0
+}
+
+// microBenchmarks runs the Go benchmarks, streaming their output, and
+// returns the result lines.
+func microBenchmarks(ctx context.Context, root string) ([]string, error) {
+	cmd := exec.CommandContext(ctx, "go", "test", "-run=^$", "-bench=.", "-benchmem", "./cdc", "./envelope")
+	cmd.Dir, cmd.Stderr = root, os.Stderr
+	pr, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	var lines []string
+	sc := bufio.NewScanner(pr)
+	for sc.Scan() {
+		line := sc.Text()
+		fmt.Println(line)
+		if strings.HasPrefix(line, "Benchmark") {
+			lines = append(lines, strings.Join(strings.Fields(line), " "))
+		}
+	}
+	return lines, cmd.Wait()
+}
+
+func redact(url string) string {
+	if i, j := strings.Index(url, "://"), strings.LastIndex(url, "@"); i >= 0 && j > i {
+		return url[:i+3] + "xxxxx" + url[j:]
+	}
+	return url
+}
+
+func writeJSON(path string, res *results) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	b, err := json.MarshalIndent(res, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(b, '\n'), 0o644)
+}
+
+// targets checks the measurements against the issue's targets.
+func targets(res *results) []string {
+	var out []string
+	check := func(ok bool, format string, args ...any) {
+		mark := "MISSED"
+		if ok {
+			mark = "met   "
+		}
+		out = append(out, mark+" "+fmt.Sprintf(format, args...))
+	}
+	peak, peakAt := 0.0, ""
+	for _, w := range res.Workloads {
+		for _, m := range w.Runs {
+			if (m.Consumer == cRelayKafka || m.Consumer == cRelayRabbit) && m.PeakRSSMB > peak {
+				peak, peakAt = m.PeakRSSMB, w.Name+" "+m.Consumer
+			}
+		}
+		if !w.Headline {
+			continue
+		}
+		for _, m := range w.Summary {
+			switch {
+			case m.Consumer == cRelayKafka && m.RatioOf != "":
+				check(m.Ratio >= 0.8, "relay->kafka at %s: %.2f of pg_recvlogical (target >= 0.8)", w.Name, m.Ratio)
+			case m.Consumer == cRelayRabbit && m.RatioOf != "":
+				check(m.Ratio >= 0.8, "relay->rabbitmq at %s: %.2f of the bare amqp091 publisher (target >= 0.8)", w.Name, m.Ratio)
+			}
+		}
+	}
+	if l := res.Latency; l != nil && l.Received > 0 {
+		check(l.P99 < 20, "commit-to-consumer p99 at %d rows/s: %.2f ms (target < 20 ms)", l.Rate, l.P99)
+	}
+	if peak > 0 {
+		check(peak < 150, "relay peak RSS: %.0f MB, in %s (target < 150 MB)", peak, peakAt)
+	}
+	return out
+}
+
+// printReport prints the table and the latency.
+func printReport(out io.Writer, res *results) {
+	fmt.Fprintf(out, "\n== results (%s, %d CPUs, load %.2f at start, PostgreSQL %s, %s%s)\n",
+		res.Started.Format(time.RFC3339), res.CPUs, res.LoadAvg, res.PostgreSQL, res.Commit, map[bool]string{true: "+dirty", false: ""}[res.Dirty])
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "workload\tconsumer\trows/s\t(min-max)\tMB/s\tcpu s/100k\twalsender s/100k\tbroker s/100k\tpeak RSS MB\tconfirm +s\tratio\tof\tothers busy\t")
+	for _, w := range res.Workloads {
+		for _, m := range w.Summary {
+			if m.Seconds == 0 {
+				fmt.Fprintf(tw, "%s\t%s\tfailed\t\t\t\t\t\t\t\t\t\t\t\n", w.Name, m.Consumer)
+				continue
+			}
+			spread := ""
+			if m.Reps > 1 {
+				spread = fmt.Sprintf("%.0f-%.0f", m.RowsPerSecMin, m.RowsPerSecMax)
+			}
+			kf, lag := "", ""
+			if m.BrokerCPUPer100k > 0 {
+				kf = fmt.Sprintf("%.2f", m.BrokerCPUPer100k)
+			}
+			if m.ConfirmLagSeconds > 0 {
+				lag = fmt.Sprintf("%.2f", m.ConfirmLagSeconds)
+			}
+			rss, ratio := "-", "-"
+			if m.PeakRSSMB > 0 {
+				rss = fmt.Sprintf("%.0f", m.PeakRSSMB)
+			}
+			if m.RatioOf != "" {
+				ratio = fmt.Sprintf("%.2f", m.Ratio)
+			}
+			cpu := fmt.Sprintf("%.2f", m.CPUPer100k)
+			if m.inProcess {
+				cpu += "*"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%.0f\t%s\t%.1f\t%s\t%.2f\t%s\t%s\t%s\t%s\t%s\t%.0f%%\t\n",
+				w.Name, m.Consumer, m.RowsPerSec, spread, m.MBPerSec, cpu, m.WalsenderCPUPer100k, kf, rss, lag, ratio, m.RatioOf, 100*m.OthersBusy)
+		}
+	}
+	tw.Flush()
+	for _, line := range []string{
+		"rows/s: median of the repetitions (min-max; of two, the faster), from the start of the consumer's walsender",
+		"  until it has every row:",
+		"  pg_recvlogical exits at --endpos, the bare loop passes the end LSN, the relay's broker holds every row",
+		"  (kfake end offsets polled every 10 ms / queue depth every 50 ms), the bare publisher has every confirm.",
+		"confirm +s: for the relay, from the broker holding every row to confirmed_flush_lsn passing the backlog",
+		"  (polled every 50 ms): the relay's 1 s checkpoint cadence plus postgres.status_interval (100 ms here).",
+		"cpu s/100k: CPU seconds of the consumer process per 100,000 rows (relay: the binary, from /proc; * = this",
+		"  process, where the bare Go consumers run). walsender: the PostgreSQL process decoding for it. broker: kfake",
+		"  (this process) or the RabbitMQ server (beam.smp). MB/s counts payload bytes. ratio: median over median.",
+		"others busy: share of the machine's CPU used by anything else meanwhile (other PostgreSQL processes, RabbitMQ,",
+		"  other users of the machine): high values mean a noisy measurement.",
+	} {
+		fmt.Fprintln(out, "  "+line)
+	}
+	for _, w := range res.Workloads {
+		for _, m := range w.Summary {
+			if m.Note != "" {
+				fmt.Fprintf(out, "  note %s %s: %s\n", w.Name, m.Consumer, m.Note)
+			}
+		}
+		for _, n := range w.Notes {
+			fmt.Fprintf(out, "  note %s: %s\n", w.Name, n)
+		}
+	}
+	if l := res.Latency; l != nil {
+		fmt.Fprintf(out, "\n== latency: %s\n", l.What)
+		fmt.Fprintf(out, "  %d rows at %.0f rows/s (target %d), %d received, %d duplicates\n", l.Inserted, l.Achieved, l.Rate, l.Received, l.Duplicates)
+		fmt.Fprintf(out, "  commit -> consumer receipt: p50 %.2f ms  p99 %.2f ms  p99.9 %.2f ms  max %.2f ms\n", l.P50, l.P99, l.P999, l.Max)
+		if l.RelayBuckets != nil {
+			fmt.Fprintf(out, "  commit -> ack by the relay's own histogram (/metrics): p50 <= %g ms  p99 <= %g ms\n", l.RelayP50Le, l.RelayP99Le)
+		}
+		fmt.Fprintf(out, "  relay: %.2f CPU s over the run, peak RSS %.0f MB; the rest of the machine used %.0f%% of its CPU meanwhile\n", l.RelayCPUSeconds, l.PeakRSSMB, 100*l.OthersBusy)
+		for _, w := range l.Slow {
+			fmt.Fprintf(out, "  slow: %d rows over 20 ms committed between %.2fs and %.2fs into the run, up to %.1f ms\n", w.Rows, w.From, w.To, w.MaxMS)
+		}
+	}
+	fmt.Fprintln(out, "\n== targets")
+	for _, t := range res.Targets {
+		fmt.Fprintln(out, "  "+t)
+	}
+	for _, n := range res.Notes {
+		fmt.Fprintln(out, "  note:", n)
+	}
+	fmt.Fprintf(out, "  total %.0fs\n", res.Seconds)
+}
