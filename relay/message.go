@@ -52,8 +52,9 @@ type Message struct {
 	// LastError is the error of the latest failed attempt.
 	LastError error
 
-	tx  *txn   // set by the relay
-	seq uint64 // publish order
+	tx     *txn   // set by the relay
+	seq    uint64 // publish order
+	pooled bool   // Envelope returns to the buffer pool once m is complete
 }
 
 // PermanentError marks a publish failure that retrying will not fix: the
