@@ -189,7 +189,7 @@ func (s *Stream) session(ctx context.Context, h Handler) (err error) {
 	stopStatus()
 	wg.Wait()
 	if !conn.IsClosed() {
-		if err := st.send(); err == nil {
+		if err := st.send(drainCtx); err == nil {
 			s.log.Info("confirmed final position", zap.String("lsn", h.Confirmed().String()))
 		}
 		// End the COPY properly and read what the walsender still sends
@@ -323,21 +323,21 @@ func (w *statusWriter) run(ctx context.Context, every time.Duration, log *zap.Lo
 		}
 		// Every few seconds ask for a reply, so that the reader's receive
 		// timeout only fires on a dead connection.
-		if err := w.sendRequest(tick%5 == 0); err != nil {
+		if err := w.sendRequest(ctx, tick%5 == 0); err != nil {
 			log.Warn("send standby status", zap.Error(err))
 		}
 	}
 }
 
-func (w *statusWriter) send() error { return w.sendRequest(false) }
+func (w *statusWriter) send(ctx context.Context) error { return w.sendRequest(ctx, false) }
 
-func (w *statusWriter) sendRequest(replyRequested bool) error {
+func (w *statusWriter) sendRequest(ctx context.Context, replyRequested bool) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	pos := w.h.Confirmed()
 	// All three positions are set: pglogrepl fills a zero flush or apply
 	// position from the write position, which would confirm too much.
-	return pglogrepl.SendStandbyStatusUpdate(context.Background(), w.conn, pglogrepl.StandbyStatusUpdate{
+	return pglogrepl.SendStandbyStatusUpdate(ctx, w.conn, pglogrepl.StandbyStatusUpdate{
 		WALWritePosition: pos,
 		WALFlushPosition: pos,
 		WALApplyPosition: pos,
