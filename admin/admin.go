@@ -30,6 +30,11 @@ type Config struct {
 	// Ready returns nil while the relay can do its work, or the reason it
 	// cannot; /readyz answers 200 or 503 with the reason. Nil means always ready.
 	Ready func() error
+	// Standby reports whether this replica is a healthy standby (the slot
+	// is held by another relay, the broker is reachable). /readyz answers
+	// 503 for a standby, but /readyz?standby=ok answers 200, for
+	// orchestrators that must count a standby as ready. Nil: never.
+	Standby func() bool
 	// Status reads the checkpoint status for /status; the request's context
 	// is bounded by StatusTimeout (default 5s). Nil disables /status.
 	Status        func(ctx context.Context) (status.Status, error)
@@ -161,9 +166,13 @@ func (s *Server) protect(h http.Handler) http.Handler {
 	})
 }
 
-func (s *Server) readyz(w http.ResponseWriter, _ *http.Request) {
+func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	if s.cfg.Ready != nil {
 		if err := s.cfg.Ready(); err != nil {
+			if r.URL.Query().Get("standby") == "ok" && s.cfg.Standby != nil && s.cfg.Standby() {
+				text(w, http.StatusOK, "standby: "+err.Error())
+				return
+			}
 			text(w, http.StatusServiceUnavailable, "not ready: "+err.Error())
 			return
 		}

@@ -54,6 +54,7 @@ type Stream struct {
 	log       *zap.Logger
 	connCfg   *pgconn.Config
 	streaming atomic.Bool
+	standby   atomic.Bool
 }
 
 // NewStream parses the configuration. It does not connect.
@@ -87,6 +88,10 @@ func NewStream(cfg Config, log *zap.Logger) (*Stream, error) {
 // Safe for concurrent use.
 func (s *Stream) Streaming() bool { return s.streaming.Load() }
 
+// Standby reports whether the stream is waiting because another process
+// holds the slot. Safe for concurrent use.
+func (s *Stream) Standby() bool { return s.standby.Load() }
+
 // Run streams until ctx is cancelled or a non-retryable error occurs. On
 // cancellation it stops reading, waits (up to Config.DrainTimeout) for the
 // Handler to drain, reports the final confirmed position and returns nil.
@@ -107,6 +112,7 @@ func (s *Stream) Run(ctx context.Context, h Handler) error {
 			backoff = s.cfg.ReconnectMin
 		}
 		wait := jitter(backoff)
+		s.standby.Store(IsSlotInUse(err))
 		if IsSlotInUse(err) {
 			// A standby polls quickly so that it takes over within seconds.
 			wait = jitter(s.cfg.StandbyPoll)
@@ -163,6 +169,7 @@ func (s *Stream) session(ctx context.Context, h Handler) (err error) {
 		return fmt.Errorf("start replication on slot %q: %w", s.cfg.Slot, err)
 	}
 	s.streaming.Store(true)
+	s.standby.Store(false)
 	s.log.Info("streaming", zap.String("slot", s.cfg.Slot), zap.String("from", start.String()))
 
 	st := &statusWriter{conn: conn, h: h, reply: make(chan struct{}, 1)}

@@ -362,7 +362,7 @@ func TestDeployKubernetes(t *testing.T) {
 	if c.LivenessProbe == nil || c.LivenessProbe.HTTPGet == nil || c.LivenessProbe.HTTPGet.Path != "/healthz" || probePort(c.LivenessProbe) != "9187" {
 		t.Errorf("liveness probe must be GET /healthz on 9187")
 	}
-	if c.ReadinessProbe == nil || c.ReadinessProbe.HTTPGet == nil || c.ReadinessProbe.HTTPGet.Path != "/readyz" || probePort(c.ReadinessProbe) != "9187" {
+	if c.ReadinessProbe == nil || c.ReadinessProbe.HTTPGet == nil || !strings.HasPrefix(c.ReadinessProbe.HTTPGet.Path, "/readyz") || probePort(c.ReadinessProbe) != "9187" {
 		t.Errorf("readiness probe must be GET /readyz on 9187")
 	}
 	if r := pod.SecurityContext.RunAsNonRoot; r == nil || !*r {

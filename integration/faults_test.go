@@ -213,6 +213,16 @@ func TestStandbyTakeover(t *testing.T) {
 	a.waitLog(`"streaming"`, 30*time.Second)
 	b := e.start()
 	b.waitLog("waiting as standby", 30*time.Second)
+	// A standby is not ready, but counts as a healthy standby for orchestrators.
+	if code, body := get(t, "http://"+b.httpAddr()+"/readyz"); code != 503 {
+		t.Errorf("standby /readyz = %d %q, want 503", code, body)
+	}
+	if code, body := get(t, "http://"+b.httpAddr()+"/readyz?standby=ok"); code != 200 {
+		t.Errorf("standby /readyz?standby=ok = %d %q, want 200", code, body)
+	}
+	if code, _ := get(t, "http://"+a.httpAddr()+"/readyz"); code != 200 {
+		t.Errorf("active /readyz = %d, want 200", code)
+	}
 	wait := e.insertLoop(100, 50, 10*time.Millisecond)
 	time.Sleep(500 * time.Millisecond)
 	a.kill()

@@ -194,6 +194,7 @@ func run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 				}
 				return nil
 			},
+			Standby: func() bool { return relayCtx.Err() == nil && stream.Standby() && sink.Ready() },
 			Status:  readStatus,
 			Metrics: m.Handler(),
 			Token:   cfg.HTTP.Token,
