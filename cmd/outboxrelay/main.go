@@ -1,5 +1,5 @@
-// Command outboxrelay relays committed PostgreSQL outbox rows to Kafka or
-// RabbitMQ. See the README for the commands; this file holds the wiring and
+// Command outboxrelay relays committed PostgreSQL outbox rows to Kafka,
+// RabbitMQ, NATS JetStream or Redis Streams. See the README for the commands; this file holds the wiring and
 // is the only place that reads the environment.
 package main
 
@@ -25,10 +25,10 @@ const (
 	exitUsage     = 2
 )
 
-const usage = `outboxrelay relays committed PostgreSQL outbox rows to Kafka or RabbitMQ.
+const usage = `outboxrelay relays committed PostgreSQL outbox rows to Kafka, RabbitMQ, NATS JetStream or Redis Streams.
 
 Usage:
-  outboxrelay migrate --database-url URL [--print] [--table T] [--publication P] [--debezium]
+  outboxrelay migrate --database-url URL [--print] [--table T] [--publication P] [--slot S] [--debezium]
   outboxrelay migrate --print-role [--role NAME] [--table T] [--publication P] [--debezium]
   outboxrelay run     --config FILE [--check-config]
   outboxrelay status  --database-url URL [--slot NAME] [--json] [--max-lag-bytes N]
