@@ -1,6 +1,7 @@
 // Command outboxrelay relays committed PostgreSQL outbox rows to Kafka,
-// RabbitMQ, NATS JetStream or Redis Streams. See the README for the commands; this file holds the wiring and
-// is the only place that reads the environment.
+// RabbitMQ, NATS JetStream or Redis Streams. See the README for the
+// commands. This package holds the wiring and is the only place that reads
+// the environment.
 package main
 
 import (
