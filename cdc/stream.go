@@ -172,7 +172,8 @@ func (s *Stream) session(ctx context.Context, h Handler) (err error) {
 	s.standby.Store(false)
 	s.log.Info("streaming", zap.String("slot", s.cfg.Slot), zap.String("from", start.String()))
 
-	st := &statusWriter{conn: conn, h: h, reply: make(chan struct{}, 1)}
+	st := &statusWriter{conn: conn, h: h, reply: make(chan struct{}, 1),
+		replyEvery: max(1, int(s.cfg.ReceiveTimeout/(3*s.cfg.StatusInterval)))}
 	statusCtx, stopStatus := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -309,6 +310,8 @@ type statusWriter struct {
 	h     Handler
 	reply chan struct{}
 	mu    sync.Mutex
+	// replyEvery: every how many ticks a reply is requested.
+	replyEvery int
 }
 
 func (w *statusWriter) requestReply() {
@@ -328,9 +331,9 @@ func (w *statusWriter) run(ctx context.Context, every time.Duration, log *zap.Lo
 		case <-t.C:
 		case <-w.reply:
 		}
-		// Every few seconds ask for a reply, so that the reader's receive
-		// timeout only fires on a dead connection.
-		if err := w.sendRequest(ctx, tick%5 == 0); err != nil {
+		// Ask for a reply well within the reader's receive timeout, so that
+		// the timeout only fires on a dead connection.
+		if err := w.sendRequest(ctx, tick%w.replyEvery == 0); err != nil {
 			log.Warn("send standby status", zap.Error(err))
 		}
 	}

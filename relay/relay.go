@@ -180,7 +180,8 @@ type Relay struct {
 	fatalOnce  sync.Once
 	fatalErr   error
 	fatal      chan struct{}
-	retrying   atomic.Int64
+	retrying   atomic.Int64 // messages queued for retry
+	storing    atomic.Int64 // dead letters being stored
 	retryMu    sync.Mutex
 	retryQ     []*Message // sorted by seq
 	retryKick  chan struct{}
@@ -281,7 +282,11 @@ func (r *Relay) Run(ctx context.Context, src Source) error {
 	if cerr := r.sink.Close(); cerr != nil {
 		r.log.Warn("close sink", zap.Error(cerr))
 	}
-	<-stopped
+	select {
+	case <-stopped:
+	case <-time.After(10 * time.Second):
+		r.log.Error("sink goroutines did not stop after close; exiting without them")
+	}
 	if r.fatalErr != nil {
 		return r.fatalErr
 	}
@@ -380,7 +385,7 @@ func (r *Relay) Start(ctx context.Context, slotConfirmed cdc.LSN) error {
 func (r *Relay) Inflight() int { return r.window.inflight() }
 
 // Retrying reports whether some message is waiting to be published again.
-func (r *Relay) Retrying() bool { return r.retrying.Load() > 0 }
+func (r *Relay) Retrying() bool { return r.retrying.Load() > 0 || r.storing.Load() > 0 }
 
 // Idle implements cdc.Handler.
 func (r *Relay) Idle(walEnd cdc.LSN) { r.tracker.idle(walEnd) }
@@ -396,7 +401,8 @@ func (r *Relay) Reset() {
 // reached so far before it returns.
 func (r *Relay) Drain(ctx context.Context) error {
 	if r.cfg.Checkpoint != nil {
-		defer func() { _ = r.checkpoint(ctx) }() // on failure Confirmed falls back to the acknowledged position
+		// Not bound by ctx, which may have expired: checkpoint has its own timeout.
+		defer func() { _ = r.checkpoint(context.WithoutCancel(ctx)) }()
 	}
 	for {
 		n, drained := r.tracker.inflight()
@@ -469,6 +475,11 @@ func (r *Relay) dispatch(ctx context.Context, m *Message, buildErr error) error 
 	if r.tx == nil {
 		return errors.New("change outside a transaction")
 	}
+	if buildErr == nil {
+		if err := r.waitRetries(ctx); err != nil {
+			return err // not counted yet: it comes again after restart
+		}
+	}
 	if err := r.window.acquire(ctx, len(m.Envelope)); err != nil {
 		return err
 	}
@@ -483,10 +494,6 @@ func (r *Relay) dispatch(ctx context.Context, m *Message, buildErr error) error 
 		m.LastError = fmt.Errorf("invalid outbox message: %w", buildErr)
 		r.deadLetter(m)
 		return nil
-	}
-	if err := r.waitRetries(ctx); err != nil {
-		// Not published: the message stays unconfirmed and comes again after restart.
-		return err
 	}
 	r.sink.Publish(ctx, m, r.done)
 	return nil
@@ -623,7 +630,7 @@ func (r *Relay) retryLoop(ctx context.Context) {
 
 // waitRetries holds new messages back while retries are queued.
 func (r *Relay) waitRetries(ctx context.Context) error {
-	for r.retrying.Load() > 0 {
+	for {
 		r.retryMu.Lock()
 		idle, queued := r.retryIdle, len(r.retryQ) > 0
 		r.retryMu.Unlock()
@@ -636,7 +643,6 @@ func (r *Relay) waitRetries(ctx context.Context) error {
 			return ctx.Err()
 		}
 	}
-	return nil
 }
 
 // goBackground runs f on a goroutine that Run waits for, unless Run is
@@ -661,8 +667,8 @@ func (r *Relay) deadLetter(m *Message) {
 		return
 	}
 	r.goBackground(func() {
-		r.retrying.Add(1) // /readyz shows a dead letter that cannot be stored
-		defer r.retrying.Add(-1)
+		r.storing.Add(1) // /readyz shows a dead letter that cannot be stored yet
+		defer r.storing.Add(-1)
 		for attempt := 1; ; attempt++ {
 			err := r.cfg.DeadLetter(r.sinkCtx, m)
 			if err == nil {
