@@ -82,3 +82,21 @@ func TestTrackerResetAbandonsOpenTransaction(t *testing.T) {
 		t.Fatalf("inflight %d, want 0", n)
 	}
 }
+
+func TestTrackerFoldsEmptyTransactionsBehindAStuckOne(t *testing.T) {
+	tr := newTracker()
+	stuck := tr.begin()
+	tr.add(stuck)
+	tr.commit(100)
+	for i := 0; i < 100000; i++ {
+		tr.begin()
+		tr.commit(pglogrepl.LSN(200 + i))
+	}
+	if n := len(tr.queue); n > 2 {
+		t.Fatalf("%d tracker entries for 100000 empty transactions behind a stuck one; memory must stay bounded", n)
+	}
+	tr.ack(stuck)
+	if got := tr.Confirmed(); got != pglogrepl.LSN(200+99999) {
+		t.Fatalf("confirmed %v, want %v", got, pglogrepl.LSN(200+99999))
+	}
+}
