@@ -87,5 +87,3 @@ func Retryable(err error) bool {
 	var p *PermanentError
 	return !errors.As(err, &p)
 }
-
-// txn is defined by the tracker.

@@ -121,9 +121,6 @@ const (
 	FormatCloudEventsBinary Format = "cloudevents-binary"
 )
 
-// HeartbeatPrefix is the prefix of the relay's own heartbeat messages.
-const HeartbeatPrefix = "outboxrelay.heartbeat"
-
 func (c *Config) setDefaults() {
 	if c.Columns == (Columns{}) {
 		c.Columns = DefaultColumns()
