@@ -17,8 +17,11 @@ import (
 	"fmt"
 	"net/url"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
+
+	"go.uber.org/zap"
 )
 
 // Config configures the replication side.
@@ -32,6 +35,14 @@ type Config struct {
 	Publication string
 	// Tables are the outbox tables, as schema.name.
 	Tables []string
+	// IgnoreTables are tables the publication may also send whose inserts
+	// the operator chose not to relay (each is counted and logged).
+	IgnoreTables []string
+	// AcceptConfigChange lets Setup take over a slot that was consumed with
+	// another publication or other tables (run --accept-config-change).
+	AcceptConfigChange bool
+	// Log receives what Setup changes. Optional.
+	Log *zap.Logger
 	// ApplicationName is shown in pg_stat_replication.
 	ApplicationName string
 	// StatusInterval is how often the flushed position is reported (default 1s).
@@ -68,7 +79,21 @@ func (c *Config) Validate() error {
 			errs = append(errs, err)
 		}
 	}
+	for _, t := range c.IgnoreTables {
+		if _, _, err := SplitTable(t); err != nil {
+			errs = append(errs, fmt.Errorf("postgres.ignore_tables: %w", err))
+		} else if slices.Contains(qualify(c.Tables), qualify([]string{t})[0]) {
+			errs = append(errs, fmt.Errorf("postgres.ignore_tables entry %q is also in postgres.tables", t))
+		}
+	}
 	return errors.Join(errs...)
+}
+
+func (c Config) logger() *zap.Logger {
+	if c.Log == nil {
+		return zap.NewNop()
+	}
+	return c.Log.Named("cdc")
 }
 
 func (c *Config) setDefaults() {

@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"go.uber.org/zap"
 )
 
 // Setup checks that PostgreSQL can feed the relay and creates what is
@@ -71,49 +73,149 @@ func Setup(ctx context.Context, conn *pgx.Conn, cfg Config, requiredColumns []st
 		return &SetupError{Msg: "schema outboxrelay is missing; run `outboxrelay migrate --database-url URL` first"}
 	}
 
-	if err := ensurePublication(ctx, conn, cfg); err != nil {
+	var haveColumns bool
+	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = 'outboxrelay.checkpoint'::regclass AND attname = 'relations' AND NOT attisdropped)`).Scan(&haveColumns); err != nil {
+		return fmt.Errorf("inspect outboxrelay.checkpoint: %w", err)
+	}
+	if !haveColumns {
+		return &SetupError{Msg: "schema outboxrelay is from an older version; run `outboxrelay migrate` to update it"}
+	}
+	rec, ok, err := Checkpoints{DB: conn, Slot: cfg.Slot}.ReadConsumer(ctx)
+	if err != nil {
 		return err
+	}
+	var recorded []string
+	if ok {
+		// Before anything changes: a relay with another configuration (a
+		// standby, say) must not take the slot over.
+		state, err := ReadCoverage(ctx, conn, cfg.Publication, qualify(cfg.Tables))
+		if err != nil {
+			return err
+		}
+		cur := Consumer{Publication: cfg.Publication, Tables: qualify(cfg.Tables), Relations: state.Tables}
+		if err := CompareConsumer(cfg.Slot, rec, cur); err != nil {
+			if !cfg.AcceptConfigChange {
+				return err
+			}
+			cfg.logger().Warn("taking the slot over with a new configuration (--accept-config-change)", zap.String("was", err.Error()))
+		} else if rec.Publication == cfg.Publication {
+			recorded = rec.Tables
+		}
+	}
+	changed, err := EnsurePublication(ctx, conn, cfg.Publication, qualify(cfg.Tables), recorded, qualify(cfg.IgnoreTables), ModeRun)
+	if err != nil {
+		return err
+	}
+	for _, c := range changed {
+		cfg.logger().Warn(c)
 	}
 	return EnsureSlot(ctx, conn, cfg.Slot)
 }
 
-func ensurePublication(ctx context.Context, conn *pgx.Conn, cfg Config) error {
-	var exists bool
-	if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)", cfg.Publication).Scan(&exists); err != nil {
-		return fmt.Errorf("read publication: %w", err)
-	}
+// Mode says who prepares the publication: migrate repairs what it finds,
+// the relay refuses what may already have lost inserts.
+type Mode int
+
+// The modes of EnsurePublication.
+const (
+	ModeRun Mode = iota
+	ModeMigrate
+)
+
+// EnsurePublication creates the publication for tables (inserts only,
+// publish_via_partition_root) or verifies and repairs an existing one: it
+// must contain the tables, publish inserts and publish partitions under
+// their root. A repair that would change what the publication sends for
+// other tables is refused. In ModeRun, a state in which inserts may already
+// have been lost is refused with the fix (migrate) instead of being repaired
+// quietly: a table that slot consumers (recorded) relayed before and that
+// left the publication, a publication without inserts, a partitioned table
+// published without its root. ignored tables may be in the publication. It
+// returns what it changed, one line each.
+func EnsurePublication(ctx context.Context, conn *pgx.Conn, pub string, tables, recorded, ignored []string, mode Mode) ([]string, error) {
+	ident := pgx.Identifier{pub}.Sanitize()
 	var idents []string
-	for _, t := range cfg.Tables {
-		schema, name, _ := SplitTable(t)
+	for _, t := range tables {
+		schema, name, err := SplitTable(t)
+		if err != nil {
+			return nil, &SetupError{Msg: err.Error()}
+		}
 		idents = append(idents, pgx.Identifier{schema, name}.Sanitize())
 	}
-	if !exists {
-		_, err := conn.Exec(ctx, fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert')",
-			pgx.Identifier{cfg.Publication}.Sanitize(), strings.Join(idents, ", ")))
+	s, err := ReadCoverage(ctx, conn, pub, tables)
+	if err != nil {
+		return nil, err
+	}
+	if !s.Exists {
+		_, err := conn.Exec(ctx, fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert', publish_via_partition_root = true)",
+			ident, strings.Join(idents, ", ")))
 		if err != nil && !isCode(err, "42710") { // duplicate_object: another relay won the race
-			return privilegeHint(fmt.Errorf("create publication %s: %w", cfg.Publication, err), "CREATE on the database, and ownership of the outbox tables")
+			return nil, privilegeHint(fmt.Errorf("create publication %s: %w", pub, err), "CREATE on the database, and ownership of the outbox tables")
 		}
-		return nil
+		return []string{"created publication " + pub}, nil
 	}
-	rows, err := conn.Query(ctx, "SELECT schemaname || '.' || tablename FROM pg_publication_tables WHERE pubname = $1", cfg.Publication)
-	if err != nil {
-		return fmt.Errorf("read publication tables: %w", err)
+	var changed, others []string
+	for _, t := range s.Others {
+		if !slices.Contains(ignored, t) {
+			others = append(others, t)
+		}
 	}
-	have, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return fmt.Errorf("read publication tables: %w", err)
+	if len(others) > 0 {
+		// Not refused here: a table swap leaves the old table in the
+		// publication, and nothing is inserted into it. An insert into it
+		// stops the relay (Guard.Resolve), before it is confirmed.
+		changed = append(changed, fmt.Sprintf("publication %s also publishes %s, which is not in postgres.tables: an insert into it stops the relay; add it to postgres.tables or postgres.ignore_tables, or remove it from the publication",
+			pub, strings.Join(others, ", ")))
 	}
-	for i, t := range cfg.Tables {
-		schema, name, _ := SplitTable(t)
-		if contains(have, schema+"."+name) {
+	if !s.Insert || !s.ViaRoot {
+		if s.AllTables || len(s.Others) > 0 {
+			what := "tables " + strings.Join(s.Others, ", ")
+			if s.AllTables {
+				what = "all tables"
+			}
+			return nil, &SetupError{Msg: fmt.Sprintf("publication %s lacks publish = insert or publish_via_partition_root, and it also publishes %s: changing its options would change what it sends for them; give the relay a publication of its own (postgres.publication) or remove those tables from %s", pub, what, pub)}
+		}
+		if mode == ModeRun && !s.Insert {
+			return nil, &SetupError{Msg: fmt.Sprintf("publication %s does not publish inserts, so inserts into %s are not relayed; run `outboxrelay migrate` to repair it, then republish the rows inserted while it did not from the outbox table", pub, strings.Join(tables, ", "))}
+		}
+		if mode == ModeRun && len(s.Partitioned) > 0 {
+			return nil, &SetupError{Msg: fmt.Sprintf("publication %s lacks publish_via_partition_root, so inserts into partitioned %s come under partition names; run `outboxrelay migrate` to repair it, then republish the rows inserted meanwhile from the outbox table", pub, strings.Join(s.Partitioned, ", "))}
+		}
+		var actions []string
+		err := conn.QueryRow(ctx, `SELECT array_remove(ARRAY['insert',
+				CASE WHEN pubupdate THEN 'update' END, CASE WHEN pubdelete THEN 'delete' END, CASE WHEN pubtruncate THEN 'truncate' END], NULL)
+			FROM pg_publication WHERE pubname = $1`, pub).Scan(&actions)
+		if err != nil {
+			return nil, fmt.Errorf("read publication %s: %w", pub, err)
+		}
+		_, err = conn.Exec(ctx, fmt.Sprintf("ALTER PUBLICATION %s SET (publish = '%s', publish_via_partition_root = true)", ident, strings.Join(actions, ", ")))
+		if err != nil {
+			return nil, privilegeHint(fmt.Errorf("repair publication %s: %w", pub, err), "ownership of the publication")
+		}
+		if !s.Insert {
+			changed = append(changed, fmt.Sprintf("publication %s did not publish inserts: set publish = '%s'; inserts committed before this were not relayed and must be republished from the outbox table", pub, strings.Join(actions, ", ")))
+		} else {
+			changed = append(changed, fmt.Sprintf("publication %s: set publish_via_partition_root = true", pub))
+		}
+	}
+	for i, t := range tables {
+		if s.Tables[t].OID == 0 || s.Published[t] {
 			continue
 		}
-		_, err := conn.Exec(ctx, fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE %s", pgx.Identifier{cfg.Publication}.Sanitize(), idents[i]))
-		if err != nil && !isCode(err, "42710") {
-			return privilegeHint(fmt.Errorf("add %s.%s to publication %s: %w", schema, name, cfg.Publication, err), "ownership of the publication and of the table")
+		if mode == ModeRun && slices.Contains(recorded, t) {
+			return nil, &SetupError{Msg: fmt.Sprintf("outbox table %s is no longer in publication %s, though the relay consumed it through it: inserts since it left were not relayed; add it back (`outboxrelay migrate` or ALTER PUBLICATION %s ADD TABLE %s), republish the rows inserted meanwhile from the outbox table, then start the relay with --accept-config-change",
+				t, pub, ident, idents[i])}
 		}
+		if s.AllTables {
+			continue
+		}
+		_, err := conn.Exec(ctx, fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE %s", ident, idents[i]))
+		if err != nil && !isCode(err, "42710") {
+			return nil, privilegeHint(fmt.Errorf("add %s to publication %s: %w", t, pub, err), "ownership of the publication and of the table")
+		}
+		changed = append(changed, fmt.Sprintf("added %s to publication %s", t, pub))
 	}
-	return nil
+	return changed, nil
 }
 
 // EnsureSlot creates the logical replication slot (pgoutput) if it is missing
@@ -280,4 +382,15 @@ func contains(list []string, s string) bool {
 		}
 	}
 	return false
+}
+
+// qualify writes each table as schema.name.
+func qualify(tables []string) []string {
+	out := make([]string, 0, len(tables))
+	for _, t := range tables {
+		if schema, name, err := SplitTable(t); err == nil {
+			out = append(out, schema+"."+name)
+		}
+	}
+	return out
 }

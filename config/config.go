@@ -46,11 +46,19 @@ type Postgres struct {
 	// connection alike.
 	URL string `yaml:"url" secret:"url"`
 	// URLFile names a file holding URL (a mounted secret).
-	URLFile     string        `yaml:"url_file"`
-	Slot        string        `yaml:"slot"`
-	Publication string        `yaml:"publication"`
-	Tables      []string      `yaml:"tables"`
-	Columns     relay.Columns `yaml:"columns"`
+	URLFile     string   `yaml:"url_file"`
+	Slot        string   `yaml:"slot"`
+	Publication string   `yaml:"publication"`
+	Tables      []string `yaml:"tables"`
+	// IgnoreTables are tables the publication also sends whose inserts the
+	// relay must not publish; each skipped insert is counted in
+	// outboxrelay_skipped_inserts_total. Any other table in the stream that
+	// is not in Tables stops the relay.
+	IgnoreTables []string      `yaml:"ignore_tables"`
+	Columns      relay.Columns `yaml:"columns"`
+	// CoverageInterval is how often the relay checks that its publication
+	// still covers the outbox tables (default 1s).
+	CoverageInterval time.Duration `yaml:"coverage_interval"`
 	// MessagePrefix is the prefix of table-less outbox messages.
 	MessagePrefix string `yaml:"message_prefix"`
 	// StatusInterval is how often the confirmed position is sent to PostgreSQL.
@@ -264,7 +272,7 @@ func Default() Config {
 		Postgres: Postgres{
 			Slot: "outboxrelay", Publication: "outboxrelay", Tables: []string{"public.outbox"},
 			Columns: relay.DefaultColumns(), MessagePrefix: "outboxrelay",
-			StatusInterval: time.Second, HeartbeatInterval: 10 * time.Second,
+			StatusInterval: time.Second, HeartbeatInterval: 10 * time.Second, CoverageInterval: time.Second,
 		},
 		Sink: Sink{
 			Type:  "kafka",
@@ -750,6 +758,7 @@ func splitJoined(err error) []error {
 func (c *Config) CDC() cdc.Config {
 	return cdc.Config{
 		URL: c.Postgres.URL, Slot: c.Postgres.Slot, Publication: c.Postgres.Publication, Tables: c.Postgres.Tables,
+		IgnoreTables:   c.Postgres.IgnoreTables,
 		StatusInterval: c.Postgres.StatusInterval, DrainTimeout: c.Relay.DrainTimeout,
 	}
 }

@@ -14,6 +14,8 @@ var descriptions = map[string]string{
 	"postgres.slot":                          "logical replication slot (pgoutput); created if missing",
 	"postgres.publication":                   "publication, inserts only, limited to `tables`; created or extended if needed",
 	"postgres.tables":                        "outbox tables, `schema.table`",
+	"postgres.ignore_tables":                 "tables the publication also sends that are knowingly not relayed (counted in `outboxrelay_skipped_inserts_total`); any other unconfigured table stops the relay",
+	"postgres.coverage_interval":             "how often the relay checks that its publication still covers the outbox tables",
 	"postgres.columns.id":                    "column that becomes `message_id`",
 	"postgres.columns.aggregate_type":        "column for the topic / routing key",
 	"postgres.columns.aggregate_id":          "column for the record key (per-aggregate order)",

@@ -79,6 +79,13 @@ type env struct {
 // a kfake broker that the relay reaches over TCP.
 func newEnv(t *testing.T) *env {
 	t.Helper()
+	return newEnvWith(t, "")
+}
+
+// newEnvWith is newEnv that runs preMigrate (SQL) in the new database
+// before migrate: an outbox table or a publication of the user's own.
+func newEnvWith(t *testing.T, preMigrate string) *env {
+	t.Helper()
 	ctx := t.Context()
 	name := fmt.Sprintf("it_%d_%d", os.Getpid(), dbCounter.Add(1))
 	url, err := pg.CreateDatabase(ctx, name)
@@ -86,6 +93,17 @@ func newEnv(t *testing.T) *env {
 		t.Fatalf("create database: %v", err)
 	}
 	e := &env{t: t, dbURL: url}
+	if preMigrate != "" {
+		c, err := pgx.Connect(ctx, url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = c.Exec(ctx, preMigrate)
+		c.Close(ctx)
+		if err != nil {
+			t.Fatalf("%s: %v", preMigrate, err)
+		}
+	}
 	out, code := e.cli("migrate", "--database-url", url)
 	if code != 0 {
 		t.Fatalf("migrate exited %d: %s", code, out)
@@ -113,7 +131,27 @@ func newEnv(t *testing.T) *env {
 
 func (e *env) config() string {
 	e.t.Helper()
-	cfg := fmt.Sprintf(`postgres:
+	return e.writeConfig(e.configText())
+}
+
+func (e *env) writeConfig(cfg string) string {
+	e.t.Helper()
+	path := filepath.Join(e.t.TempDir(), "outboxrelay.yaml")
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+		e.t.Fatal(err)
+	}
+	return path
+}
+
+// cliConfig runs `outboxrelay run` with the configuration cfg and args to completion.
+func (e *env) cliConfig(cfg string, args ...string) (string, int) {
+	e.t.Helper()
+	return e.cli(append([]string{"run", "--config", e.writeConfig(cfg)}, args...)...)
+}
+
+// configText is the test's configuration file.
+func (e *env) configText() string {
+	return fmt.Sprintf(`postgres:
   url: %s
   status_interval: 200ms
 sink:
@@ -125,11 +163,6 @@ http:
 log:
   level: info
 %s`, e.dbURL, e.brokers, e.extra)
-	path := filepath.Join(e.t.TempDir(), "outboxrelay.yaml")
-	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
-		e.t.Fatal(err)
-	}
-	return path
 }
 
 // cli runs the relay binary to completion and returns its combined output and exit code.
@@ -190,6 +223,19 @@ func (e *env) start(extraEnv ...string) *proc {
 	e.t.Helper()
 	cmd := exec.Command(relayBin, "run", "--config", e.config())
 	cmd.Env = append(cleanEnv(), extraEnv...)
+	return e.startCmd(cmd)
+}
+
+// startConfig runs `outboxrelay run` with the configuration cfg and args in the background.
+func (e *env) startConfig(cfg string, args ...string) *proc {
+	e.t.Helper()
+	cmd := exec.Command(relayBin, append([]string{"run", "--config", e.writeConfig(cfg)}, args...)...)
+	cmd.Env = cleanEnv()
+	return e.startCmd(cmd)
+}
+
+func (e *env) startCmd(cmd *exec.Cmd) *proc {
+	e.t.Helper()
 	p := &proc{t: e.t, cmd: cmd, out: &syncBuffer{}, done: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = p.out, p.out
 	if err := cmd.Start(); err != nil {

@@ -56,6 +56,7 @@ type Metrics struct {
 	published     *prometheus.CounterVec
 	publishErrors *prometheus.CounterVec
 	deadLetters   prometheus.Counter
+	skipped       *prometheus.CounterVec
 	lag           prometheus.Gauge
 	walStatus     *prometheus.GaugeVec
 	latency       prometheus.Histogram
@@ -85,9 +86,13 @@ func New(cfg Config) *Metrics {
 		Namespace: Namespace, Name: "dead_letters_total",
 		Help: "Messages stored in outboxrelay.dead_letters by this process.",
 	})
+	m.skipped = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Name: "skipped_inserts_total",
+		Help: "Inserts into tables listed in postgres.ignore_tables, which the relay does not publish, by table.",
+	}, []string{"table"})
 	m.lag = prometheus.NewGauge(prometheus.GaugeOpts{
 		Namespace: Namespace, Name: "replication_lag_bytes",
-		Help: "WAL bytes between the server's current position and the slot's confirmed_flush_lsn, refreshed every few seconds.",
+		Help: "WAL bytes between the server's current position and the older of the slot's confirmed_flush_lsn and restart_lsn, refreshed every few seconds.",
 	})
 	m.walStatus = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Namespace: Namespace, Name: "slot_wal_status",
@@ -116,7 +121,7 @@ func New(cfg Config) *Metrics {
 	}, func() float64 {
 		return float64(m.lastPublished.Load()) / 1e9
 	})
-	m.registry.MustRegister(m.published, m.publishErrors, m.deadLetters, m.lag, m.walStatus, m.latency, inflight, last,
+	m.registry.MustRegister(m.published, m.publishErrors, m.deadLetters, m.skipped, m.lag, m.walStatus, m.latency, inflight, last,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	// Both error series exist from the start, so rate() and alerts see 0.
 	for _, reason := range []string{reasonRetryable, reasonPermanent} {
@@ -156,6 +161,7 @@ func (m *Metrics) Hooks() relay.Hooks {
 		Published:     m.observePublished,
 		PublishFailed: m.observeFailed,
 		DeadLettered:  func(*relay.Message) { m.deadLetters.Inc() },
+		Skipped:       func(table string) { m.skipped.WithLabelValues(table).Inc() },
 	}
 }
 

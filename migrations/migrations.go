@@ -8,13 +8,16 @@ import (
 	"bytes"
 	"context"
 	"embed"
+	"errors"
 	"fmt"
 	"io/fs"
 	"sort"
 	"strings"
 	"text/template"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 //go:embed sql/*.sql
@@ -32,6 +35,13 @@ type Options struct {
 	DebeziumTable string
 }
 
+func (o Options) extraTables() []string {
+	if o.Debezium {
+		return []string{o.DebeziumTable}
+	}
+	return nil
+}
+
 func (o *Options) setDefaults() {
 	if o.Table == "" {
 		o.Table = "public.outbox"
@@ -44,16 +54,39 @@ func (o *Options) setDefaults() {
 	}
 }
 
-func qualified(t string) (string, error) {
+func split(t string) (schema, name string, err error) {
 	schema, name, ok := strings.Cut(t, ".")
 	if !ok {
 		schema, name = "public", t
 	}
 	if schema == "" || name == "" || strings.Contains(name, ".") {
-		return "", fmt.Errorf("table %q must be schema.table", t)
+		return "", "", fmt.Errorf("table %q must be schema.table", t)
+	}
+	return schema, name, nil
+}
+
+func qualified(t string) (string, error) {
+	schema, name, err := split(t)
+	if err != nil {
+		return "", err
 	}
 	return pgx.Identifier{schema, name}.Sanitize(), nil
 }
+
+func literal(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+
+// guarded is an outbox table the coverage guard keeps in the publication.
+type guarded struct{ Schema, Name string } // SQL literals
+
+// addColumn adds a column only when the catalog lacks it, so that a rerun
+// takes no lock on the table.
+const addColumn = `{{define "addColumn"}}DO $outboxrelay$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = '{{index . 0}}'::regclass AND attname = '{{index . 1}}' AND NOT attisdropped) THEN
+        ALTER TABLE {{index . 0}} ADD COLUMN {{index . 1}} {{index . 2}};
+    END IF;
+END
+$outboxrelay$;{{end}}`
 
 // Render returns the SQL that Apply runs.
 func Render(o Options) (string, error) {
@@ -66,12 +99,20 @@ func Render(o Options) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	schema, _, _ := split(o.Table)
+	var cover []guarded
+	for _, t := range append([]string{o.Table}, o.extraTables()...) {
+		s, n, _ := split(t)
+		cover = append(cover, guarded{literal(s), literal(n)})
+	}
 	data := map[string]any{
 		"Table":              table,
+		"IndexLiteral":       literal(pgx.Identifier{schema, "outbox_created_at_idx"}.Sanitize()),
+		"Coverage":           cover,
 		"Debezium":           o.Debezium,
 		"DebeziumTable":      dbz,
 		"Publication":        pgx.Identifier{o.Publication}.Sanitize(),
-		"PublicationLiteral": "'" + strings.ReplaceAll(o.Publication, "'", "''") + "'",
+		"PublicationLiteral": literal(o.Publication),
 	}
 	names, err := fs.Glob(files, "sql/*.sql")
 	if err != nil {
@@ -84,7 +125,12 @@ func Render(o Options) (string, error) {
 		if err != nil {
 			return "", err
 		}
-		tmpl, err := template.New(name).Option("missingkey=error").Parse(string(src))
+		tmpl, err := template.New(name).Option("missingkey=error").Funcs(template.FuncMap{
+			"args": func(a ...string) []string { return a },
+		}).Parse(addColumn)
+		if err == nil {
+			_, err = tmpl.Parse(string(src))
+		}
 		if err != nil {
 			return "", fmt.Errorf("parse %s: %w", name, err)
 		}
@@ -95,18 +141,48 @@ func Render(o Options) (string, error) {
 	return out.String(), nil
 }
 
+// LockTimeout bounds how long a migration waits for a lock. A rerun takes
+// no strong lock (every change is made only when the catalog lacks it); a
+// first run that must wait longer fails with lock_not_available rather than
+// queue the service's inserts and the relay's checkpoint writes behind it.
+const LockTimeout = 5 * time.Second
+
 // Apply runs the migrations in one transaction, serialised with an advisory
-// lock so that concurrent runs do not race. Running it again changes nothing.
+// lock so that concurrent runs do not race. Running it again changes nothing
+// and takes no lock stronger than ACCESS SHARE on the outbox and relay
+// tables. When a lock is not granted within LockTimeout it retries a few
+// times, then fails with an error that says what to do.
 func Apply(ctx context.Context, conn *pgx.Conn, o Options) error {
 	sql, err := Render(o)
 	if err != nil {
 		return err
 	}
+	for attempt := 1; ; attempt++ {
+		err = apply(ctx, conn, sql)
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "55P03" { // lock_not_available
+			return err
+		}
+		if attempt == 3 {
+			return fmt.Errorf("%w; another session holds a lock on a table the migration changes: retry when it is done (see pg_locks)", err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Duration(attempt) * time.Second):
+		}
+	}
+}
+
+func apply(ctx context.Context, conn *pgx.Conn, sql string) error {
 	tx, err := conn.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("begin: %w", err)
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // after Commit this is a no-op
+	if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL lock_timeout = %d; SET LOCAL outboxrelay.migrating = on", LockTimeout.Milliseconds())); err != nil {
+		return fmt.Errorf("set lock_timeout: %w", err)
+	}
 	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtext('outboxrelay.migrate'))"); err != nil {
 		return fmt.Errorf("lock: %w", err)
 	}

@@ -12,13 +12,16 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"net"
 	"slices"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -70,15 +73,25 @@ type Hooks struct {
 	PublishFailed func(m *Message, err error)
 	// DeadLettered is called once m is stored as a dead letter.
 	DeadLettered func(m *Message)
+	// Skipped is called for every insert into a table the operator chose
+	// not to relay (Config.Resolve returned "").
+	Skipped func(table string)
 }
 
 // Config configures the pipeline.
 type Config struct {
 	// Database is written to the envelope's source.database.
 	Database string
-	// Tables are the outbox tables as schema.name. Rows of other tables in
-	// the publication are ignored. Empty: every published table.
-	Tables  []string
+	// Tables are the outbox tables as schema.name. Empty: every published
+	// table. Used only when Resolve is nil.
+	Tables []string
+	// Resolve maps a relation pgoutput announced to the outbox table whose
+	// inserts it carries (a partition to its root, say), or to "" for a
+	// table the operator chose to skip. An error stops the relay before it
+	// confirms the transaction. Nil: a relation in Tables is itself, any
+	// other stops the relay. Called from the stream goroutine, once per
+	// announcement.
+	Resolve func(ctx context.Context, rel *cdc.Relation) (string, error)
 	Columns Columns
 	// Format is FormatEnvelope (default), FormatCloudEvents (structured
 	// content mode) or FormatCloudEventsBinary.
@@ -290,6 +303,12 @@ func (r *Relay) Run(ctx context.Context, src Source) error {
 	return err
 }
 
+// Fail stops the relay with err, as a fatal error of its own would: the
+// stream stops, nothing more is confirmed beyond what the broker
+// acknowledged, and Run returns err. Safe for concurrent use; only the
+// first error counts.
+func (r *Relay) Fail(err error) { r.fail(err) }
+
 // fail stops the relay with err.
 func (r *Relay) fail(err error) {
 	r.fatalOnce.Do(func() {
@@ -305,7 +324,8 @@ func (r *Relay) fail(err error) {
 // Confirmed implements cdc.Handler: the newest position that every message
 // before it was acknowledged and that has been recorded by Config.Checkpoint.
 //
-// When recording fails (PostgreSQL is shutting down or unreachable) the
+// When recording fails because PostgreSQL is shutting down or gone
+// (ServerGone), the
 // relay confirms the acknowledged position unrecorded: a shutting-down
 // walsender waits for its client to confirm everything it sent, and a relay
 // that withheld confirmation would hold the server's shutdown hostage. The
@@ -332,8 +352,15 @@ func (r *Relay) checkpoint(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return err // our own cancellation says nothing about PostgreSQL
 		}
+		if !ServerGone(err) {
+			// A lock, a timeout, a full disk: hold the confirmation. An
+			// unrecorded confirmation would make the next start see the slot
+			// ahead of the record and refuse, with nothing lost.
+			r.log.Warn("record checkpoint failed; holding the confirmed position until it succeeds", zap.Error(err))
+			return err
+		}
 		if !r.unrecorded.Swap(true) {
-			r.log.Warn("record checkpoint failed; confirming progress unrecorded until it succeeds", zap.Error(err))
+			r.log.Warn("record checkpoint failed: PostgreSQL is shutting down or gone; confirming progress unrecorded until it succeeds", zap.Error(err))
 		}
 		return err
 	}
@@ -433,11 +460,14 @@ func (r *Relay) Commit(_ context.Context, c cdc.Commit) error {
 
 // Insert implements cdc.Handler.
 func (r *Relay) Insert(ctx context.Context, ins *cdc.Insert) error {
-	mp, err := r.mapping(ins.Relation)
+	mp, err := r.mapping(ctx, ins.Relation)
 	if err != nil {
 		return err
 	}
 	if mp.skip {
+		if h := r.cfg.Hooks.Skipped; h != nil {
+			h(ins.Relation.QualifiedName())
+		}
 		return nil
 	}
 	m, buildErr := r.buildRow(mp, ins)
@@ -695,6 +725,28 @@ func (r *Relay) deadLetter(m *Message) {
 	})
 }
 
+// ServerGone reports whether err says that PostgreSQL is shutting down or
+// the connection to it is gone: SQLSTATE class 57P (operator
+// intervention: shutdown, crash shutdown, cannot connect now) or 08
+// (connection exception), or a network failure. Any other failure to
+// record a checkpoint (a lock wait, a statement timeout) is not.
+func ServerGone(err error) bool {
+	var coded interface{ SQLState() string }
+	if errors.As(err, &coded) {
+		code := coded.SQLState()
+		return strings.HasPrefix(code, "57P") || strings.HasPrefix(code, "08")
+	}
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		return false
+	}
+	var netErr net.Error
+	if errors.As(err, &netErr) && netErr.Timeout() {
+		return false
+	}
+	return errors.As(err, &netErr) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNREFUSED) ||
+		strings.Contains(err.Error(), "failed to connect") || strings.Contains(err.Error(), "conn closed")
+}
+
 // permanentStoreError reports SQLSTATE classes that retrying will not fix:
 // 22 data exception, 23 integrity violation, 42 syntax or privilege.
 func permanentStoreError(err error) bool {
@@ -709,7 +761,7 @@ func permanentStoreError(err error) bool {
 // mapping locates the configured columns in a relation.
 type mapping struct {
 	rel *cdc.Relation
-	// skip: the table is in the publication but not in Config.Tables.
+	// skip: the operator chose not to relay the table's inserts.
 	skip                                           bool
 	table                                          string
 	id, aggType, aggID, eventType, payload         int
@@ -717,7 +769,7 @@ type mapping struct {
 	payloadFormat                                  envelope.PayloadFormat
 }
 
-func (r *Relay) mapping(rel *cdc.Relation) (*mapping, error) {
+func (r *Relay) mapping(ctx context.Context, rel *cdc.Relation) (*mapping, error) {
 	if mp, ok := r.mappings[rel.ID]; ok && mp.rel == rel {
 		return mp, nil
 	}
@@ -733,13 +785,23 @@ func (r *Relay) mapping(rel *cdc.Relation) (*mapping, error) {
 		return -1
 	}
 	c := r.cfg.Columns
-	if len(r.cfg.Tables) > 0 && !slices.Contains(r.cfg.Tables, rel.QualifiedName()) {
+	table := rel.QualifiedName()
+	if r.cfg.Resolve != nil {
+		var err error
+		if table, err = r.cfg.Resolve(ctx, rel); err != nil {
+			return nil, err
+		}
+	} else if len(r.cfg.Tables) > 0 && !slices.Contains(r.cfg.Tables, table) {
+		return nil, cdc.UnknownRelation("", rel)
+	}
+	if table == "" {
+		r.log.Warn("skipping the inserts of a table in postgres.ignore_tables", zap.String("table", rel.QualifiedName()))
 		mp := &mapping{rel: rel, skip: true}
 		r.mappings[rel.ID] = mp
 		return mp, nil
 	}
 	mp := &mapping{
-		table: rel.QualifiedName(),
+		table: table,
 		id:    idx(c.ID), aggType: idx(c.AggregateType), aggID: idx(c.AggregateID), eventType: idx(c.EventType),
 		payload: idx(c.Payload), headers: idx(c.Headers), traceparent: idx(c.Traceparent),
 		schemaVersion: idx(c.SchemaVersion), createdAt: idx(c.CreatedAt),

@@ -17,6 +17,8 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outboxrelay/outboxrelay/cdc"
 )
 
 // LSN is a WAL position. It is encoded in JSON as PostgreSQL writes it
@@ -66,8 +68,13 @@ type Status struct {
 	ConfirmedFlushLSN LSN    `json:"confirmed_flush_lsn"`
 	RestartLSN        LSN    `json:"restart_lsn"`
 	CurrentWALLSN     LSN    `json:"current_wal_lsn"`
-	// LagBytes is how much WAL the relay has not confirmed yet:
-	// current_wal_lsn - confirmed_flush_lsn. Valid only when LagKnown.
+	// LagBytes is how much WAL may still hold undelivered messages:
+	// current_wal_lsn minus the older of confirmed_flush_lsn and
+	// restart_lsn. Keepalives move confirmed_flush_lsn through a
+	// transaction the server is still decoding; restart_lsn stays before
+	// it until it is delivered. Between transactions restart_lsn trails by
+	// up to the last running-transactions record (PostgreSQL writes one
+	// about every 15 s while WAL is written). Valid only when LagKnown.
 	LagBytes int64 `json:"lag_bytes"`
 	// RetainedWALBytes is how much WAL the slot keeps on the server:
 	// current_wal_lsn - restart_lsn. Valid only when RetainedKnown.
@@ -82,6 +89,14 @@ type Status struct {
 	PublishedTotal   int64     `json:"published_total"`
 	// DeadLetters counts dead letters of the slot not yet replayed.
 	DeadLetters int64 `json:"dead_letters"`
+	// LastError is why the relay last stopped with an error, and when;
+	// cleared when a relay starts. Not a column of the view.
+	LastError   string    `json:"last_error,omitempty"`
+	LastErrorAt time.Time `json:"-"`
+	// Coverage lists why inserts into the outbox tables the slot is
+	// consumed for would not reach the relay (see cdc.CoverageState).
+	// Not a column of the view.
+	Coverage []string `json:"coverage,omitempty"`
 	// Warnings say why some figures are missing (for example the
 	// outboxrelay schema is not there). Not a column of the view.
 	Warnings []string `json:"warnings,omitempty"`
@@ -114,12 +129,14 @@ func (s Status) MarshalJSON() ([]byte, error) {
 		LastMessageID     *string    `json:"last_message_id"`
 		PublishedTotal    int64      `json:"published_total"`
 		DeadLetters       int64      `json:"dead_letters"`
+		LastError         string     `json:"last_error,omitempty"`
+		Coverage          []string   `json:"coverage,omitempty"`
 		Warnings          []string   `json:"warnings,omitempty"`
 	}
 	n := nullable{
 		Slot: s.Slot, Exists: s.Exists, ConfirmedFlushLSN: s.ConfirmedFlushLSN, RestartLSN: s.RestartLSN,
 		CurrentWALLSN: s.CurrentWALLSN, LastPublishedLSN: s.LastPublishedLSN, PublishedTotal: s.PublishedTotal,
-		DeadLetters: s.DeadLetters, Warnings: s.Warnings,
+		DeadLetters: s.DeadLetters, LastError: s.LastError, Coverage: s.Coverage, Warnings: s.Warnings,
 	}
 	if s.Exists {
 		n.Active = &s.Active
@@ -158,16 +175,22 @@ func (s Status) Problems(maxLagBytes int64) []string {
 	case "unreserved":
 		p = append(p, fmt.Sprintf("replication slot %q has wal_status=unreserved: PostgreSQL will remove WAL the relay still needs at the next checkpoint (max_slot_wal_keep_size)", s.Slot))
 	}
+	if !s.Active && s.LastError != "" {
+		p = append(p, fmt.Sprintf("the relay stopped at %s: %s", s.LastErrorAt.UTC().Format(time.RFC3339), s.LastError))
+	}
+	for _, c := range s.Coverage {
+		p = append(p, "coverage lost: "+c)
+	}
 	if maxLagBytes > 0 && s.LagKnown() && s.LagBytes > maxLagBytes {
 		p = append(p, fmt.Sprintf("lag of %d bytes is over the limit of %d bytes", s.LagBytes, maxLagBytes))
 	}
 	return p
 }
 
-// Querier runs a query returning one row: *pgx.Conn, *pgxpool.Pool and
-// pgx.Tx all satisfy it.
+// Querier runs queries: *pgx.Conn, *pgxpool.Pool and pgx.Tx all satisfy it.
 type Querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
 
 // The current position is the replay position on a standby, where
@@ -190,6 +213,10 @@ LEFT JOIN pg_replication_slots s ON s.slot_name = $1`
 const checkpointQuery = `
 SELECT last_lsn::text, last_message_id, last_published_at, published_total
 FROM outboxrelay.checkpoint WHERE slot = $1`
+
+const consumerQuery = `
+SELECT publication, coalesce(tables, '{}'), coalesce(error, ''), coalesce(error_at, 'epoch') FROM outboxrelay.checkpoint
+WHERE slot = $1`
 
 const deadLettersQuery = `
 SELECT count(*) FROM outboxrelay.dead_letters WHERE slot = $1 AND replayed_at IS NULL`
@@ -224,7 +251,10 @@ func Read(ctx context.Context, q Querier, slot string) (Status, error) {
 		}
 		*f.lsn = LSN(v)
 	}
-	s.LagBytes = int64(s.CurrentWALLSN) - int64(s.ConfirmedFlushLSN)
+	s.LagBytes = int64(s.CurrentWALLSN) - int64(min(s.ConfirmedFlushLSN, s.RestartLSN))
+	if s.RestartLSN == 0 {
+		s.LagBytes = int64(s.CurrentWALLSN) - int64(s.ConfirmedFlushLSN)
+	}
 	s.RetainedWALBytes = int64(s.CurrentWALLSN) - int64(s.RestartLSN)
 	if s.Exists {
 		switch {
@@ -263,6 +293,25 @@ func Read(ctx context.Context, q Querier, slot string) (Status, error) {
 	}
 	if lastAt != nil {
 		s.LastPublishedAt = lastAt.UTC()
+	}
+	if s.Exists {
+		var pub *string
+		var tables []string
+		err = q.QueryRow(ctx, consumerQuery, slot).Scan(&pub, &tables, &s.LastError, &s.LastErrorAt)
+		var pgErr *pgconn.PgError
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+		case errors.As(err, &pgErr) && pgErr.Code == "42703": // undefined_column: schema from before coverage
+			s.Warnings = append(s.Warnings, "schema outboxrelay is from an older version, so coverage is not checked; run `outboxrelay migrate`")
+		case err != nil:
+			return s, fmt.Errorf("read outboxrelay.checkpoint: %w", err)
+		case pub != nil:
+			cov, err := cdc.ReadCoverage(ctx, q, *pub, tables)
+			if err != nil {
+				return s, fmt.Errorf("check coverage: %w", err)
+			}
+			s.Coverage = cov.Problems()
+		}
 	}
 	if haveDLQ {
 		err = q.QueryRow(ctx, deadLettersQuery, slot).Scan(&s.DeadLetters)

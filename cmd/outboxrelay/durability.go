@@ -45,6 +45,39 @@ func (d *durability) apply(rc *relay.Config) {
 	}
 }
 
+// consumer records how the slot is consumed (cdc.Setup has compared it
+// with the record), registers the tables with the coverage trigger and
+// returns the guard that keeps checking coverage.
+func (d *durability) consumer(ctx context.Context) (*cdc.Guard, error) {
+	pg := d.cfg.Postgres
+	tables := qualifiedTables(pg.Tables)
+	state, err := cdc.ReadCoverage(ctx, d.pool, pg.Publication, tables)
+	if err != nil {
+		return nil, err
+	}
+	if p := state.Problems(); len(p) > 0 {
+		return nil, &cdc.CoverageError{Problems: p}
+	}
+	cp := cdc.Checkpoints{DB: d.pool, Slot: pg.Slot}
+	cur := cdc.Consumer{Publication: pg.Publication, Tables: tables, Relations: state.Tables}
+	if err := cp.RecordConsumer(ctx, cur); err != nil {
+		return nil, err
+	}
+	for _, t := range tables {
+		schema, name, _ := cdc.SplitTable(t)
+		_, err := d.pool.Exec(ctx, `INSERT INTO outboxrelay.coverage (publication, schema_name, table_name) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING`, pg.Publication, schema, name)
+		if err != nil {
+			d.log.Warn("cannot register the table with the coverage trigger; run `outboxrelay migrate` for it as the schema owner", zap.String("table", t), zap.Error(err))
+		}
+	}
+	if !state.Guarded {
+		d.log.Warn("the coverage event trigger is not installed or disabled: a table swap or ALTER PUBLICATION is found only by the periodic check (postgres.coverage_interval), after inserts may have been missed; run `outboxrelay migrate` as a superuser to install it")
+	}
+	return cdc.NewGuard(d.pool, cp, cdc.GuardConfig{
+		Publication: pg.Publication, Tables: tables, Ignored: qualifiedTables(pg.IgnoreTables), Interval: pg.CoverageInterval,
+	}, state.Tables, d.log), nil
+}
+
 // heartbeat runs the idle-slot heartbeat until ctx is done.
 func (d *durability) heartbeat(ctx context.Context) error {
 	if err := cdc.Heartbeat(ctx, d.pool, d.cfg.Postgres.HeartbeatInterval, d.log.Named("heartbeat")); err != nil {

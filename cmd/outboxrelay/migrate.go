@@ -53,6 +53,23 @@ func cmdMigrate(args []string, stdout io.Writer) error {
 	if err := migrations.Apply(ctx, conn, o); err != nil {
 		return usageErr("migrate: %v", err)
 	}
+	tables := []string{o.Table}
+	if o.Debezium {
+		tables = append(tables, o.DebeziumTable)
+	}
+	if _, err := conn.Exec(ctx, "SET outboxrelay.migrating = on"); err != nil {
+		return usageErr("migrate: %v", err)
+	}
+	changed, err := cdc.EnsurePublication(ctx, conn, o.Publication, qualifiedTables(tables), nil, nil, cdc.ModeMigrate)
+	if err != nil {
+		return usageErr("migrate: %v", err)
+	}
+	if _, err := conn.Exec(ctx, "RESET outboxrelay.migrating"); err != nil {
+		return usageErr("migrate: %v", err)
+	}
+	for _, c := range changed {
+		fmt.Fprintf(stdout, "%s\n", c)
+	}
 	fmt.Fprintf(stdout, "migrated: table %s, schema outboxrelay, publication %s\n", o.Table, o.Publication)
 	var walLevel string
 	if err := conn.QueryRow(ctx, "SHOW wal_level").Scan(&walLevel); err != nil {

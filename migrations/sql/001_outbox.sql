@@ -55,11 +55,27 @@ CREATE TABLE IF NOT EXISTS outboxrelay.dead_letters (
     created_at       timestamptz NOT NULL DEFAULT now(),
     replayed_at      timestamptz
 );
-CREATE INDEX IF NOT EXISTS dead_letters_pending ON outboxrelay.dead_letters (slot, id) WHERE replayed_at IS NULL;
+-- Guarded by a catalog check: CREATE INDEX IF NOT EXISTS locks the table even
+-- when the index exists.
+DO $outboxrelay$
+BEGIN
+    IF to_regclass('outboxrelay.dead_letters_pending') IS NULL THEN
+        CREATE INDEX dead_letters_pending ON outboxrelay.dead_letters (slot, id) WHERE replayed_at IS NULL;
+    END IF;
+END
+$outboxrelay$;
 
 -- One row per pgoutput slot: where PostgreSQL is, where the relay is. The
 -- columns are the fields of `outboxrelay status --json`, in the same order.
--- On a standby the current position is the replay position.
+-- On a standby the current position is the replay position. lag_bytes counts
+-- from the older of confirmed_flush_lsn and restart_lsn: keepalives move the
+-- confirmed position through a transaction the server is still decoding,
+-- while restart_lsn stays before it until it is delivered.
+DO $outboxrelay$
+BEGIN
+    -- CREATE OR REPLACE VIEW takes an ACCESS EXCLUSIVE lock, which would
+    -- queue every status reader behind it: replace it only when it changed.
+    IF obj_description(to_regclass('outboxrelay.status'), 'pg_class') IS DISTINCT FROM 'outboxrelay status, version 2' THEN
 CREATE OR REPLACE VIEW outboxrelay.status AS
 SELECT s.slot_name::text                                         AS slot,
        true                                                      AS exists,
@@ -68,7 +84,7 @@ SELECT s.slot_name::text                                         AS slot,
        s.confirmed_flush_lsn,
        s.restart_lsn,
        w.lsn                                                     AS current_wal_lsn,
-       pg_wal_lsn_diff(w.lsn, s.confirmed_flush_lsn)::bigint     AS lag_bytes,
+       pg_wal_lsn_diff(w.lsn, LEAST(s.confirmed_flush_lsn, s.restart_lsn))::bigint AS lag_bytes,
        pg_wal_lsn_diff(w.lsn, s.restart_lsn)::bigint             AS retained_wal_bytes,
        c.last_lsn                                                AS last_published_lsn,
        c.last_published_at,
@@ -81,6 +97,10 @@ CROSS JOIN (SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn()
                         ELSE pg_current_wal_lsn() END AS lsn) w
 LEFT JOIN outboxrelay.checkpoint c ON c.slot = s.slot_name
 WHERE s.plugin = 'pgoutput' AND s.database = current_database();
+        COMMENT ON VIEW outboxrelay.status IS 'outboxrelay status, version 2';
+    END IF;
+END
+$outboxrelay$;
 
 -- Any role may read the status (the view counts dead letters with its
 -- owner's rights); dead letters themselves hold payloads and stay private.
@@ -90,7 +110,8 @@ GRANT SELECT ON outboxrelay.status, outboxrelay.checkpoint TO PUBLIC;
 DO $outboxrelay$
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = {{.PublicationLiteral}}) THEN
-        CREATE PUBLICATION {{.Publication}} FOR TABLE {{.Table}}{{if .Debezium}}, {{.DebeziumTable}}{{end}} WITH (publish = 'insert');
+        CREATE PUBLICATION {{.Publication}} FOR TABLE {{.Table}}{{if .Debezium}}, {{.DebeziumTable}}{{end}}
+            WITH (publish = 'insert', publish_via_partition_root = true);
     END IF;
 END
 $outboxrelay$;
