@@ -5,18 +5,25 @@
 // # Guarantees
 //
 // A message is reported delivered (done(m, nil)) only after the broker
-// acked it on the channel it was published on and did not return it. In
-// particular:
+// acked that very publish on the channel it was published on and did not
+// return it. In particular:
 //
-//   - Unroutable (basic.return, which RabbitMQ sends before the basic.ack of
-//     the same message): reported as a relay.Permanent error wrapping
-//     ErrUnroutable, never as success. Returns are matched to publishes by
-//     message_id, oldest unacknowledged publish first.
+//   - Unroutable (basic.return, which RabbitMQ sends before the confirmation
+//     of the same publish): reported as a relay.Permanent error wrapping
+//     ErrUnroutable, never as success. Every publish carries the header
+//     x-outboxrelay-publish-tag, the delivery tag of that publish on its
+//     channel, and a return is matched by it: message ids may repeat among
+//     the messages in flight and are never used to match. Consumers may
+//     ignore the header; its value changes when a message is republished.
 //   - Nacked (basic.nack, an internal broker error or a queue in
 //     reject-publish overflow): reported as a retryable error wrapping
 //     ErrNacked; the relay retries it. The sink does not republish it by
 //     itself, because messages after it may already be confirmed and a
-//     silent republish would hide the reordering from the relay.
+//     silent republish would hide the reordering from the relay. The
+//     outcome of each publish is taken from its own deferred confirmation
+//     (amqp091 PublishWithDeferredConfirm), not from the ack flag that
+//     NotifyPublish delivers: amqp091 v1.16.0 passes a multiple ack on as
+//     an ack for every tag it covers, also one nacked out of order before.
 //   - Connection or channel lost: every message published on the dead
 //     channel and not yet acked is republished by the sink on the next
 //     channel, in the original publish order and before any new message, so

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sort"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -33,6 +35,11 @@ const (
 	// maxShortstr is the AMQP limit of exchange names, routing keys,
 	// message ids, types and header names.
 	maxShortstr = 255
+	// tagHeader carries the delivery tag of each publish, so that a
+	// basic.return, which has no delivery tag, can be matched to the one
+	// publish it is for. The relay sets it last, over any row header of the
+	// same name; RabbitMQ ignores x- headers when a headers exchange routes.
+	tagHeader = "x-outboxrelay-publish-tag"
 )
 
 var _ relay.Sink = (*Sink)(nil)
@@ -82,9 +89,22 @@ type pending struct {
 	// frame is the encoded size of the content header frame, checked
 	// against the frame size negotiated with the broker.
 	frame int
-	// returned is set (under Sink.mu) by a basic.return for this publish
-	// and reported when its basic.ack arrives.
+
+	// Per publish, guarded by Sink.mu and reset when the message is
+	// republished on a new channel.
+	//
+	// returned is set by the basic.return of this publish and reported when
+	// its confirmation arrives.
 	returned error
+	// dc is amqp091's confirmation of this publish: the only source of its
+	// ack or nack. The ack flag of the Confirmation that NotifyPublish
+	// delivers can be wrong: a multiple ack is passed on as an ack for
+	// every tag up to it, also for a tag that was nacked out of order
+	// before. NotifyPublish only tells when the outcome is known.
+	dc *amqp.DeferredConfirmation
+	// confirmed is set when the confirmation arrived before the publish
+	// call returned dc; the publisher then reports the outcome.
+	confirmed bool
 }
 
 // New checks cfg, applies its defaults and returns a Sink. It neither dials
@@ -332,7 +352,7 @@ func (s *Sink) prepare(m *relay.Message, done func(*relay.Message, error)) (*pen
 		return nil, fmt.Errorf("message %s is %d bytes, over max_message_size %d", m.ID, len(m.Envelope), s.cfg.MaxMessageSize)
 	}
 
-	headers := make(amqp.Table, len(m.Headers)+3)
+	headers := make(amqp.Table, len(m.Headers)+len(m.Attributes)+4)
 	for _, h := range m.Headers {
 		if len(h.Key) > maxShortstr {
 			return nil, fmt.Errorf("header name of message %s is %d bytes, over the AMQP limit of 255: %.64q...", m.ID, len(h.Key), h.Key)
@@ -351,6 +371,8 @@ func (s *Sink) prepare(m *relay.Message, done func(*relay.Message, error)) (*pen
 	for _, a := range m.Attributes {
 		headers["cloudEvents:"+a.Key] = a.Value
 	}
+	// Sized here for the widest tag; send writes the tag of each publish.
+	headers[tagHeader] = strconv.FormatUint(math.MaxUint64, 10)
 	contentType := m.ContentType
 	if contentType == "" {
 		contentType = "application/json"
@@ -415,32 +437,15 @@ func (s *Sink) publishOn(ctx context.Context, sess *session, p *pending) (bool, 
 	}
 
 	s.mu.Lock()
-	if s.sess != sess || sess.dead || sess.blocked {
-		s.mu.Unlock()
+	usable := s.sess == sess && !sess.dead && !sess.blocked
+	s.mu.Unlock()
+	if !usable {
 		return false, nil
 	}
-	// Registered before the write: the ack may be processed before the
-	// write returns.
-	tag := sess.ch.GetNextPublishSeqNo()
-	sess.inflight[tag] = p
-	s.mu.Unlock()
-
-	dc, err := sess.ch.PublishWithDeferredConfirmWithContext(ctx, s.cfg.Exchange, p.key, true, false, p.pub)
+	err := s.send(ctx, sess, p)
 	if err == nil {
-		if dc == nil || dc.DeliveryTag != tag {
-			// Cannot happen while pubMu serialises publishing; if it does,
-			// acks would be matched to the wrong messages. Drop the channel
-			// so that everything unconfirmed is republished.
-			s.log.Error("rabbitmq delivery tag mismatch, reconnecting", zap.Uint64("expected", tag))
-			s.markDead(sess)
-			_ = sess.conn.CloseDeadline(time.Now().Add(closeTimeout))
-		}
 		return true, nil
 	}
-
-	s.mu.Lock()
-	delete(sess.inflight, tag)
-	s.mu.Unlock()
 	if ctx.Err() != nil {
 		return false, ctx.Err()
 	}
@@ -449,6 +454,46 @@ func (s *Sink) publishOn(ctx context.Context, sess *session, p *pending) (bool, 
 	s.log.Debug("publish failed, waiting for a new channel", zap.String("message_id", p.m.ID), zap.Error(redactError(err, s.cfg.URL)))
 	s.markDead(sess)
 	return false, nil
+}
+
+// send publishes p on sess with mandatory set and records it as in flight
+// under its delivery tag. s.pubMu must be held, so that the tag read before
+// the publish is the tag of that publish.
+func (s *Sink) send(ctx context.Context, sess *session, p *pending) error {
+	s.mu.Lock()
+	tag := sess.ch.GetNextPublishSeqNo()
+	p.returned, p.dc, p.confirmed = nil, nil, false
+	p.pub.Headers[tagHeader] = strconv.FormatUint(tag, 10)
+	// Registered before the write: the confirmation may be processed before
+	// the write returns.
+	sess.inflight[tag] = p
+	s.mu.Unlock()
+
+	dc, err := sess.ch.PublishWithDeferredConfirmWithContext(ctx, s.cfg.Exchange, p.key, true, false, p.pub)
+	if err != nil {
+		s.mu.Lock()
+		delete(sess.inflight, tag)
+		s.mu.Unlock()
+		return err
+	}
+	if dc == nil || dc.DeliveryTag != tag {
+		// Cannot happen while pubMu serialises publishing; if it does,
+		// confirmations would be matched to the wrong messages. Drop the
+		// channel so that everything unconfirmed is republished; without
+		// dc, p is never reported delivered.
+		s.log.Error("rabbitmq delivery tag mismatch, reconnecting", zap.Uint64("expected", tag))
+		s.markDead(sess)
+		_ = sess.conn.CloseDeadline(time.Now().Add(closeTimeout))
+		dc = nil
+	}
+	s.mu.Lock()
+	p.dc = dc
+	confirmed := p.confirmed
+	s.mu.Unlock()
+	if confirmed {
+		s.report(p)
+	}
+	return nil
 }
 
 // finish releases p's slot and reports its outcome.
@@ -496,14 +541,8 @@ func (s *Sink) activate(ctx context.Context, sess *session) error {
 			s.finish(p, relay.Permanent(fmt.Errorf("headers of message %s need a %d byte frame, over the frame size %d negotiated with the broker", p.m.ID, p.frame, max)))
 			continue
 		}
-		s.mu.Lock()
-		tag := sess.ch.GetNextPublishSeqNo()
-		p.returned = nil
-		sess.inflight[tag] = p
-		s.mu.Unlock()
-		if _, err := sess.ch.PublishWithDeferredConfirmWithContext(ctx, s.cfg.Exchange, p.key, true, false, p.pub); err != nil {
+		if err := s.send(ctx, sess, p); err != nil {
 			s.mu.Lock()
-			delete(sess.inflight, tag)
 			s.carry = carry[i:] // nothing else adds to carry while sess lives
 			s.mu.Unlock()
 			return err
@@ -585,9 +624,9 @@ func (s *Sink) serve(ctx context.Context, sess *session) {
 				s.teardown(sess)
 				return
 			}
-			// RabbitMQ sends basic.return before the basic.ack of the same
-			// message and amqp091 delivers both from one goroutine in that
-			// order, so the return is queued by now.
+			// RabbitMQ sends basic.return before the confirmation of the
+			// same publish and amqp091 delivers both from one goroutine in
+			// that order, so the return is queued by now.
 			s.drainReturns(sess)
 			s.settle(sess, c)
 		case r, ok := <-sess.returns:
@@ -646,45 +685,69 @@ func (s *Sink) drainReturns(sess *session) {
 	}
 }
 
-// markReturned records a basic.return on the oldest unacknowledged publish
-// with the same message_id that was not returned yet.
+// markReturned records a basic.return on the publish it is for, found by
+// the delivery tag the sink put in its tagHeader. Message ids can repeat
+// among the messages in flight (two outbox tables, ids chosen by the
+// application), so they cannot tell which publish was returned.
 func (s *Sink) markReturned(sess *session, r amqp.Return) {
 	err := relay.Permanent(fmt.Errorf("%w: exchange %q routing key %q: %s", ErrUnroutable, r.Exchange, r.RoutingKey, r.ReplyText))
+	v, _ := r.Headers[tagHeader].(string)
+	tag, perr := strconv.ParseUint(v, 10, 64)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var match *pending
-	var matchTag uint64
-	for t, p := range sess.inflight {
-		if p.m.ID == r.MessageId && p.returned == nil && (match == nil || t < matchTag) {
-			match, matchTag = p, t
-		}
-	}
-	if match == nil {
-		s.log.Warn("rabbitmq returned a message that is not in flight", zap.String("message_id", r.MessageId))
+	p := sess.inflight[tag]
+	if perr != nil || p == nil || p.returned != nil {
+		s.log.Warn("rabbitmq returned a message that is not in flight", zap.String("message_id", r.MessageId), zap.String("tag", v))
 		return
 	}
-	match.returned = err
+	p.returned = err
 }
 
-// settle reports the outcome of the publish a confirmation is for.
+// settle reports the outcome of the publish a confirmation is for. The
+// confirmation's ack flag is not used: see pending.dc.
 func (s *Sink) settle(sess *session, c amqp.Confirmation) {
 	s.mu.Lock()
 	p, ok := sess.inflight[c.DeliveryTag]
 	delete(sess.inflight, c.DeliveryTag)
 	sess.acked = true
-	var err error
-	if ok {
-		err = p.returned
+	early := ok && p.dc == nil
+	if early {
+		p.confirmed = true
 	}
 	s.mu.Unlock()
-	if !ok {
+	switch {
+	case !ok:
 		s.log.Debug("confirmation for an unknown delivery tag", zap.Uint64("tag", c.DeliveryTag))
-		return
+	case !early:
+		s.report(p)
 	}
-	if err == nil && !c.Ack {
+}
+
+// report finishes p, whose confirmation arrived: returned, acked by its
+// deferred confirmation, or else nacked. amqp091 settles the deferred
+// confirmation before it notifies NotifyPublish, so it is done by now; if
+// it ever is not, p is reported nacked (retried), never delivered.
+func (s *Sink) report(p *pending) {
+	s.mu.Lock()
+	err, dc := p.returned, p.dc
+	s.mu.Unlock()
+	if err == nil && !acked(dc) {
 		err = fmt.Errorf("%w: exchange %q routing key %q", ErrNacked, s.cfg.Exchange, p.key)
 	}
 	s.finish(p, err)
+}
+
+// acked reports whether dc is settled with a basic.ack.
+func acked(dc *amqp.DeferredConfirmation) bool {
+	if dc == nil {
+		return false
+	}
+	select {
+	case <-dc.Done():
+		return dc.Acked()
+	default:
+		return false
+	}
 }
 
 func (s *Sink) setBlocked(sess *session, b amqp.Blocking) {

@@ -274,8 +274,11 @@ func TestPublishDeliversWithEveryProperty(t *testing.T) {
 			t.Errorf("%s: type %q content type %q delivery mode %d app id %q", m.ID, d.Type, d.ContentType, d.DeliveryMode, d.AppId)
 		case !d.Timestamp.Equal(m.CommitTime.Truncate(time.Second)):
 			t.Errorf("%s: timestamp %s, want %s", m.ID, d.Timestamp, m.CommitTime.Truncate(time.Second))
-		case len(d.Headers) != len(wantHeaders):
-			t.Errorf("%s: headers %v, want %v", m.ID, d.Headers, wantHeaders)
+		case len(d.Headers) != len(wantHeaders)+1:
+			t.Errorf("%s: headers %v, want %v and %s", m.ID, d.Headers, wantHeaders, tagHeader)
+		}
+		if tag, _ := d.Headers[tagHeader].(string); !regexp.MustCompile(`^[1-9][0-9]*$`).MatchString(tag) {
+			t.Errorf("%s: header %s = %q, want a delivery tag", m.ID, tagHeader, tag)
 		}
 		for k, v := range wantHeaders {
 			if d.Headers[k] != v {
