@@ -384,6 +384,12 @@ func (r *Relay) Inflight() int { return r.window.inflight() }
 // Retrying reports whether some message is waiting to be published again.
 func (r *Relay) Retrying() bool { return r.retrying.Load() > 0 || r.storing.Load() > 0 }
 
+// Unacknowledged implements cdc.Handler.
+func (r *Relay) Unacknowledged() int {
+	n, _ := r.tracker.inflight()
+	return n
+}
+
 // Idle implements cdc.Handler.
 func (r *Relay) Idle(walEnd cdc.LSN) { r.tracker.idle(walEnd) }
 
