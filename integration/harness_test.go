@@ -79,9 +79,15 @@ type env struct {
 // a kfake broker that the relay reaches over TCP.
 func newEnv(t *testing.T) *env {
 	t.Helper()
+	return newEnvOn(t, pg)
+}
+
+// newEnvOn is newEnv on a server of the test's own, for tests that stop it.
+func newEnvOn(t *testing.T, srv *pgserver.Server) *env {
+	t.Helper()
 	ctx := t.Context()
 	name := fmt.Sprintf("it_%d_%d", os.Getpid(), dbCounter.Add(1))
-	url, err := pg.CreateDatabase(ctx, name)
+	url, err := srv.CreateDatabase(ctx, name)
 	if err != nil {
 		t.Fatalf("create database: %v", err)
 	}
