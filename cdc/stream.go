@@ -335,7 +335,9 @@ func (s *Stream) read(ctx context.Context, conn *pgconn.PgConn, h Handler, st *s
 // reply it gets. With messages the broker has not acknowledged, the relay
 // cannot report that position without confirming them, and answering would
 // keep the walsender, and so the postmaster, waiting for good: the relay's
-// replies also keep wal_sender_timeout from ever firing.
+// replies also keep wal_sender_timeout from ever firing. The wait is not
+// cheap either: a logical walsender in WalSndDone does not sleep, and
+// burns a core until its client confirms or goes away.
 //
 // So when reply requests keep coming, none more than waitGap after the
 // previous one, for waitAfter, while messages are unacknowledged and the
@@ -348,6 +350,10 @@ func (s *Stream) read(ctx context.Context, conn *pgconn.PgConn, h Handler, st *s
 // are what the walsender itself waits on. A false alarm (a
 // wal_sender_timeout under about two seconds, while the broker is down) costs
 // a reconnect, never a message.
+//
+// Not covered: a reader blocked in the Handler (the in-flight window is
+// full) reads no keepalives, and the walsender, unable to send, never gets to
+// WalSndDone; PostgreSQL then waits for the relay as before.
 const (
 	// replyGap is the least time between two replies to reply requests while
 	// the confirmed position stands still. A walsender's own request
@@ -356,7 +362,7 @@ const (
 	// waitGap and waitAfter define reply requests that "keep coming": a
 	// stopping walsender asks again within one replyGap of each reply.
 	waitGap   = 4 * replyGap
-	waitAfter = 3 * time.Second
+	waitAfter = 2 * time.Second
 )
 
 // waitWatch recognises a run of reply requests that the relay cannot answer

@@ -43,11 +43,18 @@ func TestPostgresStopsDuringBrokerOutage(t *testing.T) {
 	for i := range 5 {
 		ids = append(ids, e.insert("outbox", "order", strconv.Itoa(i), 20)...)
 	}
+	e.consume("outbox.order").waitIDs(ids, 30*time.Second)
 	cluster.Close()
 	t.Log("broker stopped")
-	for i := range 5 {
-		ids = append(ids, e.insert("outbox", "order", strconv.Itoa(i), 20)...)
+	var outageStart string
+	if err := e.db.QueryRow(t.Context(), "SELECT pg_current_wal_insert_lsn()::text").Scan(&outageStart); err != nil {
+		t.Fatal(err)
 	}
+	var unacked []string
+	for i := range 5 {
+		unacked = append(unacked, e.insert("outbox", "order", strconv.Itoa(i), 20)...)
+	}
+	ids = append(ids, unacked...)
 	// Everything committed has reached the relay, which cannot get it acknowledged.
 	var walsender int
 	deadline := time.Now().Add(30 * time.Second)
@@ -64,7 +71,6 @@ func TestPostgresStopsDuringBrokerOutage(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	time.Sleep(time.Second)
-	slotBefore := e.slotLSN()
 
 	cpu := sampleCPU(walsender)
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
@@ -73,7 +79,7 @@ func TestPostgresStopsDuringBrokerOutage(t *testing.T) {
 	took := time.Since(started)
 	cancel()
 	busy := cpu()
-	t.Logf("pg_ctl stop -m fast with %d rows unacknowledged took %s; walsender CPU while stopping: %s", len(ids)/2, took.Round(10*time.Millisecond), busy)
+	t.Logf("pg_ctl stop -m fast with %d rows unacknowledged took %s; walsender CPU while stopping: %s", len(unacked), took.Round(10*time.Millisecond), busy)
 	if err != nil || took > 15*time.Second {
 		p.kill() // the walsender's client gone, PostgreSQL can finish stopping
 		t.Fatalf("PostgreSQL did not stop within 15s while the broker was down (took %s): %v", took.Round(10*time.Millisecond), err)
@@ -91,8 +97,14 @@ func TestPostgresStopsDuringBrokerOutage(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.db = connectT(t, e.dbURL)
-	if got := e.slotLSN(); got != slotBefore {
-		t.Errorf("slot confirmed_flush_lsn moved from %s to %s while the broker was down", slotBefore, got)
+	// PostgreSQL 15 may bring the slot back to an older position after a
+	// restart; it must never have gone past the first unacknowledged row.
+	var confirmedPast bool
+	if err := e.db.QueryRow(t.Context(), "SELECT confirmed_flush_lsn > $1::pg_lsn FROM pg_replication_slots WHERE slot_name = 'outboxrelay'", outageStart).Scan(&confirmedPast); err != nil {
+		t.Fatal(err)
+	}
+	if confirmedPast {
+		t.Errorf("slot confirmed at %s, past %s where the unacknowledged rows begin", e.slotLSN(), outageStart)
 	}
 	cluster = newCluster()
 	t.Cleanup(cluster.Close)
