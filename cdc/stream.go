@@ -344,10 +344,11 @@ func (s *Stream) read(ctx context.Context, conn *pgconn.PgConn, h Handler, st *s
 // confirmed position is short of the server's, the session ends without a
 // further status update. The slot stays where it was, the walsender exits,
 // PostgreSQL stops, and the next session resumes from the slot: nothing is
-// lost, unacknowledged messages are delivered again. Waiting for the
-// postmaster to refuse new connections was the alternative; it needs a second
-// connection and says nothing about a switchover, while the reply requests
-// are what the walsender itself waits on. A false alarm (a
+// lost, unacknowledged messages are delivered again. Probing whether the
+// postmaster refuses new connections (57P03) was the alternative; it needs a
+// second connection and tells the state of the postmaster, not what this
+// walsender waits for, while the reply requests are exactly that. A false
+// alarm (a
 // wal_sender_timeout under about two seconds, while the broker is down) costs
 // a reconnect, never a message.
 //
