@@ -42,6 +42,9 @@ type Handler interface {
 	// that ended at or before it has been acknowledged by the broker. It is
 	// called from another goroutine.
 	Confirmed() LSN
+	// Unacknowledged returns the number of messages handed to the broker and
+	// not yet acknowledged (or dead-lettered). It is safe for concurrent use.
+	Unacknowledged() int
 	// Drain waits until every message handed out so far is acknowledged or
 	// ctx is done.
 	Drain(ctx context.Context) error
@@ -184,6 +187,14 @@ func (s *Stream) session(ctx context.Context, h Handler) (err error) {
 
 	readErr := s.read(ctx, conn, h, st)
 	s.streaming.Store(false)
+	if errors.Is(readErr, errCannotConfirm) {
+		// Give the walsender nothing more, not even a final status: the
+		// deferred Close ends the connection, and with it the walsender.
+		st.close()
+		stopStatus()
+		wg.Wait()
+		return readErr
+	}
 
 	// Drain even after a handler error: whatever the broker acknowledged is
 	// confirmed, so a restart repeats as little as possible.
@@ -231,10 +242,15 @@ func isHandlerErr(err error) bool {
 	return errors.As(err, &he)
 }
 
+// errCannotConfirm ends a session whose walsender waits for a flush
+// position the relay cannot report yet.
+var errCannotConfirm = errors.New("PostgreSQL waits for the relay to confirm everything it sent (it is shutting down or switching over), but the broker has not acknowledged every message; closing the replication connection without confirming them, so that PostgreSQL can stop, and resuming from the slot afterwards")
+
 func (s *Stream) read(ctx context.Context, conn *pgconn.PgConn, h Handler, st *statusWriter) error {
 	dec := NewDecoder()
 	var ev Event
 	inTx := false
+	waits := waitWatch{gap: waitGap, after: waitAfter}
 	netConn := conn.Conn()
 	for {
 		// A silent peer (a cut without a reset) must not hold the session
@@ -266,6 +282,10 @@ func (s *Stream) read(ctx context.Context, conn *pgconn.PgConn, h Handler, st *s
 					h.Idle(ka.ServerWALEnd)
 				}
 				if ka.ReplyRequested {
+					n := h.Unacknowledged()
+					if waits.observe(time.Now(), n > 0 && h.Confirmed() < ka.ServerWALEnd) {
+						return retryableErr{fmt.Errorf("%w (%d unacknowledged, confirmed %s, server at %s)", errCannotConfirm, n, h.Confirmed(), ka.ServerWALEnd)}
+					}
 					st.requestReply()
 				}
 			case pglogrepl.XLogDataByteID:
@@ -303,15 +323,84 @@ func (s *Stream) read(ctx context.Context, conn *pgconn.PgConn, h Handler, st *s
 	}
 }
 
+// How the relay tells a stopping walsender from a live one.
+//
+// A walsender asks for a reply on its own only when half of
+// wal_sender_timeout has passed without hearing from the client
+// (WalSndKeepaliveIfNecessary); the status writer reports every
+// StatusInterval, so such requests are rare and never come in a row. A
+// walsender that is stopping (fast or smart shutdown, a switchover) has sent
+// everything and waits in WalSndDone until the client's flush position
+// reaches the last position it sent, asking for a reply again after every
+// reply it gets. With messages the broker has not acknowledged, the relay
+// cannot report that position without confirming them, and answering would
+// keep the walsender, and so the postmaster, waiting for good: the relay's
+// replies also keep wal_sender_timeout from ever firing. The wait is not
+// cheap either: a logical walsender in WalSndDone does not sleep, and
+// burns a core until its client confirms or goes away.
+//
+// So when reply requests keep coming, none more than waitGap after the
+// previous one, for waitAfter, while messages are unacknowledged and the
+// confirmed position is short of the server's, the session ends without a
+// further status update. The slot stays where it was, the walsender exits,
+// PostgreSQL stops, and the next session resumes from the slot: nothing is
+// lost, unacknowledged messages are delivered again. Probing whether the
+// postmaster refuses new connections (57P03) was the alternative; it needs a
+// second connection and tells the state of the postmaster, not what this
+// walsender waits for, while the reply requests are exactly that. A false
+// alarm (a
+// wal_sender_timeout under about two seconds, while the broker is down) costs
+// a reconnect, never a message.
+//
+// Not covered: a reader blocked in the Handler (the in-flight window is
+// full) reads no keepalives, and the walsender, unable to send, never gets to
+// WalSndDone; PostgreSQL then waits for the relay as before.
+const (
+	// replyGap is the least time between two replies to reply requests while
+	// the confirmed position stands still. A walsender's own request
+	// (wal_sender_timeout/2 without a reply) is still answered within it.
+	replyGap = 250 * time.Millisecond
+	// waitGap and waitAfter define reply requests that "keep coming": a
+	// stopping walsender asks again within one replyGap of each reply.
+	waitGap   = 4 * replyGap
+	waitAfter = 2 * time.Second
+)
+
+// waitWatch recognises a run of reply requests that the relay cannot answer
+// with the position the walsender waits for.
+type waitWatch struct {
+	gap, after  time.Duration
+	first, last time.Time
+}
+
+// observe records a reply request received at now; stuck says whether the
+// relay could not report the server's position then. It reports whether
+// such requests have kept coming for at least w.after.
+func (w *waitWatch) observe(now time.Time, stuck bool) bool {
+	if !stuck {
+		w.first, w.last = time.Time{}, time.Time{}
+		return false
+	}
+	if w.last.IsZero() || now.Sub(w.last) > w.gap {
+		w.first = now
+	}
+	w.last = now
+	return now.Sub(w.first) >= w.after
+}
+
 // statusWriter sends standby status updates. It is the only writer on the
 // replication connection while the stream runs, so the reader never blocks it.
 type statusWriter struct {
 	conn  *pgconn.PgConn
 	h     Handler
 	reply chan struct{}
-	mu    sync.Mutex
 	// replyEvery: every how many ticks a reply is requested.
 	replyEvery int
+
+	mu       sync.Mutex
+	lastSent time.Time // of the last status update
+	lastPos  LSN       // reported by it
+	closed   bool      // no status update may be sent any more
 }
 
 func (w *statusWriter) requestReply() {
@@ -324,19 +413,50 @@ func (w *statusWriter) requestReply() {
 func (w *statusWriter) run(ctx context.Context, every time.Duration, log *zap.Logger) {
 	t := time.NewTicker(every)
 	defer t.Stop()
-	for tick := 1; ; tick++ {
+	var held <-chan time.Time // a reply held back by replyGap
+	for tick := 0; ; {
+		ask := false
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+			tick++
+			// Ask for a reply well within the reader's receive timeout, so
+			// that the timeout only fires on a dead connection.
+			ask = tick%w.replyEvery == 0
 		case <-w.reply:
+			if wait := w.holdReply(time.Now()); wait > 0 {
+				if held == nil {
+					held = time.After(wait)
+				}
+				continue
+			}
+		case <-held:
 		}
-		// Ask for a reply well within the reader's receive timeout, so that
-		// the timeout only fires on a dead connection.
-		if err := w.sendRequest(ctx, tick%w.replyEvery == 0); err != nil {
+		held = nil
+		if err := w.sendRequest(ctx, ask); err != nil {
 			log.Warn("send standby status", zap.Error(err))
 		}
 	}
+}
+
+// holdReply returns how long a reply to a reply request waits: not at all
+// when it reports a new position, else until replyGap has passed since the
+// last status update.
+func (w *statusWriter) holdReply(now time.Time) time.Duration {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.lastSent.IsZero() || w.h.Confirmed() != w.lastPos {
+		return 0
+	}
+	return max(0, w.lastSent.Add(replyGap).Sub(now))
+}
+
+// close stops every later status update.
+func (w *statusWriter) close() {
+	w.mu.Lock()
+	w.closed = true
+	w.mu.Unlock()
 }
 
 func (w *statusWriter) send(ctx context.Context) error { return w.sendRequest(ctx, false) }
@@ -344,16 +464,23 @@ func (w *statusWriter) send(ctx context.Context) error { return w.sendRequest(ct
 func (w *statusWriter) sendRequest(ctx context.Context, replyRequested bool) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if w.closed {
+		return nil
+	}
 	pos := w.h.Confirmed()
 	// All three positions are set: pglogrepl fills a zero flush or apply
 	// position from the write position, which would confirm too much.
-	return pglogrepl.SendStandbyStatusUpdate(ctx, w.conn, pglogrepl.StandbyStatusUpdate{
+	err := pglogrepl.SendStandbyStatusUpdate(ctx, w.conn, pglogrepl.StandbyStatusUpdate{
 		WALWritePosition: pos,
 		WALFlushPosition: pos,
 		WALApplyPosition: pos,
 		ClientTime:       time.Now(),
 		ReplyRequested:   replyRequested,
 	})
+	if err == nil {
+		w.lastSent, w.lastPos = time.Now(), pos
+	}
+	return err
 }
 
 // slotStart returns the slot's confirmed_flush_lsn, failing clearly when the

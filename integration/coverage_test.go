@@ -140,7 +140,7 @@ CREATE TABLE public.outbox_2020 PARTITION OF public.outbox FOR VALUES FROM ('202
 // created, one attached and one dropped while the relay runs. Every row
 // arrives under the root's name.
 func TestPartitionedOutbox(t *testing.T) {
-	e := newEnvWith(t, partitionedOutbox)
+	e := newEnvWith(t, pg, partitionedOutbox)
 	c := e.consume("outbox.order")
 	p := e.start()
 	p.waitLog(`"streaming"`, 30*time.Second)
@@ -315,7 +315,7 @@ func TestPublicationDropTable(t *testing.T) {
 // name that publishes only updates and deletes. migrate repairs it and says
 // so; a relay started on such a publication refuses.
 func TestForeignPublicationWithoutInserts(t *testing.T) {
-	e := newEnvWith(t, `CREATE TABLE public.outbox (
+	e := newEnvWith(t, pg, `CREATE TABLE public.outbox (
 		id uuid PRIMARY KEY DEFAULT gen_random_uuid(), aggregate_type text NOT NULL, aggregate_id text NOT NULL,
 		event_type text NOT NULL, payload jsonb NOT NULL, headers jsonb NOT NULL DEFAULT '{}', traceparent text,
 		schema_version int NOT NULL DEFAULT 1, created_at timestamptz NOT NULL DEFAULT now());

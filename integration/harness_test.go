@@ -79,16 +79,22 @@ type env struct {
 // a kfake broker that the relay reaches over TCP.
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	return newEnvWith(t, "")
+	return newEnvWith(t, pg, "")
 }
 
-// newEnvWith is newEnv that runs preMigrate (SQL) in the new database
-// before migrate: an outbox table or a publication of the user's own.
-func newEnvWith(t *testing.T, preMigrate string) *env {
+// newEnvOn is newEnv on a server of the test's own, for tests that stop it.
+func newEnvOn(t *testing.T, srv *pgserver.Server) *env {
+	t.Helper()
+	return newEnvWith(t, srv, "")
+}
+
+// newEnvWith is newEnv on srv that runs preMigrate (SQL) in the new
+// database before migrate: an outbox table or a publication of the user's own.
+func newEnvWith(t *testing.T, srv *pgserver.Server, preMigrate string) *env {
 	t.Helper()
 	ctx := t.Context()
 	name := fmt.Sprintf("it_%d_%d", os.Getpid(), dbCounter.Add(1))
-	url, err := pg.CreateDatabase(ctx, name)
+	url, err := srv.CreateDatabase(ctx, name)
 	if err != nil {
 		t.Fatalf("create database: %v", err)
 	}

@@ -411,6 +411,12 @@ func (r *Relay) Inflight() int { return r.window.inflight() }
 // Retrying reports whether some message is waiting to be published again.
 func (r *Relay) Retrying() bool { return r.retrying.Load() > 0 || r.storing.Load() > 0 }
 
+// Unacknowledged implements cdc.Handler.
+func (r *Relay) Unacknowledged() int {
+	n, _ := r.tracker.inflight()
+	return n
+}
+
 // Idle implements cdc.Handler.
 func (r *Relay) Idle(walEnd cdc.LSN) { r.tracker.idle(walEnd) }
 
@@ -479,15 +485,20 @@ func (r *Relay) Message(ctx context.Context, lm *cdc.LogicalMessage) error {
 	if lm.Prefix != r.cfg.MessagePrefix {
 		return nil // heartbeats and other tools' messages
 	}
-	if !lm.Transactional {
+	if !lm.Transactional && r.tx == nil {
 		// Not tied to a transaction: track it on its own. It never moves the
 		// watermark itself (end 0), but holds back later positions until acked.
-		tx := r.tracker.begin()
-		defer r.tracker.commit(0)
-		saved := r.tx
-		r.tx = tx
-		defer func() { r.tx = saved }()
+		r.tx = r.tracker.begin()
+		defer func() {
+			r.tracker.commit(0)
+			r.tx = nil
+		}()
 	}
+	// A non-transactional message inside an open transaction (pgoutput
+	// without streaming never interleaves them, but a decoder that did must
+	// not break the watermark) is counted with that transaction: opening a
+	// tracker entry of its own would end the open one, whose commit would
+	// then find nothing to close, and the watermark would stop for good.
 	m, buildErr := r.buildEmitted(lm)
 	if !lm.Transactional && buildErr == nil {
 		// PostgreSQL decodes a non-transactional message at once, whether its

@@ -106,3 +106,55 @@ func TestNonTransactionalMessagesAreDeadLettered(t *testing.T) {
 		t.Fatalf("published %v, dead-lettered %v; a non-transactional message may be from a rolled-back transaction", s.seen, dl.ids)
 	}
 }
+
+// interleavedSource sends a non-transactional message between the changes
+// of an open transaction.
+type interleavedSource struct{}
+
+func (interleavedSource) Run(ctx context.Context, h cdc.Handler) error {
+	if err := h.Start(ctx, 0); err != nil {
+		return err
+	}
+	msg := func(id string, transactional bool, lsn cdc.LSN) error {
+		c := fmt.Sprintf(`{"id":%q,"aggregate_type":"order","aggregate_id":"42","event_type":"x","payload":{}}`, id)
+		return h.Message(ctx, &cdc.LogicalMessage{Transactional: transactional, LSN: lsn, Prefix: "outboxrelay", Content: []byte(c)})
+	}
+	_ = h.Begin(ctx, cdc.Begin{FinalLSN: 150})
+	if err := msg("in-tx", true, 110); err != nil {
+		return err
+	}
+	if err := msg("loose", false, 120); err != nil {
+		return err
+	}
+	_ = h.Commit(ctx, cdc.Commit{EndLSN: 200})
+	_ = h.Begin(ctx, cdc.Begin{FinalLSN: 250})
+	if err := msg("next", true, 210); err != nil {
+		return err
+	}
+	_ = h.Commit(ctx, cdc.Commit{EndLSN: 300})
+	return h.Drain(ctx)
+}
+
+func TestNonTransactionalMessageInsideTransactionKeepsWatermark(t *testing.T) {
+	s := &okSink{}
+	dl := &deadLetters{}
+	r := New(Config{DeadLetter: dl.add}, s, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := r.Run(ctx, interleavedSource{}); err != nil {
+		t.Fatal(err)
+	}
+	if got := r.Confirmed(); got != 300 {
+		t.Fatalf("confirmed %v after every message was acknowledged or dead-lettered, want 300: a non-transactional message inside a transaction must not stop the watermark", got)
+	}
+	if len(dl.ids) != 1 || dl.ids[0] != "loose" {
+		t.Fatalf("dead-lettered %v, want [loose]", dl.ids)
+	}
+}
+
+// okSink acknowledges every message at once.
+type okSink struct{}
+
+func (okSink) Publish(_ context.Context, m *Message, done func(*Message, error)) { done(m, nil) }
+func (okSink) Ready() bool                                                       { return true }
+func (okSink) Close() error                                                      { return nil }

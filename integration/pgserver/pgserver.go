@@ -277,6 +277,24 @@ func (s *Server) StartAgain(ctx context.Context) error {
 	return nil
 }
 
+// Shutdown stops the server with a fast shutdown, as `pg_ctl stop -m fast`
+// does, and keeps the cluster so that StartAgain starts it again. It returns
+// once the postmaster has exited, or with an error when pg_ctl gives up or ctx
+// is done; the server counts as down either way, and Stop kills what is left.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.state != stateRunning {
+		return fmt.Errorf("shut down PostgreSQL: server is %s", s.state)
+	}
+	s.logf("pgserver: shutting down PostgreSQL on port %d", s.port)
+	s.state = stateDown
+	if _, err := s.pgCtl(ctx, "stop", "-m", "fast"); err != nil {
+		return fmt.Errorf("shut down PostgreSQL: %w", err)
+	}
+	return nil
+}
+
 // Stop shuts the server down with a fast shutdown and removes its temporary
 // directory (and the data directory unless Options.DataDir was set). If the
 // shutdown fails the server is killed. Calling Stop again does nothing and

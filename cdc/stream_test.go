@@ -1,0 +1,156 @@
+package cdc
+
+import (
+	"context"
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+	"go.uber.org/zap"
+)
+
+// fixedHandler is a Handler whose confirmed position only moves when the
+// test moves it.
+type fixedHandler struct{ pos atomic.Uint64 }
+
+func (*fixedHandler) Begin(context.Context, Begin) error             { return nil }
+func (*fixedHandler) Insert(context.Context, *Insert) error          { return nil }
+func (*fixedHandler) Message(context.Context, *LogicalMessage) error { return nil }
+func (*fixedHandler) Commit(context.Context, Commit) error           { return nil }
+func (*fixedHandler) Start(context.Context, LSN) error               { return nil }
+func (*fixedHandler) Idle(LSN)                                       {}
+func (*fixedHandler) Reset()                                         {}
+func (h *fixedHandler) Confirmed() LSN                               { return LSN(h.pos.Load()) }
+func (*fixedHandler) Drain(context.Context) error                    { return nil }
+func (*fixedHandler) Unacknowledged() int                            { return 1 }
+
+// pipeConn returns a replication connection whose server side is a pipe the
+// test reads: every standby status update the relay sends is passed to onStatus.
+func pipeConn(t *testing.T, onStatus func()) *pgconn.PgConn {
+	t.Helper()
+	client, server := net.Pipe()
+	cfg, err := pgconn.ParseConfig("postgres://relay@127.0.0.1/db")
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgconn.Construct(&pgconn.HijackedConn{Conn: client, Config: cfg, ParameterStatuses: map[string]string{}, TxStatus: 'I'})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		client.Close()
+		server.Close()
+	})
+	go func() {
+		be := pgproto3.NewBackend(server, server)
+		for {
+			msg, err := be.Receive()
+			if err != nil {
+				return
+			}
+			if cd, ok := msg.(*pgproto3.CopyData); ok && len(cd.Data) > 0 && cd.Data[0] == 'r' {
+				onStatus()
+			}
+		}
+	}()
+	return conn
+}
+
+// A stopping walsender (WalSndDone) asks for a new reply after every reply
+// it gets, for as long as the flush position is short of what it sent. The
+// relay must not answer that loop at network speed: it burnt the
+// walsender's CPU and kept it from ever timing out.
+func TestKeepaliveRepliesAreThrottled(t *testing.T) {
+	h := &fixedHandler{}
+	h.pos.Store(100)
+	var sent atomic.Int64
+	var st *statusWriter
+	conn := pipeConn(t, func() {
+		sent.Add(1)
+		st.requestReply() // the walsender's next keepalive, reply requested
+	})
+	st = &statusWriter{conn: conn, h: h, reply: make(chan struct{}, 1), replyEvery: 1000}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		st.run(ctx, time.Hour, zap.NewNop())
+	}()
+	st.requestReply()
+	const window = 2 * time.Second
+	time.Sleep(window)
+	cancel()
+	<-done
+	n := sent.Load()
+	perSecond := float64(n) / window.Seconds()
+	t.Logf("status updates in answer to reply requests: %d in %s (%.1f/s)", n, window, perSecond)
+	// At most one reply per replyGap while the position stands still.
+	if limit := int64(window/replyGap) + 2; n > limit {
+		t.Fatalf("%d replies in %s to keepalives that asked for one with the position unchanged, want at most %d", n, window, limit)
+	}
+	if n < 2 {
+		t.Fatalf("%d replies in %s: reply requests must still be answered, or wal_sender_timeout ends the connection", n, window)
+	}
+}
+
+// A reply that reports a new position is not held back: a stopping
+// walsender that can be answered in full must be answered at once.
+func TestKeepaliveReplyWithNewPositionIsImmediate(t *testing.T) {
+	h := &fixedHandler{}
+	h.pos.Store(100)
+	got := make(chan struct{}, 16)
+	conn := pipeConn(t, func() { got <- struct{}{} })
+	st := &statusWriter{conn: conn, h: h, reply: make(chan struct{}, 1), replyEvery: 1000}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go st.run(ctx, time.Hour, zap.NewNop())
+	st.requestReply()
+	<-got
+	h.pos.Store(200)
+	start := time.Now()
+	st.requestReply()
+	select {
+	case <-got:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no reply after the position moved")
+	}
+	if took := time.Since(start); took >= replyGap {
+		t.Fatalf("reply with a new position took %s, held back like an unchanged one (gap %s)", took, replyGap)
+	}
+}
+
+func TestWaitWatchNeedsRequestsInARow(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	at := func(d time.Duration) time.Time { return t0.Add(d) }
+
+	// A stopping walsender: a request after every reply, for longer than after.
+	w := waitWatch{gap: time.Second, after: 3 * time.Second}
+	for d := time.Duration(0); d < 3*time.Second; d += 250 * time.Millisecond {
+		if w.observe(at(d), true) {
+			t.Fatalf("gave up after %s, before %s of requests", d, w.after)
+		}
+	}
+	if !w.observe(at(3*time.Second), true) {
+		t.Fatal("3s of reply requests in a row while unable to confirm: not recognised")
+	}
+
+	// A live walsender's own requests, wal_sender_timeout/2 apart.
+	w = waitWatch{gap: time.Second, after: 3 * time.Second}
+	for d := time.Duration(0); d < time.Minute; d += 5 * time.Second {
+		if w.observe(at(d), true) {
+			t.Fatalf("requests 5s apart taken for a stopping walsender at %s", d)
+		}
+	}
+
+	// Requests the relay can answer in full break the run.
+	w = waitWatch{gap: time.Second, after: 3 * time.Second}
+	for d := time.Duration(0); d < 10*time.Second; d += 250 * time.Millisecond {
+		stuck := d%(2*time.Second) != 0
+		if w.observe(at(d), stuck) {
+			t.Fatalf("gave up at %s although the relay could confirm everything every 2s", d)
+		}
+	}
+}
