@@ -3,8 +3,9 @@
 // PostgreSQL only once the broker has acknowledged every message before it.
 //
 // Guarantees: at-least-once delivery (a crash may repeat messages, never
-// lose one); messages reach the sink in commit order; memory is bounded by
-// Config.MaxInFlight and Config.MaxInFlightBytes.
+// lose one); the first delivery of each message of one aggregate reaches the
+// broker in commit order, whatever fails on the way (see aggregates); memory
+// is bounded by Config.MaxInFlight and Config.MaxInFlightBytes.
 package relay
 
 import (
@@ -190,15 +191,25 @@ type Relay struct {
 	fatalOnce  sync.Once
 	fatalErr   error
 	fatal      chan struct{}
-	retrying   atomic.Int64 // messages queued for retry
+	retrying   atomic.Int64 // messages waiting for their next attempt
 	storing    atomic.Int64 // dead letters being stored
-	retryMu    sync.Mutex
-	retryQ     []*Message // sorted by seq
-	retryKick  chan struct{}
-	retryIdle  chan struct{} // closed when the queue empties
-	seq        uint64        // publish order, dispatch goroutine only
-	bgMu       sync.Mutex
-	closing    bool
+	order      *aggregates
+	// handoff carries messages released by their aggregate's previous one
+	// to publishLoop: outcomes arrive on sink goroutines, which must not
+	// publish. Its capacity is Config.MaxInFlight, more than the messages
+	// the window lets exist, so a send never blocks.
+	handoff   chan *Message
+	retryMu   sync.Mutex
+	retryQ    []retryEntry // by due time
+	retryKick chan struct{}
+	seq       uint64 // publish order, dispatch goroutine only
+	// unordered hands every message over at once, without waiting for its
+	// aggregate's previous one: the order of first deliveries is then lost
+	// under failures. Only BenchmarkAggregateOrder sets it, to measure what
+	// the per-aggregate order costs.
+	unordered bool
+	bgMu      sync.Mutex
+	closing   bool
 	// recorded is the newest position saved by Config.Checkpoint: the one
 	// reported to PostgreSQL.
 	recorded     atomic.Uint64
@@ -222,8 +233,9 @@ func New(cfg Config, sink Sink, log *zap.Logger) *Relay {
 		window:    newWindow(cfg.MaxInFlight, cfg.MaxInFlightBytes),
 		mappings:  make(map[uint32]*mapping),
 		fatal:     make(chan struct{}),
+		order:     newAggregates(),
+		handoff:   make(chan *Message, cfg.MaxInFlight),
 		retryKick: make(chan struct{}, 1),
-		retryIdle: make(chan struct{}),
 	}
 	r.done = r.onDone
 	return r
@@ -254,6 +266,10 @@ func (r *Relay) Run(ctx context.Context, src Source) error {
 	}
 	g.Go(func() error {
 		r.retryLoop(sinkCtx)
+		return nil
+	})
+	g.Go(func() error {
+		r.publishLoop(sinkCtx)
 		return nil
 	})
 	if r.cfg.Checkpoint != nil {
@@ -408,7 +424,8 @@ func (r *Relay) Start(ctx context.Context, slotConfirmed cdc.LSN) error {
 // acknowledged. Safe for concurrent use.
 func (r *Relay) Inflight() int { return r.window.inflight() }
 
-// Retrying reports whether some message is waiting to be published again.
+// Retrying reports whether some message is waiting to be published again
+// or to be stored as a dead letter. Safe for concurrent use.
 func (r *Relay) Retrying() bool { return r.retrying.Load() > 0 || r.storing.Load() > 0 }
 
 // Unacknowledged implements cdc.Handler.
@@ -509,14 +526,12 @@ func (r *Relay) Message(ctx context.Context, lm *cdc.LogicalMessage) error {
 	return r.dispatch(ctx, m, buildErr)
 }
 
+// dispatch counts m in flight and publishes it, or holds it behind its
+// aggregate's unsettled message (see aggregates). An invalid message is
+// dead-lettered at once: it is never published, so it holds nothing back.
 func (r *Relay) dispatch(ctx context.Context, m *Message, buildErr error) error {
 	if r.tx == nil {
 		return errors.New("change outside a transaction")
-	}
-	if buildErr == nil {
-		if err := r.waitRetries(ctx); err != nil {
-			return err // not counted yet: it comes again after restart
-		}
 	}
 	if err := r.window.acquire(ctx, len(m.Envelope)); err != nil {
 		return err
@@ -530,10 +545,12 @@ func (r *Relay) dispatch(ctx context.Context, m *Message, buildErr error) error 
 		m.FirstFailure = time.Now()
 		m.LastFailure = m.FirstFailure
 		m.LastError = fmt.Errorf("invalid outbox message: %w", buildErr)
-		r.deadLetter(m)
+		r.deadLetter(m, false)
 		return nil
 	}
-	r.sink.Publish(ctx, m, r.done)
+	if r.unordered || r.order.admit(m) {
+		r.sink.Publish(ctx, m, r.done)
+	}
 	return nil
 }
 
@@ -543,12 +560,12 @@ func (r *Relay) onDone(m *Message, err error) {
 		if h := r.cfg.Hooks.Published; h != nil {
 			h(m, time.Now())
 		}
-		r.complete(m)
+		r.settle(m, true)
 		return
 	}
 	if r.sinkCtx.Err() != nil {
 		// Shutting down: the message stays unconfirmed and is delivered
-		// again after restart.
+		// again after restart, and so do the ones held behind it.
 		return
 	}
 	now := time.Now()
@@ -562,10 +579,37 @@ func (r *Relay) onDone(m *Message, err error) {
 		h(m, err)
 	}
 	if !Retryable(err) && m.Attempts >= r.cfg.MaxAttempts {
-		r.deadLetter(m)
+		r.deadLetter(m, true)
 		return
 	}
+	// The aggregate's later messages stay held until m is settled: none of
+	// them is at the sink, so none can arrive before m's retry.
 	r.retry(m)
+}
+
+// settle completes m and, when m was published through the per-aggregate
+// order (gated), hands its aggregate's next message to publishLoop.
+func (r *Relay) settle(m *Message, gated bool) {
+	var next *Message
+	if gated && !r.unordered {
+		next = r.order.next(m)
+	}
+	r.complete(m)
+	if next != nil {
+		r.handoff <- next
+	}
+}
+
+// publishLoop publishes the messages released by settle.
+func (r *Relay) publishLoop(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case m := <-r.handoff:
+			r.sink.Publish(ctx, m, r.done)
+		}
+	}
 }
 
 func (r *Relay) complete(m *Message) {
@@ -608,16 +652,23 @@ func (r *Relay) backoff(attempt int) time.Duration {
 	return d/2 + rand.N(d/2+1)
 }
 
-// retry queues m to be published again. Retries go out in their original
-// publish order, from one worker, and new messages wait while any are queued,
-// so a failed message does not fall behind later ones of its aggregate.
+// retryEntry is a failed message and when to publish it again.
+type retryEntry struct {
+	m   *Message
+	due time.Time
+}
+
+// retry publishes m again after its backoff. Retries need no order among
+// themselves: each is the only unsettled message of its aggregate.
 func (r *Relay) retry(m *Message) {
+	wait := r.backoff(m.Attempts)
 	r.log.Warn("publish failed; retrying", zap.String("message_id", m.ID), zap.String("destination", m.Destination),
-		zap.Int("attempt", m.Attempts), zap.Error(m.LastError))
+		zap.Int("attempt", m.Attempts), zap.Duration("retry_in", wait), zap.Error(m.LastError))
+	e := retryEntry{m: m, due: time.Now().Add(wait)}
+	r.retrying.Add(1)
 	r.retryMu.Lock()
-	i := sort.Search(len(r.retryQ), func(i int) bool { return r.retryQ[i].seq > m.seq })
-	r.retryQ = slices.Insert(r.retryQ, i, m)
-	r.retrying.Store(int64(len(r.retryQ)))
+	i := sort.Search(len(r.retryQ), func(i int) bool { return r.retryQ[i].due.After(e.due) })
+	r.retryQ = slices.Insert(r.retryQ, i, e)
 	r.retryMu.Unlock()
 	select {
 	case r.retryKick <- struct{}{}:
@@ -625,60 +676,45 @@ func (r *Relay) retry(m *Message) {
 	}
 }
 
-// retryLoop publishes queued retries after their backoff, oldest first.
+// retryLoop publishes queued retries once they are due.
 func (r *Relay) retryLoop(ctx context.Context) {
 	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-r.retryKick:
-		}
-		for {
-			r.retryMu.Lock()
-			if len(r.retryQ) == 0 {
-				r.retryMu.Unlock()
-				break
-			}
-			wait := r.backoff(r.retryQ[0].Attempts)
-			r.retryMu.Unlock()
-			t := time.NewTimer(wait)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return
-			case <-t.C:
-			}
-			r.retryMu.Lock()
-			batch := r.retryQ
-			r.retryQ = nil
-			r.retryMu.Unlock()
-			for _, m := range batch {
-				r.sink.Publish(ctx, m, r.done)
-			}
-			r.retryMu.Lock()
-			r.retrying.Store(int64(len(r.retryQ)))
-			if len(r.retryQ) == 0 {
-				close(r.retryIdle)
-				r.retryIdle = make(chan struct{})
-			}
-			r.retryMu.Unlock()
-		}
-	}
-}
-
-// waitRetries holds new messages back while retries are queued.
-func (r *Relay) waitRetries(ctx context.Context) error {
-	for {
 		r.retryMu.Lock()
-		idle, queued := r.retryIdle, len(r.retryQ) > 0
+		now := time.Now()
+		n := 0
+		for n < len(r.retryQ) && !r.retryQ[n].due.After(now) {
+			n++
+		}
+		due := slices.Clone(r.retryQ[:n])
+		r.retryQ = slices.Delete(r.retryQ, 0, n)
+		wait := time.Duration(-1)
+		if len(r.retryQ) > 0 {
+			wait = r.retryQ[0].due.Sub(now)
+		}
 		r.retryMu.Unlock()
-		if !queued {
-			return nil
+		for _, e := range due {
+			r.retrying.Add(-1)
+			r.sink.Publish(ctx, e.m, r.done)
+		}
+		if len(due) > 0 {
+			continue // publishing took time: look again
+		}
+		var timer *time.Timer
+		var fire <-chan time.Time
+		if wait >= 0 {
+			timer = time.NewTimer(wait)
+			fire = timer.C
 		}
 		select {
-		case <-idle:
 		case <-ctx.Done():
-			return ctx.Err()
+		case <-r.retryKick:
+		case <-fire:
+		}
+		if timer != nil {
+			timer.Stop()
+		}
+		if ctx.Err() != nil {
+			return
 		}
 	}
 }
@@ -699,7 +735,10 @@ func (r *Relay) goBackground(f func()) bool {
 	return true
 }
 
-func (r *Relay) deadLetter(m *Message) {
+// deadLetter stores m as a dead letter, then settles it; gated says whether
+// m was published through the per-aggregate order, whose next message it
+// holds back until stored.
+func (r *Relay) deadLetter(m *Message, gated bool) {
 	if r.cfg.DeadLetter == nil {
 		r.fail(fmt.Errorf("message %s to %q failed %d times and no dead-letter store is configured: %w", m.ID, m.Destination, m.Attempts, m.LastError))
 		return
@@ -732,7 +771,7 @@ func (r *Relay) deadLetter(m *Message) {
 		if h := r.cfg.Hooks.DeadLettered; h != nil {
 			h(m)
 		}
-		r.complete(m)
+		r.settle(m, gated)
 	})
 }
 

@@ -3,7 +3,10 @@ package relay
 import "context"
 
 // Sink is the broker side of the relay. The relay hands it messages in
-// commit order and learns of each outcome through done.
+// commit order and learns of each outcome through done. It hands over a
+// message only once the previous message of the same aggregate has been
+// acknowledged (or dead-lettered), so a sink's failures, whatever they do to
+// the messages behind the failed one, never reorder an aggregate.
 //
 // Implementations: sinks/kafka, sinks/rabbitmq.
 type Sink interface {

@@ -20,15 +20,25 @@ import (
 // retryable, so that a misconfigured or unavailable cluster stalls the relay,
 // with /readyz failing, instead of dead-lettering every message.
 //
-// UNKNOWN_TOPIC_ID is not here although franz-go never retries it: it means
-// the topic was deleted and recreated, and the sink purges the old instance so
-// that the relay's retry reaches the new one (see Sink.topicRecreated).
+// UNKNOWN_TOPIC_OR_PARTITION is not here: brokers answer it for a while
+// whenever a partition's leadership is in flux (a rolling restart, a
+// reassignment, a topic just created), and franz-go gives up after only
+// kgo.UnknownTopicRetries attempts; dead-lettering then would drop messages
+// that would have been taken a second later, out of their aggregate's order.
+// The relay retries it with its own backoff, without limit, so a topic that
+// really is missing (auto-creation off) stalls its aggregates, logged with
+// every attempt, until it is created. A topic name that can never exist is
+// caught before producing (checkTopic) or answered INVALID_TOPIC_EXCEPTION.
+//
+// UNKNOWN_TOPIC_ID is not here either, although franz-go never retries it: it
+// means the topic was deleted and recreated, and the sink purges the old
+// instance so that the relay's retry reaches the new one (see
+// Sink.topicRecreated).
 var permanentErrs = []error{
 	kerr.MessageTooLarge,          // the record, or its batch, is over the broker's or topic's message size
 	kerr.RecordListTooLarge,       // the batch is larger than the topic's segment size
 	kerr.InvalidTopicException,    // the topic name is illegal or internal
 	kerr.TopicAuthorizationFailed, // no ACL lets us write this topic
-	kerr.UnknownTopicOrPartition,  // the topic does not exist and the broker does not create it
 	kerr.InvalidRecord,            // the broker's validation rejected the record (e.g. compacted topic rules)
 	kerr.InvalidTimestamp,         // the record timestamp is outside the topic's allowed range
 	kerr.PolicyViolation,          // a broker policy refuses the record or the topic

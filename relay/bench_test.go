@@ -1,0 +1,165 @@
+package relay_test
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+	"go.uber.org/zap"
+
+	"github.com/outboxrelay/outboxrelay/cdc"
+	"github.com/outboxrelay/outboxrelay/relay"
+	"github.com/outboxrelay/outboxrelay/sinks/kafka"
+)
+
+// streamSource hands the relay n messages over aggregates in transactions of 10.
+type streamSource struct {
+	contents  [][]byte
+	published *atomic.Int64
+}
+
+func newStreamSource(n, aggregates int) *streamSource {
+	s := &streamSource{}
+	for i := range n {
+		s.contents = append(s.contents, fmt.Appendf(nil,
+			`{"id":"m%d","aggregate_type":"order","aggregate_id":"a%d","event_type":"order.created","payload":{"n":%d,"pad":"%0200d"}}`,
+			i, i%aggregates, i, 0))
+	}
+	return s
+}
+
+func (s *streamSource) Run(ctx context.Context, h cdc.Handler) error {
+	if err := h.Start(ctx, 0); err != nil {
+		return err
+	}
+	lsn := cdc.LSN(100)
+	for i := 0; i < len(s.contents); {
+		_ = h.Begin(ctx, cdc.Begin{FinalLSN: lsn + 20})
+		for j := 0; j < 10 && i < len(s.contents); j, i = j+1, i+1 {
+			lsn++
+			if err := h.Message(ctx, &cdc.LogicalMessage{Transactional: true, LSN: lsn, Prefix: "outboxrelay", Content: s.contents[i]}); err != nil {
+				return err
+			}
+		}
+		lsn += 2
+		_ = h.Commit(ctx, cdc.Commit{EndLSN: lsn})
+	}
+	return h.Drain(ctx)
+}
+
+// rttSink acknowledges every message rtt after Publish, in Publish order,
+// with any number in flight: a broker's round trip and nothing else. It is
+// for throughput only, and proves nothing about delivery.
+type rttSink struct {
+	rtt   time.Duration
+	queue chan rttAttempt
+}
+
+type rttAttempt struct {
+	m    *relay.Message
+	at   time.Time
+	done func(*relay.Message, error)
+}
+
+func (s *rttSink) Publish(_ context.Context, m *relay.Message, done func(*relay.Message, error)) {
+	s.queue <- rttAttempt{m, time.Now(), done}
+}
+
+func (s *rttSink) Run(ctx context.Context) error {
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case a := <-s.queue:
+			if d := time.Until(a.at.Add(s.rtt)); d > 0 {
+				time.Sleep(d)
+			}
+			a.done(a.m, nil)
+		}
+	}
+}
+
+func (s *rttSink) Ready() bool  { return true }
+func (s *rttSink) Close() error { return nil }
+
+// BenchmarkAggregateOrder measures what the per-aggregate order costs: the
+// relay publishing through it ("ordered") against the same relay handing
+// every message over at once ("pipelined", the reference, run just before in
+// the same process). Workloads: 20,000 messages of 20,000 aggregates, of
+// 1,000 aggregates, and 2,000 messages of one hot aggregate. "x-pipelined" is
+// ordered throughput as a fraction of the reference. Sinks: rttSink with a
+// 1 ms round trip, like a broker on a LAN acknowledging once every replica
+// has the message, and the Kafka sink over TCP to kfake in the same process
+// (a sub-millisecond round trip; kfake's CPU counts). Run with -benchtime=3x.
+func BenchmarkAggregateOrder(b *testing.B) {
+	sinks := []struct {
+		name string
+		new  func(b *testing.B) relay.Sink
+	}{
+		{"rtt=1ms", func(*testing.B) relay.Sink {
+			return &rttSink{rtt: time.Millisecond, queue: make(chan rttAttempt, 20_000)}
+		}},
+		{"kafka", func(b *testing.B) relay.Sink {
+			c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(8, "outbox.order"))
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(c.Close)
+			s, err := kafka.New(kafka.Config{Brokers: c.ListenAddrs()}, zap.NewNop())
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := s.Ping(context.Background()); err != nil {
+				b.Fatal(err)
+			}
+			return s
+		}},
+	}
+	workloads := []struct {
+		name          string
+		n, aggregates int
+	}{
+		{"aggregates=20000", 20_000, 20_000},
+		{"aggregates=1000", 20_000, 1000},
+		{"aggregates=1", 2_000, 1},
+	}
+	for _, sk := range sinks {
+		for _, w := range workloads {
+			src := newStreamSource(w.n, w.aggregates)
+			var reference float64
+			for _, ordered := range []bool{false, true} {
+				name := sk.name + "/" + w.name + "/pipelined"
+				if ordered {
+					name = sk.name + "/" + w.name + "/ordered"
+				}
+				b.Run(name, func(b *testing.B) {
+					var elapsed time.Duration
+					for range b.N {
+						b.StopTimer()
+						s := sk.new(b)
+						r := relay.New(relay.Config{}, s, nil)
+						if !ordered {
+							relay.Unordered(r)
+						}
+						b.StartTimer()
+						start := time.Now()
+						if err := r.Run(context.Background(), src); err != nil {
+							b.Fatal(err)
+						}
+						elapsed += time.Since(start)
+					}
+					rate := float64(w.n*b.N) / elapsed.Seconds()
+					b.ReportMetric(rate, "msgs/s")
+					if !ordered {
+						reference = rate
+					} else if reference > 0 {
+						b.ReportMetric(rate/reference, "x-pipelined")
+					}
+				})
+			}
+		}
+	}
+}
