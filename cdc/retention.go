@@ -49,6 +49,18 @@ func Retention(ctx context.Context, db Querier, cfg RetentionConfig, log *zap.Lo
 		if err != nil {
 			return err
 		}
+		var partitioned bool
+		err = db.QueryRow(ctx, `SELECT coalesce((SELECT c.relkind = 'p' FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+			WHERE n.nspname = $1 AND c.relname = $2), false)`, schema, name).Scan(&partitioned)
+		if err != nil && ctx.Err() == nil {
+			return fmt.Errorf("inspect %s: %w", t, err)
+		}
+		if partitioned {
+			// ctid is not unique across partitions; partitioned tables are
+			// retained by dropping whole partitions (Maintain).
+			log.Info("retention drops whole daily partitions of this partitioned table", zap.String("table", t))
+			continue
+		}
 		ident := pgx.Identifier{schema, name}.Sanitize()
 		col := pgx.Identifier{cfg.Column}.Sanitize()
 		// ctid batches: DELETE has no LIMIT. The index on the column (see

@@ -510,3 +510,55 @@ func TestLagCountsUndecodedTransaction(t *testing.T) {
 	t.Logf("200k-row transaction, broker stopped: WAL written %d bytes, lag_bytes %d (view %d)", written, st.LagBytes, view)
 	p.kill()
 }
+
+// TestMigratePartitioned: `migrate --partitioned` creates a range-partitioned
+// outbox with daily partitions ahead; rows arrive under the root's name;
+// `maintain` drops daily partitions past postgres.retention and leaves the
+// others, without DELETE.
+func TestMigratePartitioned(t *testing.T) {
+	e := newEnvWith(t, pg, "", "--partitioned")
+	var parts int
+	if err := e.db.QueryRow(t.Context(), `SELECT count(*) FROM pg_inherits WHERE inhparent = 'public.outbox'::regclass`).Scan(&parts); err != nil {
+		t.Fatal(err)
+	}
+	if parts != 1+1+7 { // default, today, 7 days ahead
+		t.Fatalf("migrate --partitioned made %d partitions, want 9", parts)
+	}
+	e.exec(`CREATE TABLE public.outbox_p20000101 PARTITION OF public.outbox FOR VALUES FROM ('2000-01-01') TO ('2000-01-02')`)
+	e.exec(`CREATE TABLE public.outbox_keep PARTITION OF public.outbox FOR VALUES FROM ('2001-01-01') TO ('2001-01-02')`)
+	c := e.consume("outbox.order")
+	p := e.start()
+	p.waitLog(`"streaming"`, 30*time.Second)
+	ids := e.insert("outbox", "order", "1", 100)
+	var old []string
+	rows, err := e.db.Query(t.Context(), `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, created_at)
+		SELECT 'order', '2', 'order.created', '{}', '2000-01-01T12:00:00Z' FROM generate_series(1, 20) RETURNING id::text`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if old, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
+		t.Fatal(err)
+	}
+	recs := c.waitIDs(append(ids, old...), 30*time.Second)
+	for _, r := range recs {
+		if src, _ := r.Env["source"].(map[string]any); src["table"] != "public.outbox" {
+			t.Fatalf("source.table = %v, want public.outbox", src["table"])
+		}
+	}
+	p.stop()
+	cfg := strings.Replace(e.configText(), "postgres:\n", "postgres:\n  retention: 720h\n", 1)
+	out, code := e.cli("maintain", "--config", e.writeConfig(cfg))
+	if code != 0 || !strings.Contains(out, "dropped partition public.outbox_p20000101") {
+		t.Fatalf("maintain exited %d:\n%s", code, out)
+	}
+	for name, want := range map[string]bool{"public.outbox_p20000101": false, "public.outbox_keep": true, "public.outbox_default": true} {
+		var exists bool
+		if err := e.db.QueryRow(t.Context(), `SELECT to_regclass($1) IS NOT NULL`, name).Scan(&exists); err != nil {
+			t.Fatal(err)
+		}
+		if exists != want {
+			t.Fatalf("%s exists = %v after maintain, want %v", name, exists, want)
+		}
+	}
+	t.Logf("migrate --partitioned: %d partitions made; %d rows delivered; maintain: %s", parts, len(recs), strings.TrimSpace(out))
+}

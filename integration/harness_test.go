@@ -90,7 +90,7 @@ func newEnvOn(t *testing.T, srv *pgserver.Server) *env {
 
 // newEnvWith is newEnv on srv that runs preMigrate (SQL) in the new
 // database before migrate: an outbox table or a publication of the user's own.
-func newEnvWith(t *testing.T, srv *pgserver.Server, preMigrate string) *env {
+func newEnvWith(t *testing.T, srv *pgserver.Server, preMigrate string, migrateArgs ...string) *env {
 	t.Helper()
 	ctx := t.Context()
 	name := fmt.Sprintf("it_%d_%d", os.Getpid(), dbCounter.Add(1))
@@ -110,7 +110,7 @@ func newEnvWith(t *testing.T, srv *pgserver.Server, preMigrate string) *env {
 			t.Fatalf("%s: %v", preMigrate, err)
 		}
 	}
-	out, code := e.cli("migrate", "--database-url", url)
+	out, code := e.cli(append([]string{"migrate", "--database-url", url}, migrateArgs...)...)
 	if code != 0 {
 		t.Fatalf("migrate exited %d: %s", code, out)
 	}

@@ -29,6 +29,9 @@ type Options struct {
 	Table string
 	// Publication is the publication name (default outboxrelay).
 	Publication string
+	// Partitioned creates the outbox table range-partitioned by created_at
+	// (daily partitions, see cdc.Maintain) with a default partition.
+	Partitioned bool
 	// Debezium also creates a Debezium-shaped outbox table.
 	Debezium bool
 	// DebeziumTable is its name (default public.outboxevent).
@@ -99,7 +102,7 @@ func Render(o Options) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	schema, _, _ := split(o.Table)
+	schema, tname, _ := split(o.Table)
 	var cover []guarded
 	for _, t := range append([]string{o.Table}, o.extraTables()...) {
 		s, n, _ := split(t)
@@ -107,6 +110,8 @@ func Render(o Options) (string, error) {
 	}
 	data := map[string]any{
 		"Table":              table,
+		"Partitioned":        o.Partitioned,
+		"DefaultPartition":   pgx.Identifier{schema, tname + "_default"}.Sanitize(),
 		"IndexLiteral":       literal(pgx.Identifier{schema, "outbox_created_at_idx"}.Sanitize()),
 		"Coverage":           cover,
 		"Debezium":           o.Debezium,

@@ -29,9 +29,10 @@ const (
 const usage = `outboxrelay relays committed PostgreSQL outbox rows to Kafka, RabbitMQ, NATS JetStream or Redis Streams.
 
 Usage:
-  outboxrelay migrate --database-url URL [--print] [--table T] [--publication P] [--slot S] [--debezium]
+  outboxrelay migrate --database-url URL [--print] [--table T] [--publication P] [--slot S] [--debezium] [--partitioned]
   outboxrelay migrate --print-role [--role NAME] [--table T] [--publication P] [--debezium]
-  outboxrelay run     --config FILE [--check-config]
+  outboxrelay run     --config FILE [--check-config] [--accept-config-change]
+  outboxrelay maintain --config FILE                 create daily partitions ahead, drop those past postgres.retention
   outboxrelay status  --database-url URL [--slot NAME] [--json] [--max-lag-bytes N]
   outboxrelay dlq     list|replay|purge ...
   outboxrelay healthcheck [--url URL]               exit 0 when the relay's /healthz answers 200
@@ -70,6 +71,8 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 		err = cmdStatus(args[1:], stdout)
 	case "dlq":
 		err = cmdDeadLetters(args[1:], stdout)
+	case "maintain":
+		err = cmdMaintain(args[1:], stdout)
 	case "healthcheck":
 		err = cmdHealthcheck(args[1:], stdout)
 	case "version", "--version", "-v":

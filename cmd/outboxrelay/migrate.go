@@ -4,13 +4,16 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
 	"os/signal"
 	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxrelay/outboxrelay/cdc"
+	"github.com/outboxrelay/outboxrelay/config"
 	"github.com/outboxrelay/outboxrelay/migrations"
 )
 
@@ -21,6 +24,7 @@ func cmdMigrate(args []string, stdout io.Writer) error {
 	var o migrations.Options
 	fs.StringVar(&o.Table, "table", "public.outbox", "outbox table to create")
 	fs.StringVar(&o.Publication, "publication", "outboxrelay", "publication to create")
+	fs.BoolVar(&o.Partitioned, "partitioned", false, "create the outbox table range-partitioned by created_at, in daily partitions the relay keeps ready and drops past postgres.retention")
 	fs.BoolVar(&o.Debezium, "debezium", false, "also create a Debezium-shaped outbox table (public.outboxevent)")
 	slot := fs.String("slot", "outboxrelay", "replication slot to create, so rows written before the relay first runs are kept; empty to skip")
 	printRoleSQL := fs.Bool("print-role", false, "print the SQL that creates a least-privilege role for the relay, and exit")
@@ -71,6 +75,11 @@ func cmdMigrate(args []string, stdout io.Writer) error {
 		fmt.Fprintf(stdout, "%s\n", c)
 	}
 	fmt.Fprintf(stdout, "migrated: table %s, schema outboxrelay, publication %s\n", o.Table, o.Publication)
+	if o.Partitioned {
+		if err := maintainOnce(ctx, dbURL, qualifiedTables([]string{o.Table}), 0, stdout); err != nil {
+			return err
+		}
+	}
 	var walLevel string
 	if err := conn.QueryRow(ctx, "SHOW wal_level").Scan(&walLevel); err != nil {
 		return usageErr("migrate: read wal_level: %v", err)
@@ -104,4 +113,37 @@ func connect(ctx context.Context, url string) (*pgx.Conn, error) {
 		return nil, usageErr("cannot connect to PostgreSQL: %v%s", err, tlsHint(err, "sslrootcert and sslmode in postgres.url"))
 	}
 	return conn, nil
+}
+
+// cmdMaintain creates the daily partitions of partitioned outbox tables
+// ahead of time and drops those past postgres.retention, once.
+func cmdMaintain(args []string, stdout io.Writer) error {
+	fs := newFlags("maintain")
+	path := fs.String("config", "", "YAML configuration file")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	cfg, err := config.Load(*path, os.LookupEnv)
+	if err != nil {
+		return usageErr("invalid configuration: %v", err)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	return maintainOnce(ctx, cfg.Postgres.URL, qualifiedTables(cfg.Postgres.Tables), cfg.Postgres.Retention, stdout)
+}
+
+func maintainOnce(ctx context.Context, url string, tables []string, retention time.Duration, stdout io.Writer) error {
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		return usageErr("invalid PostgreSQL URL: %v", err)
+	}
+	defer pool.Close()
+	done, err := cdc.Maintain(ctx, pool, cdc.MaintainConfig{Tables: tables, MaxAge: retention})
+	for _, d := range done {
+		fmt.Fprintln(stdout, d)
+	}
+	if err != nil {
+		return usageErr("maintain: %v", err)
+	}
+	return nil
 }

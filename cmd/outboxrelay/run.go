@@ -238,6 +238,11 @@ func run(ctx context.Context, cfg config.Config, log *zap.Logger, acceptConfigCh
 	})
 	report.Go(func() error { return dur.heartbeat(relayCtx) })
 	report.Go(func() error { return dur.retention(relayCtx) })
+	report.Go(func() error {
+		cdc.RunMaintenance(relayCtx, dur.pool, cdc.MaintainConfig{Tables: qualifiedTables(cfg.Postgres.Tables), MaxAge: cfg.Postgres.Retention},
+			time.Hour, log.Named("partitions"))
+		return nil
+	})
 
 	for _, w := range securityWarnings(cfg) {
 		log.Warn(w)
