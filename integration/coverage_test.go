@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"os/exec"
 	"strings"
 	"sync"
@@ -457,6 +458,18 @@ func TestCheckpointLockDuringMigrate(t *testing.T) {
 	}
 	more := e.insert("outbox", "order", "2", 200)
 	c.waitIDs(more, 30*time.Second)
+	// /status answers within its timeout while the table is locked.
+	addr := p.httpAddr()
+	statusStart := time.Now()
+	resp, err := (&http.Client{Timeout: 20 * time.Second}).Get("http://" + addr + "/status")
+	if err != nil {
+		t.Fatalf("GET /status while outboxrelay.checkpoint is locked: %v", err)
+	}
+	resp.Body.Close()
+	if took := time.Since(statusStart); took > 10*time.Second {
+		t.Fatalf("GET /status took %s while outboxrelay.checkpoint was locked, want its 5 s timeout", took)
+	}
+	t.Logf("GET /status with the checkpoint table locked: %d after %s", resp.StatusCode, time.Since(statusStart).Round(time.Millisecond))
 	time.Sleep(7 * time.Second) // past the 5 s checkpoint timeout
 	p.kill()
 	_ = ltx.Rollback(t.Context())
