@@ -86,7 +86,9 @@ func (q *amqpQueue) consume(ctx context.Context, name string) {
 		ch, err := conn.Channel()
 		if err == nil {
 			var msgs <-chan amqp.Delivery
-			msgs, err = ch.Consume(name, "", true, false, false, false, nil)
+			// Manual acks: with auto-ack, deliveries in the socket when the
+			// broker stops are gone, and the test would blame the relay.
+			msgs, err = ch.Consume(name, "", false, false, false, false, nil)
 			for err == nil {
 				select {
 				case <-ctx.Done():
@@ -99,6 +101,7 @@ func (q *amqpQueue) consume(ctx context.Context, name string) {
 					q.mu.Lock()
 					q.got = append(q.got, d)
 					q.mu.Unlock()
+					_ = d.Ack(false)
 				}
 			}
 		}
