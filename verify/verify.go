@@ -45,6 +45,9 @@ type Config struct {
 	Margin time.Duration
 	// Progress, when set, is called with the ids read from the broker so far.
 	Progress func(read int64)
+	// Counted, when set, is called with the counts before the missing ids
+	// are listed.
+	Counted func(Report)
 }
 
 // Report is the outcome of a verification.
@@ -174,6 +177,9 @@ func Run(ctx context.Context, db *pgx.Conn, rd Reader, cfg Config, missing func(
 		FROM (`+classified+`) x`, args...).Scan(&rep.Committed, &rep.Found, &rep.Duplicates, &rep.DeadLettered, &rep.Missing)
 	if err != nil {
 		return rep, fmt.Errorf("reconcile: %w", err)
+	}
+	if cfg.Counted != nil {
+		cfg.Counted(rep)
 	}
 	if missing == nil || rep.Missing == 0 {
 		return rep, nil
