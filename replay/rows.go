@@ -221,9 +221,9 @@ func (s Source) Scan(ctx context.Context, db Querier, f Filter, fn func(m *relay
 		rel := &cdc.Relation{ID: uint32(relID + 1), Namespace: schema, Name: name}
 		cols := []string{"xmin::text"}
 		if commitTimes {
-			cols = append(cols, "pg_xact_commit_timestamp(xmin)")
+			cols = append(cols, "pg_xact_commit_timestamp(xmin)::text")
 		} else {
-			cols = append(cols, "NULL::timestamptz")
+			cols = append(cols, "NULL::text")
 		}
 		for _, n := range []string{c.ID, c.AggregateType, c.AggregateID, c.EventType, c.Payload, c.Headers, c.Traceparent, c.SchemaVersion, c.CreatedAt} {
 			if n == "" {
@@ -254,11 +254,6 @@ func (s Source) Scan(ctx context.Context, db Querier, f Filter, fn func(m *relay
 		}
 		for rows.Next() {
 			raw := rows.RawValues()
-			var committed *time.Time
-			if err := rows.Scan(nil, &committed); err != nil {
-				rows.Close()
-				return fmt.Errorf("read rows of %s: %w", t, err)
-			}
 			xid, _ := strconv.ParseUint(string(raw[0]), 10, 32)
 			ins := &cdc.Insert{Relation: rel, Values: make([][]byte, len(rel.Columns))}
 			for i := range rel.Columns {
@@ -267,8 +262,8 @@ func (s Source) Scan(ctx context.Context, db Querier, f Filter, fn func(m *relay
 				}
 			}
 			tx := cdc.Begin{XID: uint32(xid)}
-			if committed != nil {
-				tx.CommitTime = *committed
+			if raw[1] != nil {
+				tx.CommitTime, _ = envelope.ParseTimestamp(raw[1])
 			} else if createdAt >= 0 && ins.Values[createdAt] != nil {
 				tx.CommitTime, _ = envelope.ParseTimestamp(ins.Values[createdAt])
 			}
