@@ -234,7 +234,7 @@ func TestVerifyBadInput(t *testing.T) {
 		{[]string{"verify", "--config", cfg, "--since", "yesterday"}, "neither an RFC 3339 time"},
 		{[]string{"verify", "--config", cfg, "--since", "2000-01-01T00:00:00Z", "--until", "2000-01-02T00:00:00Z"}, "no outbox rows are retained"},
 		{[]string{"replay", "--config", cfg, "--since", "1h", "--rate", "-1"}, "must not be negative"},
-		{[]string{"verify", "--config", e.writeConfig(strings.Replace(e.configText(), "type: kafka", "type: rabbitmq", 1)), "--since", "1h"}, "cannot be read without consuming"},
+		{[]string{"verify", "--config", e.writeConfig(strings.Replace(e.configText(), "type: kafka", "type: rabbitmq\n  rabbitmq:\n    url: amqp://guest:guest@127.0.0.1:5672/", 1)), "--since", "1h"}, "cannot be read without consuming"},
 		{[]string{"recover", "--config", cfg}, "healthy"},
 	} {
 		out, code := e.cli(c.args...)

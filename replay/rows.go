@@ -97,14 +97,17 @@ func (s Source) where(f Filter) (string, []any, error) {
 	return " WHERE " + strings.Join(conds, " AND "), args, nil
 }
 
-// order is the order rows are read in: creation time, then id. Within one
-// aggregate whose writes are serialized (the usual case: one aggregate is
-// changed by one transaction at a time) it is the commit order.
+// order is the order rows are read in: creation time (the start of the
+// inserting transaction), then position in the table, which is the insert
+// order within a transaction unless rows were placed into space freed by
+// deletes. Within one aggregate whose writes are serialized (the usual
+// case: one aggregate is changed by one transaction at a time) it is the
+// commit order.
 func (s Source) order() string {
 	if s.Columns.CreatedAt == "" {
-		return " ORDER BY " + pgx.Identifier{s.Columns.ID}.Sanitize()
+		return " ORDER BY ctid"
 	}
-	return " ORDER BY " + pgx.Identifier{s.Columns.CreatedAt}.Sanitize() + ", " + pgx.Identifier{s.Columns.ID}.Sanitize()
+	return " ORDER BY " + pgx.Identifier{s.Columns.CreatedAt}.Sanitize() + ", ctid"
 }
 
 // Count returns the number of rows f selects.
