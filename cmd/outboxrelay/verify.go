@@ -177,7 +177,7 @@ func brokerReader(cfg config.Config, rabbitQueue string) (verify.Reader, func(*r
 		return verify.Redis{Client: goredis.NewClient(opt)}, dest, nil
 	case "rabbitmq":
 		if rabbitQueue == "" {
-			return nil, nil, usageErr("RabbitMQ queues cannot be read without consuming them, so verify cannot see what reached the exchange; " +
+			return nil, nil, usageErr("RabbitMQ queues cannot be read without consuming them, so verify cannot see what reached the exchange; "+
 				"declare a verification queue bound to exchange %q with binding key \"#\" (it holds a copy of every message from then on) and pass it with --rabbitmq-queue NAME", cfg.Sink.RabbitMQ.Exchange)
 		}
 		return verify.RabbitMQ{URL: cfg.Sink.RabbitMQ.URL, Queue: rabbitQueue}, nil, nil
