@@ -13,6 +13,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/outboxrelay/outboxrelay/integration/pgserver"
 	"github.com/outboxrelay/outboxrelay/integration/pgserver/pgservertest"
 )
 
@@ -317,4 +318,67 @@ func TestRecoverDroppedSlot(t *testing.T) {
 		t.Fatalf("verify after recover exited %d:\n%s", code, out)
 	}
 	t.Logf("recovery figures: rows %d, lost before recover %d, lost after 0, duplicates %d", len(ids), lostBefore, duplicates(recs))
+}
+
+// TestRecoverLostSlot loses the slot to a small max_slot_wal_keep_size while
+// the relay is stopped and rows are committed under load: the relay
+// refuses the lost slot naming recover, and after recover every committed
+// row is at the broker.
+func TestRecoverLostSlot(t *testing.T) {
+	srv := pgservertest.Start(t, pgserver.Options{Settings: map[string]string{
+		"max_slot_wal_keep_size": "1MB", "max_wal_size": "64MB", "min_wal_size": "32MB",
+	}})
+	e := newEnvOn(t, srv)
+	cfg := e.config()
+	p := e.start()
+	p.waitLog(`"streaming"`, 30*time.Second)
+	ids := e.insert("public.outbox", "order", "1", 10)
+	kafkaRecords(t, e.brokers, "outbox.order", len(ids))
+	p.stop()
+
+	e.exec("CREATE TABLE filler (x text)")
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		ids = append(ids, e.insert("public.outbox", "order", "1", 20)...)
+		ids = append(ids, e.insert("public.outbox", "order", "2", 20)...)
+		e.exec("INSERT INTO filler SELECT repeat(md5(g::text), 30) FROM generate_series(1, 20000) g")
+		e.exec("TRUNCATE filler")
+		e.exec("SELECT pg_switch_wal()")
+		e.exec("CHECKPOINT")
+		var status string
+		if err := e.db.QueryRow(t.Context(), "SELECT coalesce(wal_status, '') FROM pg_replication_slots WHERE slot_name = 'outboxrelay'").Scan(&status); err != nil {
+			t.Fatal(err)
+		}
+		if status == "lost" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("slot wal_status is %q after 90s of load, want lost", status)
+		}
+	}
+	ids = append(ids, e.insert("public.outbox", "order", "2", 10)...)
+
+	out, code := e.cli("run", "--config", cfg)
+	if code != 2 || !strings.Contains(out, "wal_status=lost") || !strings.Contains(out, "outboxrelay recover") {
+		t.Fatalf("relay on a lost slot exited %d, want 2 naming recover:\n%s", code, tail(out, 5))
+	}
+	out, code = e.cli("verify", "--config", cfg, "--since", "1h")
+	lostBefore := len(missingIDs(out))
+	if code != 1 {
+		t.Fatalf("verify before recover exited %d, want 1:\n%s", code, out)
+	}
+	out, code = e.cli("recover", "--config", cfg)
+	if code != 0 || !strings.Contains(out, "has lost WAL") {
+		t.Fatalf("recover exited %d:\n%s", code, out)
+	}
+	p = e.start()
+	p.waitLog(`"streaming"`, 30*time.Second)
+	ids = append(ids, e.insert("public.outbox", "order", "1", 5)...)
+	recs := e.consume("outbox.order").waitIDs(ids, 60*time.Second)
+	p.stop()
+	out, code = e.cli("verify", "--config", cfg, "--since", "1h")
+	if code != 0 {
+		t.Fatalf("verify after recover exited %d:\n%s", code, out)
+	}
+	t.Logf("lost-slot recovery figures: rows %d, lost before recover %d, lost after 0, duplicates %d", len(ids), lostBefore, duplicates(recs))
 }
