@@ -68,8 +68,8 @@ func (c Checkpoints) Verify(ctx context.Context, slotConfirmed LSN) error {
 	if slotConfirmed > rec {
 		return &SetupError{Msg: fmt.Sprintf(
 			"replication slot %q is at %s but the relay last confirmed %s: the slot was dropped and re-created or advanced behind the relay's back, and messages in between may be lost; "+
-				"republish them from the outbox table if needed, then run: DELETE FROM outboxrelay.checkpoint WHERE slot = '%s'",
-			c.Slot, slotConfirmed, rec, c.Slot)}
+				"stop the relay and run `outboxrelay recover --config FILE` to re-create the slot and republish them from the outbox table",
+			c.Slot, slotConfirmed, rec)}
 	}
 	return nil
 }

@@ -246,7 +246,7 @@ func EnsureSlot(ctx context.Context, conn *pgx.Conn, slot string) error {
 		return &SetupError{Msg: fmt.Sprintf("replication slot %s belongs to another database; choose another postgres.slot", slot)}
 	}
 	if walStatus == "lost" {
-		return &SetupError{Msg: fmt.Sprintf("replication slot %s has wal_status=lost: PostgreSQL removed WAL it still needed (max_slot_wal_keep_size); drop and re-create the slot, republish what was missed from the outbox table, then delete its row in outboxrelay.checkpoint", slot)}
+		return &SetupError{Msg: fmt.Sprintf("replication slot %s has wal_status=lost: PostgreSQL removed WAL it still needed (max_slot_wal_keep_size); run `outboxrelay recover --config FILE` to re-create it and republish what was missed from the outbox table", slot)}
 	}
 	return nil
 }

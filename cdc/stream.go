@@ -492,11 +492,11 @@ func slotStart(ctx context.Context, conn *pgconn.PgConn, slot string) (LSN, erro
 		return 0, fmt.Errorf("read slot %q: %w", slot, err)
 	}
 	if len(res) == 0 || len(res[0].Rows) == 0 {
-		return 0, &SetupError{Msg: fmt.Sprintf("replication slot %q does not exist; it was dropped while the relay ran — check for lost messages, then restart the relay to create it again", slot)}
+		return 0, &SetupError{Msg: fmt.Sprintf("replication slot %q does not exist; it was dropped while the relay ran: run `outboxrelay recover --config FILE` to re-create it and republish what was missed", slot)}
 	}
 	row := res[0].Rows[0]
 	if ws := string(row[1]); ws == "lost" {
-		return 0, &SetupError{Msg: fmt.Sprintf("replication slot %q has wal_status=lost: PostgreSQL removed WAL it still needed (max_slot_wal_keep_size); drop and re-create the slot, republish what was missed from the outbox table, then delete its row in outboxrelay.checkpoint", slot)}
+		return 0, &SetupError{Msg: fmt.Sprintf("replication slot %q has wal_status=lost: PostgreSQL removed WAL it still needed (max_slot_wal_keep_size); run `outboxrelay recover --config FILE` to re-create it and republish what was missed from the outbox table", slot)}
 	}
 	if row[0] == nil {
 		return 0, nil

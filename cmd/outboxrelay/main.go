@@ -35,6 +35,12 @@ Usage:
   outboxrelay maintain --config FILE                 create daily partitions ahead, drop those past postgres.retention
   outboxrelay status  --database-url URL [--slot NAME] [--json] [--max-lag-bytes N]
   outboxrelay dlq     list|replay|purge ...
+  outboxrelay verify  --config FILE --since T [--until T] [--aggregate-type A] [--id ID] [--rabbitmq-queue Q]
+                                                    prove committed rows reached the broker; exit 1 listing missing ids
+  outboxrelay replay  --config FILE --since T [--until T] [--aggregate-type A] [--id ID] [--missing] [--rate N]
+                                                    republish outbox rows with their envelope and message_id
+  outboxrelay recover --config FILE [--since T] [--margin D] [--force]
+                                                    re-create a lost or replaced slot and republish what it missed
   outboxrelay healthcheck [--url URL]               exit 0 when the relay's /healthz answers 200
   outboxrelay version
 `
@@ -73,6 +79,12 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 		err = cmdDeadLetters(args[1:], stdout)
 	case "maintain":
 		err = cmdMaintain(args[1:], stdout)
+	case "verify":
+		err = cmdVerify(args[1:], stdout, stderr)
+	case "replay":
+		err = cmdReplay(args[1:], stdout, stderr)
+	case "recover":
+		err = cmdRecover(args[1:], stdout, stderr)
 	case "healthcheck":
 		err = cmdHealthcheck(args[1:], stdout)
 	case "version", "--version", "-v":

@@ -1,0 +1,224 @@
+package replay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/outboxrelay/outboxrelay/relay"
+)
+
+// Publisher republishes messages through a relay.Sink. Like the relay, it
+// hands the sink at most one unacknowledged message per aggregate, so the
+// messages of one aggregate reach the broker in the order they are given to
+// Publish, and retries a failed publish until the broker takes it or
+// (permanent failures) MaxAttempts is reached.
+//
+// Publish is called from one goroutine; Wait once, after the last Publish.
+type Publisher struct {
+	sink relay.Sink
+	cfg  PublisherConfig
+	log  *zap.Logger
+
+	mu       sync.Mutex
+	cond     *sync.Cond
+	busy     map[string]bool // aggregates with an unacknowledged message
+	inflight int
+	result   Result
+	next     time.Time // rate limit: when the next message may go
+}
+
+// PublisherConfig configures a Publisher.
+type PublisherConfig struct {
+	// Rate is the most messages a second; 0 is unlimited.
+	Rate float64
+	// MaxInFlight bounds the unacknowledged messages (default 1000).
+	MaxInFlight int
+	// MaxAttempts is how often a message the broker rejects permanently is
+	// tried before it counts as failed (default 5). Retryable failures are
+	// retried until ctx ends.
+	MaxAttempts int
+	// Published, when set, is called for every acknowledged message, from
+	// sink goroutines.
+	Published func(m *relay.Message)
+}
+
+// Result counts what a Publisher did.
+type Result struct {
+	Published int64
+	// Failed lists the ids the broker refused permanently (and Invalid the
+	// rows the relay would have dead-lettered, which are not sent).
+	Failed  []string
+	Invalid []string
+}
+
+// NewPublisher returns a Publisher on sink. It starts nothing; a sink that
+// is a relay.Runner must be run by the caller.
+func NewPublisher(sink relay.Sink, cfg PublisherConfig, log *zap.Logger) *Publisher {
+	if cfg.MaxInFlight <= 0 {
+		cfg.MaxInFlight = 1000
+	}
+	if cfg.MaxAttempts <= 0 {
+		cfg.MaxAttempts = 5
+	}
+	if log == nil {
+		log = zap.NewNop()
+	}
+	p := &Publisher{sink: sink, cfg: cfg, log: log.Named("replay"), busy: map[string]bool{}}
+	p.cond = sync.NewCond(&p.mu)
+	return p
+}
+
+func aggregateKey(m *relay.Message) string { return m.AggregateType + "\x00" + m.AggregateID }
+
+// Publish hands m to the sink once its aggregate's previous message is
+// acknowledged, the in-flight bound allows and the rate limit allows. It
+// returns ctx.Err() when ctx ends first.
+func (p *Publisher) Publish(ctx context.Context, m *relay.Message) error {
+	key := aggregateKey(m)
+	stop := context.AfterFunc(ctx, func() {
+		p.mu.Lock()
+		p.cond.Broadcast()
+		p.mu.Unlock()
+	})
+	defer stop()
+	p.mu.Lock()
+	for (p.busy[key] || p.inflight >= p.cfg.MaxInFlight) && ctx.Err() == nil {
+		p.cond.Wait()
+	}
+	if err := ctx.Err(); err != nil {
+		p.mu.Unlock()
+		return err
+	}
+	p.busy[key] = true
+	p.inflight++
+	var wait time.Duration
+	if p.cfg.Rate > 0 {
+		now := time.Now()
+		if p.next.Before(now) {
+			p.next = now
+		}
+		wait = p.next.Sub(now)
+		p.next = p.next.Add(time.Duration(float64(time.Second) / p.cfg.Rate))
+	}
+	p.mu.Unlock()
+	if wait > 0 {
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			p.settle(m, nil)
+			return ctx.Err()
+		}
+	}
+	p.sink.Publish(ctx, m, p.doneFunc(ctx))
+	return nil
+}
+
+// Invalid records a row that cannot be sent.
+func (p *Publisher) Invalid(m *relay.Message, err error) {
+	p.log.Warn("row cannot be published; it is not replayed", zap.String("message_id", m.ID), zap.Error(err))
+	p.mu.Lock()
+	p.result.Invalid = append(p.result.Invalid, m.ID)
+	p.mu.Unlock()
+}
+
+func (p *Publisher) doneFunc(ctx context.Context) func(*relay.Message, error) {
+	var done func(*relay.Message, error)
+	done = func(m *relay.Message, err error) {
+		if err == nil {
+			if p.cfg.Published != nil {
+				p.cfg.Published(m)
+			}
+			p.settle(m, &err)
+			return
+		}
+		if ctx.Err() != nil {
+			p.settle(m, nil)
+			return
+		}
+		m.Attempts++
+		m.LastError = err
+		if !relay.Retryable(err) && m.Attempts >= p.cfg.MaxAttempts {
+			p.log.Error("broker refused the message", zap.String("message_id", m.ID), zap.Int("attempts", m.Attempts), zap.Error(err))
+			p.mu.Lock()
+			p.result.Failed = append(p.result.Failed, m.ID)
+			p.mu.Unlock()
+			p.settle(m, nil)
+			return
+		}
+		wait := backoff(m.Attempts)
+		p.log.Warn("publish failed; retrying", zap.String("message_id", m.ID), zap.Duration("retry_in", wait), zap.Error(err))
+		// Not from this goroutine: done may run on a sink goroutine that
+		// must not publish.
+		time.AfterFunc(wait, func() {
+			if ctx.Err() != nil {
+				p.settle(m, nil)
+				return
+			}
+			p.sink.Publish(ctx, m, done)
+		})
+	}
+	return done
+}
+
+// settle frees m's aggregate; ok non-nil counts m as published.
+func (p *Publisher) settle(m *relay.Message, ok *error) {
+	p.mu.Lock()
+	delete(p.busy, aggregateKey(m))
+	p.inflight--
+	if ok != nil {
+		p.result.Published++
+	}
+	p.cond.Broadcast()
+	p.mu.Unlock()
+}
+
+// Wait waits until every published message is settled and returns the
+// result. When ctx ends first it returns what is known and ctx.Err().
+func (p *Publisher) Wait(ctx context.Context) (Result, error) {
+	stop := context.AfterFunc(ctx, func() {
+		p.mu.Lock()
+		p.cond.Broadcast()
+		p.mu.Unlock()
+	})
+	defer stop()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for p.inflight > 0 && ctx.Err() == nil {
+		p.cond.Wait()
+	}
+	r := p.result
+	r.Failed = append([]string(nil), r.Failed...)
+	r.Invalid = append([]string(nil), r.Invalid...)
+	if p.inflight > 0 {
+		return r, fmt.Errorf("%d messages unacknowledged: %w", p.inflight, ctx.Err())
+	}
+	return r, nil
+}
+
+// Published returns the number of acknowledged messages so far. Safe for
+// concurrent use.
+func (p *Publisher) Published() int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.result.Published
+}
+
+func backoff(attempt int) time.Duration {
+	d := 100 * time.Millisecond
+	for i := 1; i < attempt && d < 10*time.Second; i++ {
+		d *= 2
+	}
+	d = min(d, 10*time.Second)
+	return d/2 + rand.N(d/2+1)
+}
+
+// ErrFailed is returned by Run when some messages could not be published.
+var ErrFailed = errors.New("some messages were not published")
