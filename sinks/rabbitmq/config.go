@@ -103,7 +103,7 @@ func (c *Config) Validate() error {
 	var errs []error
 	amqps := strings.HasPrefix(strings.ToLower(c.URL), "amqps://")
 	if c.URL == "" {
-		errs = append(errs, errors.New("sink.rabbitmq.url is required (or sink.rabbitmq.url_file)"))
+		errs = append(errs, errors.New("sink.rabbitmq.url is empty; set it (or sink.rabbitmq.url_file), e.g. amqp://user:password@host:5672/"))
 	}
 	if (c.TLSFiles.Enabled || c.TLSFiles.Configured()) && !amqps && c.URL != "" {
 		errs = append(errs, errors.New("sink.rabbitmq.tls is set but sink.rabbitmq.url is not amqps://; use an amqps:// URL"))
