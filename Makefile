@@ -1,7 +1,7 @@
 GO ?= go
 FUZZTIME ?= 10s
 
-.PHONY: build test test-short bench demo fuzz audit clean
+.PHONY: tidy-check build test test-short bench demo fuzz audit clean
 
 build:
 	$(GO) build -o bin/outboxrelay ./cmd/outboxrelay
@@ -11,13 +11,17 @@ build:
 # Packages that disturb the shared RabbitMQ (closing connections, stop_app)
 # run one at a time, after the rest.
 SERIAL_PKGS := ./sinks/rabbitmq ./integration
-test:
+test: tidy-check
 	$(GO) vet ./...
 	$(GO) test -count=1 -timeout 15m -p 2 $$($(GO) list ./... | grep -v -e '/integration$$' -e '/sinks/rabbitmq$$')
 	$(GO) test -count=1 -timeout 20m -p 1 $(SERIAL_PKGS)
 
 test-short:
 	$(GO) test -short -count=1 ./...
+
+# go.mod and go.sum must be what go mod tidy makes of them.
+tidy-check:
+	$(GO) mod tidy -diff
 
 bench:
 	$(GO) run ./cmd/outboxrelay-bench $(BENCHFLAGS)

@@ -5,8 +5,6 @@ package config
 
 import (
 	"bytes"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -22,6 +20,7 @@ import (
 
 	"github.com/outboxrelay/outboxrelay/cdc"
 	"github.com/outboxrelay/outboxrelay/relay"
+	"github.com/outboxrelay/outboxrelay/sinks"
 )
 
 // Config is the whole configuration file.
@@ -82,163 +81,146 @@ type Envelope struct {
 	Source string `yaml:"source"`
 }
 
-// Sink chooses and configures the broker.
+// Sink chooses and configures the broker. Its keys are type and one
+// section per registered sink (see package sinks), named for the sink and
+// holding that sink package's own settings: sink.kafka is a kafka.Config.
 type Sink struct {
-	Type     string   `yaml:"type"`
-	Kafka    Kafka    `yaml:"kafka"`
-	RabbitMQ RabbitMQ `yaml:"rabbitmq"`
-	NATS     NATS     `yaml:"nats"`
-	Redis    Redis    `yaml:"redis"`
+	// Type is the name of the sink to run.
+	Type string `yaml:"type"`
+	// settings holds every registered sink's section by name, so that each
+	// can be set in the file or the environment whichever sink runs.
+	settings map[string]sinks.Settings
 }
 
-// NATS configures sinks/nats (JetStream).
-type NATS struct {
-	URL     string `yaml:"url" secret:"url"`
-	URLFile string `yaml:"url_file"`
-	Subject string `yaml:"subject"`
-	Stream  string `yaml:"stream"`
-	// CreateStream creates Stream, on the template's subject prefix, when it is missing.
-	CreateStream    bool          `yaml:"create_stream"`
-	DuplicateWindow time.Duration `yaml:"duplicate_window"`
-	MaxPending      int           `yaml:"max_pending"`
-	AckTimeout      time.Duration `yaml:"ack_timeout"`
-	CredentialsFile string        `yaml:"credentials_file"`
-}
+// Settings returns the section of the sink that runs (sink.type), or nil
+// when no sink is registered under that name.
+func (s Sink) Settings() sinks.Settings { return s.settings[s.Type] }
 
-// Redis configures sinks/redis (Redis Streams).
-type Redis struct {
-	URL     string `yaml:"url" secret:"url"`
-	URLFile string `yaml:"url_file"`
-	Stream  string `yaml:"stream"`
-	// MaxLen trims each stream to about this many entries (MAXLEN ~); 0 never trims.
-	MaxLen     int64 `yaml:"max_len"`
-	BatchSize  int   `yaml:"batch_size"`
-	MaxPending int   `yaml:"max_pending"`
-}
+// Section returns the settings of the sink registered as name, or nil.
+func (s Sink) Section(name string) sinks.Settings { return s.settings[name] }
 
-// Kafka configures sinks/kafka.
-type Kafka struct {
-	Brokers []string      `yaml:"brokers"`
-	Topic   string        `yaml:"topic"`
-	Linger  time.Duration `yaml:"linger"`
-	TLS     TLS           `yaml:"tls"`
-	SASL    SASL          `yaml:"sasl"`
-}
-
-// SASL authenticates the Kafka client.
-type SASL struct {
-	// Mechanism is PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512; empty disables SASL.
-	Mechanism    string `yaml:"mechanism"`
-	Username     string `yaml:"username"`
-	Password     string `yaml:"password" secret:"text"`
-	PasswordFile string `yaml:"password_file"`
-}
-
-// SASL mechanisms sink.kafka.sasl.mechanism accepts.
-const (
-	SASLPlain       = "PLAIN"
-	SASLScramSHA256 = "SCRAM-SHA-256"
-	SASLScramSHA512 = "SCRAM-SHA-512"
-)
-
-// TLS configures a client's TLS connections to a broker. Files are PEM.
-type TLS struct {
-	// Enabled turns TLS on (Kafka). For RabbitMQ an amqps:// URL does.
-	Enabled bool `yaml:"enabled"`
-	// CAFile holds the certificates that may sign the server's; empty
-	// trusts the system's roots.
-	CAFile string `yaml:"ca_file"`
-	// CertFile and KeyFile are the client certificate and its key, for
-	// servers that authenticate clients by certificate.
-	CertFile string `yaml:"cert_file"`
-	KeyFile  string `yaml:"key_file"`
-	// ServerName is the name the server's certificate must carry; empty
-	// means the host the client dials.
-	ServerName string `yaml:"server_name"`
-	// InsecureSkipVerify accepts any server certificate. For tests only:
-	// it gives up the protection TLS is there for.
-	InsecureSkipVerify bool `yaml:"insecure_skip_verify"`
-}
-
-// configured reports whether any setting beyond Enabled is set.
-func (t TLS) configured() bool {
-	return t.CAFile != "" || t.CertFile != "" || t.KeyFile != "" || t.ServerName != "" || t.InsecureSkipVerify
-}
-
-// clientConfig builds the client's tls.Config from t, reading its files.
-// Errors name the key under prefix (sink.kafka.tls) to fix.
-func (t TLS) clientConfig(prefix string) (*tls.Config, error) {
-	c := &tls.Config{
-		MinVersion:         tls.VersionTLS12,
-		ServerName:         t.ServerName,
-		InsecureSkipVerify: t.InsecureSkipVerify, //nolint:gosec // the operator's explicit choice, documented as unsafe
-	}
-	if t.CAFile != "" {
-		pem, err := readFile(t.CAFile, maxPEMFile)
-		if err != nil {
-			return nil, fmt.Errorf("%s.ca_file: %w", prefix, err)
-		}
-		c.RootCAs = x509.NewCertPool()
-		if !c.RootCAs.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("%s.ca_file %s holds no PEM certificate", prefix, t.CAFile)
+// SinkAs returns the section of s whose type is T (for example
+// *kafka.Config), or the zero T when no registered sink has that type.
+func SinkAs[T sinks.Settings](s Sink) T {
+	for _, v := range s.settings {
+		if t, ok := v.(T); ok {
+			return t
 		}
 	}
-	switch {
-	case t.CertFile != "" && t.KeyFile != "":
-		certPEM, err := readFile(t.CertFile, maxPEMFile)
-		if err != nil {
-			return nil, fmt.Errorf("%s.cert_file: %w", prefix, err)
-		}
-		keyPEM, err := readFile(t.KeyFile, maxPEMFile)
-		if err != nil {
-			return nil, fmt.Errorf("%s.key_file: %w", prefix, err)
-		}
-		cert, err := tls.X509KeyPair(certPEM, keyPEM)
-		if err != nil {
-			return nil, fmt.Errorf("%s.cert_file and key_file: %w", prefix, err)
-		}
-		c.Certificates = []tls.Certificate{cert}
-	case t.CertFile != "" || t.KeyFile != "":
-		return nil, fmt.Errorf("%s.cert_file and %s.key_file must be set together", prefix, prefix)
-	}
-	return c, nil
+	var zero T
+	return zero
 }
 
-// TLSConfig returns the TLS settings of the Kafka connections, or nil when
-// sink.kafka.tls.enabled is false.
-func (k Kafka) TLSConfig() (*tls.Config, error) {
-	if !k.TLS.Enabled {
-		return nil, nil
+func defaultSink(typ string) Sink {
+	s := Sink{Type: typ, settings: map[string]sinks.Settings{}}
+	for _, t := range sinks.Types() {
+		s.settings[t.Name] = t.Defaults()
 	}
-	return k.TLS.clientConfig("sink.kafka.tls")
+	return s
 }
 
-// RabbitMQ configures sinks/rabbitmq.
-type RabbitMQ struct {
-	URL          string `yaml:"url" secret:"url"`
-	URLFile      string `yaml:"url_file"`
-	Exchange     string `yaml:"exchange"`
-	RoutingKey   string `yaml:"routing_key"`
-	Declare      bool   `yaml:"declare"`
-	ExchangeType string `yaml:"exchange_type"`
-	Durable      bool   `yaml:"durable"`
-	// TLS applies to amqps:// URLs.
-	TLS TLS `yaml:"tls"`
-	// Auth is "plain" (the URL's user and password) or "external" (the
-	// client certificate, SASL EXTERNAL; needs amqps:// and
-	// tls.cert_file/key_file, and the broker's rabbitmq_auth_mechanism_ssl
-	// plugin).
-	Auth string `yaml:"auth"`
+// clone copies every section, so that a copy of a Config can be changed
+// (Redacted does) without changing the original.
+func (s Sink) clone() Sink {
+	c := Sink{Type: s.Type, settings: make(map[string]sinks.Settings, len(s.settings))}
+	for name, v := range s.settings {
+		p := reflect.New(reflect.TypeOf(v).Elem())
+		p.Elem().Set(reflect.ValueOf(v).Elem())
+		c.settings[name] = p.Interface().(sinks.Settings)
+	}
+	return c
 }
 
-// TLSConfig returns the TLS settings of an amqps:// connection, or nil
-// when none are configured (amqps:// then verifies the server against the
-// system's roots and the URL's host).
-func (r RabbitMQ) TLSConfig() (*tls.Config, error) {
-	if !r.TLS.configured() {
-		return nil, nil
+// UnmarshalYAML decodes type and the sections of registered sinks; any
+// other key, here or inside a section, is an error naming it.
+func (s *Sink) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind == yaml.AliasNode {
+		n = n.Alias
 	}
-	return r.TLS.clientConfig("sink.rabbitmq.tls")
+	if n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
+		return nil
+	}
+	if n.Kind != yaml.MappingNode {
+		return fmt.Errorf("line %d: sink must be a mapping of type and sink sections", n.Line)
+	}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		if k.Value == "type" {
+			if err := v.Decode(&s.Type); err != nil {
+				return err
+			}
+			continue
+		}
+		set, ok := s.settings[k.Value]
+		if !ok {
+			return fmt.Errorf("line %d: sink.%s is not a configuration key; sink sections are %s", k.Line, k.Value, strings.Join(sinks.Names(), ", "))
+		}
+		if err := checkKeys(v, reflect.TypeOf(set).Elem(), "sink."+k.Value); err != nil {
+			return err
+		}
+		if err := v.Decode(set); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkKeys fails on a key of the mapping n that no field of t (a struct)
+// has, as the decoder's KnownFields does for the rest of the file: a
+// custom unmarshaler's node.Decode does not check.
+func checkKeys(n *yaml.Node, t reflect.Type, path string) error {
+	if n.Kind == yaml.AliasNode {
+		n = n.Alias
+	}
+	if n.Kind != yaml.MappingNode {
+		return nil // the decoder reports the type mismatch
+	}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		f, ok := fieldByKey(t, k.Value)
+		if !ok {
+			return fmt.Errorf("line %d: %s.%s is not a configuration key", k.Line, path, k.Value)
+		}
+		if isSection(f.Type) {
+			if err := checkKeys(v, f.Type, path+"."+k.Value); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func fieldByKey(t reflect.Type, key string) (reflect.StructField, bool) {
+	for i := 0; i < t.NumField(); i++ {
+		if f := t.Field(i); f.IsExported() && yamlName(f) == key && key != "-" {
+			return f, true
+		}
+	}
+	return reflect.StructField{}, false
+}
+
+// MarshalYAML writes type, then every section in the order of Keys.
+func (s Sink) MarshalYAML() (any, error) {
+	n := &yaml.Node{Kind: yaml.MappingNode}
+	add := func(key string, v any) error {
+		var val yaml.Node
+		if err := val.Encode(v); err != nil {
+			return err
+		}
+		n.Content = append(n.Content, &yaml.Node{Kind: yaml.ScalarNode, Value: key}, &val)
+		return nil
+	}
+	if err := add("type", s.Type); err != nil {
+		return nil, err
+	}
+	for _, t := range sinks.Types() {
+		if v, ok := s.settings[t.Name]; ok {
+			if err := add(t.Name, v); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return n, nil
 }
 
 // Relay tunes the pipeline.
@@ -274,19 +256,7 @@ func Default() Config {
 			Columns: relay.DefaultColumns(), MessagePrefix: "outboxrelay",
 			StatusInterval: time.Second, HeartbeatInterval: 10 * time.Second, CoverageInterval: time.Second,
 		},
-		Sink: Sink{
-			Type:  "kafka",
-			Kafka: Kafka{Topic: "outbox.{aggregate_type}"},
-			RabbitMQ: RabbitMQ{
-				Exchange: "outbox", RoutingKey: "{aggregate_type}.{event_type}",
-				ExchangeType: "topic", Durable: true, Auth: "plain",
-			},
-			NATS: NATS{
-				URL: "nats://127.0.0.1:4222", Subject: "outbox.{aggregate_type}.{event_type}", Stream: "OUTBOX",
-				DuplicateWindow: 2 * time.Minute, MaxPending: 4000, AckTimeout: 10 * time.Second,
-			},
-			Redis: Redis{URL: "redis://127.0.0.1:6379/0", Stream: "outbox:{aggregate_type}", BatchSize: 256, MaxPending: 10000},
-		},
+		Sink:     defaultSink("kafka"),
 		Envelope: Envelope{Format: "envelope", Source: "outboxrelay"},
 		Relay:    Relay{MaxInFlight: 10000, MaxInFlightBytes: 64 << 20, MaxAttempts: 5, DrainTimeout: 30 * time.Second, DeadLetters: true},
 		HTTP:     HTTP{Listen: "127.0.0.1:9187"},
@@ -417,26 +387,63 @@ func (c *Config) readSecretFiles(fromEnv map[string]bool) error {
 // walkSecrets calls fn for every field of v (a struct) tagged secret, with
 // its key, its kind (url or text), its value and its _file sibling.
 func walkSecrets(v reflect.Value, path string, fn func(key, kind string, val, file reflect.Value)) {
-	t := v.Type()
-	for i := 0; i < t.NumField(); i++ {
-		f := t.Field(i)
-		name := yamlName(f)
-		if f.Type.Kind() == reflect.Struct && f.Type != reflect.TypeOf(time.Duration(0)) {
-			walkSecrets(v.Field(i), joinPath(path, name), fn)
+	fs := fields(v)
+	for _, f := range fs {
+		if f.section {
+			walkSecrets(f.v, joinPath(path, f.name), fn)
 			continue
 		}
-		kind := f.Tag.Get("secret")
+		kind := f.tag.Get("secret")
 		if kind == "" {
 			continue
 		}
 		var file reflect.Value
-		for j := 0; j < t.NumField(); j++ {
-			if yamlName(t.Field(j)) == name+"_file" {
-				file = v.Field(j)
+		for _, g := range fs {
+			if g.name == f.name+"_file" {
+				file = g.v
 			}
 		}
-		fn(joinPath(path, name), kind, v.Field(i), file)
+		fn(joinPath(path, f.name), kind, f.v, file)
 	}
+}
+
+// field is one key of a section of the file.
+type field struct {
+	name    string
+	tag     reflect.StructTag
+	v       reflect.Value
+	section bool // a struct of keys, not a value
+}
+
+// fields returns the keys of the section v (a struct) in file order: its
+// exported fields with a yaml name, and for Sink its type and the
+// registered sinks' sections.
+func fields(v reflect.Value) []field {
+	if s, ok := v.Addr().Interface().(*Sink); v.CanAddr() && ok {
+		fs := []field{{name: "type", tag: `yaml:"type"`, v: v.FieldByName("Type")}}
+		for _, t := range sinks.Types() {
+			if set, ok := s.settings[t.Name]; ok {
+				fs = append(fs, field{name: t.Name, v: reflect.ValueOf(set).Elem(), section: true})
+			}
+		}
+		return fs
+	}
+	var fs []field
+	t := v.Type()
+	for i := 0; i < t.NumField(); i++ {
+		f := t.Field(i)
+		name := yamlName(f)
+		if !f.IsExported() || name == "-" || name == "" {
+			continue
+		}
+		fs = append(fs, field{name: name, tag: f.Tag, v: v.Field(i), section: isSection(f.Type)})
+	}
+	return fs
+}
+
+// isSection reports whether a field of type t holds keys rather than a value.
+func isSection(t reflect.Type) bool {
+	return t.Kind() == reflect.Struct && t != reflect.TypeOf(time.Duration(0))
 }
 
 func yamlName(f reflect.StructField) string {
@@ -446,6 +453,7 @@ func yamlName(f reflect.StructField) string {
 // Redacted returns a copy of c with every secret hidden: passwords and
 // tokens become xxxxx, URLs keep everything but their passwords.
 func (c Config) Redacted() Config {
+	c.Sink = c.Sink.clone()
 	walkSecrets(reflect.ValueOf(&c).Elem(), "", func(_, kind string, val, _ reflect.Value) {
 		switch {
 		case val.String() == "":
@@ -515,19 +523,17 @@ func Keys() []Key {
 	var keys []Key
 	var walk func(v reflect.Value, path, env string)
 	walk = func(v reflect.Value, path, env string) {
-		t := v.Type()
-		for i := 0; i < t.NumField(); i++ {
-			f := t.Field(i)
-			name := strings.Split(f.Tag.Get("yaml"), ",")[0]
-			p, e := joinPath(path, name), env+"_"+strings.ToUpper(name)
-			if f.Type.Kind() == reflect.Struct && f.Type != reflect.TypeOf(time.Duration(0)) {
-				walk(v.Field(i), p, e)
+		for _, f := range fields(v) {
+			p, e := joinPath(path, f.name), env+"_"+strings.ToUpper(f.name)
+			if f.section {
+				walk(f.v, p, e)
 				continue
 			}
-			keys = append(keys, Key{Path: p, Env: e, Default: format(v.Field(i))})
+			keys = append(keys, Key{Path: p, Env: e, Default: format(f.v)})
 		}
 	}
-	walk(reflect.ValueOf(Default()), "", EnvPrefix[:len(EnvPrefix)-1])
+	cfg := Default()
+	walk(reflect.ValueOf(&cfg).Elem(), "", EnvPrefix[:len(EnvPrefix)-1])
 	return keys
 }
 
@@ -539,6 +545,12 @@ func joinPath(a, b string) string {
 }
 
 func format(v reflect.Value) string {
+	if v.Kind() == reflect.Pointer {
+		if v.IsNil() {
+			return ""
+		}
+		v = v.Elem()
+	}
 	switch x := v.Interface().(type) {
 	case []string:
 		return strings.Join(x, ",")
@@ -552,14 +564,10 @@ func format(v reflect.Value) string {
 // applyEnv sets the fields of v found in the environment and records their
 // keys in set.
 func applyEnv(v reflect.Value, path, env string, lookup func(string) (string, bool), set map[string]bool) error {
-	t := v.Type()
-	for i := 0; i < t.NumField(); i++ {
-		f := t.Field(i)
-		name := yamlName(f)
-		p, e := joinPath(path, name), env+"_"+strings.ToUpper(name)
-		fv := v.Field(i)
-		if f.Type.Kind() == reflect.Struct && f.Type != reflect.TypeOf(time.Duration(0)) {
-			if err := applyEnv(fv, p, e, lookup, set); err != nil {
+	for _, f := range fields(v) {
+		p, e := joinPath(path, f.name), env+"_"+strings.ToUpper(f.name)
+		if f.section {
+			if err := applyEnv(f.v, p, e, lookup, set); err != nil {
 				return err
 			}
 			continue
@@ -568,7 +576,7 @@ func applyEnv(v reflect.Value, path, env string, lookup func(string) (string, bo
 		if !ok {
 			continue
 		}
-		if err := setValue(fv, s); err != nil {
+		if err := setValue(f.v, s); err != nil {
 			return fmt.Errorf("environment %s: %w", e, err)
 		}
 		set[p] = true
@@ -577,6 +585,14 @@ func applyEnv(v reflect.Value, path, env string, lookup func(string) (string, bo
 }
 
 func setValue(v reflect.Value, s string) error {
+	if v.Kind() == reflect.Pointer {
+		p := reflect.New(v.Type().Elem())
+		if err := setValue(p.Elem(), s); err != nil {
+			return err
+		}
+		v.Set(p)
+		return nil
+	}
 	switch v.Interface().(type) {
 	case time.Duration:
 		d, err := time.ParseDuration(s)
@@ -645,27 +661,10 @@ func (c *Config) Validate() error {
 	if c.Postgres.HeartbeatInterval < 0 {
 		errs = append(errs, fmt.Errorf("postgres.heartbeat_interval %s must not be negative", c.Postgres.HeartbeatInterval))
 	}
-	switch c.Sink.Type {
-	case "kafka":
-		if len(c.Sink.Kafka.Brokers) == 0 {
-			errs = append(errs, errors.New("sink.kafka.brokers needs at least one host:port"))
-		}
-		errs = append(errs, c.Sink.Kafka.validateSecurity()...)
-	case "rabbitmq":
-		if c.Sink.RabbitMQ.URL == "" {
-			errs = append(errs, errors.New("sink.rabbitmq.url is required (or sink.rabbitmq.url_file)"))
-		}
-		errs = append(errs, c.Sink.RabbitMQ.validateSecurity()...)
-	case "nats":
-		if c.Sink.NATS.URL == "" {
-			errs = append(errs, errors.New("sink.nats.url is required"))
-		}
-	case "redis":
-		if c.Sink.Redis.URL == "" {
-			errs = append(errs, errors.New("sink.redis.url is required"))
-		}
-	default:
-		errs = append(errs, fmt.Errorf("sink.type %q is not one of kafka, rabbitmq, nats, redis", c.Sink.Type))
+	if set := c.Sink.Settings(); set == nil {
+		errs = append(errs, fmt.Errorf("sink.type %q is not one of %s", c.Sink.Type, strings.Join(sinks.Names(), ", ")))
+	} else if err := set.Validate(); err != nil {
+		errs = append(errs, splitJoined(err)...)
 	}
 	switch c.Envelope.Format {
 	case "envelope":
@@ -697,54 +696,6 @@ func (c *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("log.level %q is not one of debug, info, warn, error", c.Log.Level))
 	}
 	return errors.Join(errs...)
-}
-
-func (k Kafka) validateSecurity() []error {
-	var errs []error
-	if k.TLS.configured() && !k.TLS.Enabled {
-		errs = append(errs, errors.New("sink.kafka.tls has settings but sink.kafka.tls.enabled is false; set sink.kafka.tls.enabled: true"))
-	}
-	if _, err := k.TLSConfig(); err != nil {
-		errs = append(errs, err)
-	}
-	s := k.SASL
-	switch s.Mechanism {
-	case "":
-		if s.Username != "" || s.Password != "" {
-			errs = append(errs, errors.New("sink.kafka.sasl has a username or password but no mechanism; set sink.kafka.sasl.mechanism to PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512"))
-		}
-	case SASLPlain, SASLScramSHA256, SASLScramSHA512:
-		if s.Username == "" {
-			errs = append(errs, fmt.Errorf("sink.kafka.sasl.username is required for %s", s.Mechanism))
-		}
-		if s.Password == "" {
-			errs = append(errs, fmt.Errorf("sink.kafka.sasl.password (or password_file) is required for %s", s.Mechanism))
-		}
-	default:
-		errs = append(errs, fmt.Errorf("sink.kafka.sasl.mechanism %q is not one of PLAIN, SCRAM-SHA-256, SCRAM-SHA-512", s.Mechanism))
-	}
-	return errs
-}
-
-func (r RabbitMQ) validateSecurity() []error {
-	var errs []error
-	amqps := strings.HasPrefix(strings.ToLower(r.URL), "amqps://")
-	if (r.TLS.Enabled || r.TLS.configured()) && !amqps && r.URL != "" {
-		errs = append(errs, errors.New("sink.rabbitmq.tls is set but sink.rabbitmq.url is not amqps://; use an amqps:// URL"))
-	}
-	if _, err := r.TLSConfig(); err != nil {
-		errs = append(errs, err)
-	}
-	switch r.Auth {
-	case "plain":
-	case "external":
-		if !amqps || r.TLS.CertFile == "" {
-			errs = append(errs, errors.New("sink.rabbitmq.auth external authenticates with the client certificate; use an amqps:// url and set sink.rabbitmq.tls.cert_file and key_file"))
-		}
-	default:
-		errs = append(errs, fmt.Errorf("sink.rabbitmq.auth %q is not one of plain, external", r.Auth))
-	}
-	return errs
 }
 
 func splitJoined(err error) []error {

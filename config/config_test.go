@@ -6,6 +6,11 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/outboxrelay/outboxrelay/sinks/kafka"
+	"github.com/outboxrelay/outboxrelay/sinks/nats"
+	"github.com/outboxrelay/outboxrelay/sinks/rabbitmq"
+	"github.com/outboxrelay/outboxrelay/sinks/redis"
 )
 
 func env(kv map[string]string) func(string) (string, bool) {
@@ -37,7 +42,7 @@ func TestLoadMinimal(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.Sink.RabbitMQ.Auth != "plain" || cfg.HTTP.Listen != "127.0.0.1:9187" {
+	if SinkAs[*rabbitmq.Config](cfg.Sink).Auth != "plain" || cfg.HTTP.Listen != "127.0.0.1:9187" {
 		t.Errorf("defaults not applied: %+v", cfg)
 	}
 }
@@ -70,10 +75,10 @@ http:
 		t.Fatal(err)
 	}
 	for got, want := range map[string]string{
-		cfg.Postgres.URL:             "postgres://relay:from-file@127.0.0.1/shop",
-		cfg.Sink.Kafka.SASL.Password: "kafka-pass",
-		cfg.HTTP.Token:               "http-token",
-		cfg.Sink.RabbitMQ.URL:        "amqp://u:p@127.0.0.1/",
+		cfg.Postgres.URL: "postgres://relay:from-file@127.0.0.1/shop",
+		SinkAs[*kafka.Config](cfg.Sink).SASL.Password: "kafka-pass",
+		cfg.HTTP.Token:                         "http-token",
+		SinkAs[*rabbitmq.Config](cfg.Sink).URL: "amqp://u:p@127.0.0.1/",
 	} {
 		if got != want {
 			t.Errorf("read %q, want %q", got, want)
@@ -95,8 +100,8 @@ http:
 		"OUTBOXRELAY_SINK_KAFKA_SASL_MECHANISM": "PLAIN", "OUTBOXRELAY_SINK_KAFKA_SASL_USERNAME": "u",
 		"OUTBOXRELAY_SINK_KAFKA_SASL_PASSWORD_FILE": password, "OUTBOXRELAY_HTTP_TOKEN_FILE": token,
 	}))
-	if err != nil || cfg.Sink.Kafka.SASL.Password != "kafka-pass" || cfg.HTTP.Token != "http-token" {
-		t.Errorf("secrets from env files: %+v, %v", cfg.Sink.Kafka.SASL, err)
+	if err != nil || SinkAs[*kafka.Config](cfg.Sink).SASL.Password != "kafka-pass" || cfg.HTTP.Token != "http-token" {
+		t.Errorf("secrets from env files: %+v, %v", SinkAs[*kafka.Config](cfg.Sink).SASL, err)
 	}
 
 	for name, tc := range map[string]struct {
@@ -161,10 +166,10 @@ func TestRedacted(t *testing.T) {
 	const secret = "S3cr3t-Canary"
 	cfg := Default()
 	cfg.Postgres.URL = "postgres://relay:" + secret + "@db:5432/shop?sslmode=verify-full&sslrootcert=/etc/ca.pem&sslpassword=" + secret
-	cfg.Sink.Kafka.SASL.Password = secret
-	cfg.Sink.RabbitMQ.URL = "amqps://relay:" + secret + "@mq:5671/vhost"
-	cfg.Sink.NATS.URL = "nats://relay:" + secret + "@n1:4222,nats://relay:" + secret + "@n2:4222"
-	cfg.Sink.Redis.URL = "redis://:" + secret + "@redis:6379/0"
+	SinkAs[*kafka.Config](cfg.Sink).SASL.Password = secret
+	SinkAs[*rabbitmq.Config](cfg.Sink).URL = "amqps://relay:" + secret + "@mq:5671/vhost"
+	SinkAs[*nats.Config](cfg.Sink).URL = "nats://relay:" + secret + "@n1:4222,nats://relay:" + secret + "@n2:4222"
+	SinkAs[*redis.Config](cfg.Sink).URL = "redis://:" + secret + "@redis:6379/0"
 	cfg.HTTP.Token = secret
 	out, err := cfg.RedactedYAML()
 	if err != nil {

@@ -5,6 +5,8 @@ import (
 	"os"
 	"strings"
 	"testing"
+
+	"github.com/outboxrelay/outboxrelay/sinks"
 )
 
 var updateReadme = flag.Bool("update-readme", false, "rewrite the README's configuration reference")
@@ -13,13 +15,20 @@ func TestEveryKeyIsDocumented(t *testing.T) {
 	seen := map[string]bool{}
 	for _, k := range Keys() {
 		seen[k.Path] = true
-		if descriptions[k.Path] == "" {
+		if description(k.Path) == "" {
 			t.Errorf("key %s has no description in config/reference.go", k.Path)
 		}
 	}
 	for path := range descriptions {
 		if !seen[path] {
 			t.Errorf("description for %s, which is not a configuration key", path)
+		}
+	}
+	for _, st := range sinks.Types() {
+		for key := range st.Docs {
+			if path := "sink." + st.Name + "." + key; !seen[path] {
+				t.Errorf("sinks.Type.Docs of %s describes %s, which is not a configuration key", st.Name, path)
+			}
 		}
 	}
 }

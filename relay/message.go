@@ -25,7 +25,11 @@ type Message struct {
 	Table string
 	// Traceparent is the W3C traceparent of the envelope, always set.
 	Traceparent string
-	// Headers are the row's headers, in the order they appear in the row.
+	// Tracestate is the W3C tracestate that goes with Traceparent: the
+	// row's tracestate header when the traceparent is the row's, else "".
+	Tracestate string
+	// Headers are the row's headers, in the order they appear in the row,
+	// without those whose names the relay owns (envelope.Reserved).
 	Headers []envelope.Header
 	// Envelope is the broker message body: the encoded envelope (JSON,
 	// UTF-8), a CloudEvent in structured mode, or the bare payload in

@@ -960,9 +960,10 @@ func (r *Relay) finish(em *envelope.Message, table, traceparent string, lsn cdc.
 	}
 	m := &Message{
 		ID: em.MessageID, AggregateType: em.AggregateType, AggregateID: em.AggregateID, EventType: em.EventType,
-		Table: table, Traceparent: em.Traceparent, Headers: headers,
+		Table: table, Traceparent: em.Traceparent,
 		CommitTime: r.cur.CommitTime, LSN: lsn, CommitLSN: r.cur.FinalLSN,
 	}
+	m.Headers, m.Tracestate = r.brokerHeaders(m, headers, traceparent)
 	buf := getBuffer(len(em.Payload) + len(em.Headers) + 512)
 	switch r.cfg.Format {
 	case FormatCloudEvents:

@@ -30,7 +30,7 @@ func relayConfig(url string, brokers []string) config.Config {
 	cfg.Postgres.Slot = slot
 	cfg.Postgres.StatusInterval = 200 * time.Millisecond
 	cfg.Sink.Type = "kafka"
-	cfg.Sink.Kafka.Brokers = brokers
+	config.SinkAs[*kafka.Config](cfg.Sink).Brokers = brokers
 	return cfg
 }
 
@@ -79,8 +79,7 @@ func startRelay(ctx context.Context, cfg config.Config, log *zap.Logger) (*runni
 	if err != nil {
 		return nil, fmt.Errorf("connect to PostgreSQL: %w", err)
 	}
-	k := cfg.Sink.Kafka
-	sink, err := kafka.New(kafka.Config{Brokers: k.Brokers, Topic: k.Topic, Linger: k.Linger}, log)
+	sink, err := kafka.New(*config.SinkAs[*kafka.Config](cfg.Sink), log)
 	if err != nil {
 		pool.Close()
 		return nil, fmt.Errorf("sink.kafka: %w", err)

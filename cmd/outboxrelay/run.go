@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -16,12 +14,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
-	amqp "github.com/rabbitmq/amqp091-go"
-	"github.com/twmb/franz-go/pkg/kerr"
-	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/sasl"
-	"github.com/twmb/franz-go/pkg/sasl/plain"
-	"github.com/twmb/franz-go/pkg/sasl/scram"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"golang.org/x/sync/errgroup"
@@ -31,10 +23,7 @@ import (
 	"github.com/outboxrelay/outboxrelay/config"
 	"github.com/outboxrelay/outboxrelay/metrics"
 	"github.com/outboxrelay/outboxrelay/relay"
-	"github.com/outboxrelay/outboxrelay/sinks/kafka"
-	natssink "github.com/outboxrelay/outboxrelay/sinks/nats"
-	"github.com/outboxrelay/outboxrelay/sinks/rabbitmq"
-	redissink "github.com/outboxrelay/outboxrelay/sinks/redis"
+	"github.com/outboxrelay/outboxrelay/sinks"
 	"github.com/outboxrelay/outboxrelay/status"
 )
 
@@ -309,131 +298,22 @@ func joinHooks(hs ...relay.Hooks) relay.Hooks {
 }
 
 // openSink creates the configured sink and checks that its broker answers,
-// so that an unreachable broker at start is one clear error.
+// so that an unreachable broker at start is one clear error. The sink's
+// package says how (sinks.Settings.Open).
 func openSink(ctx context.Context, cfg config.Config, log *zap.Logger) (relay.Sink, error) {
-	switch cfg.Sink.Type {
-	case "kafka":
-		k := cfg.Sink.Kafka
-		kc := kafka.Config{Brokers: k.Brokers, Topic: k.Topic, Linger: k.Linger}
-		var err error
-		if kc.TLS, err = k.TLSConfig(); err != nil {
-			return nil, usageErr("%v", err)
-		}
-		if m := kafkaSASL(k.SASL); m != nil {
-			kc.Opts = append(kc.Opts, kgo.SASL(m))
-		}
-		s, err := kafka.New(kc, log)
-		if err != nil {
-			return nil, usageErr("sink.kafka: %v", err)
-		}
-		if err := s.Ping(ctx); err != nil {
-			_ = s.Close()
-			switch {
-			case errors.Is(err, kerr.SaslAuthenticationFailed) || errors.Is(err, kerr.IllegalSaslState) || errors.Is(err, kerr.UnsupportedSaslMechanism):
-				return nil, usageErr("cannot reach Kafka: authentication failed for user %q with %s; check sink.kafka.sasl.mechanism, username and password (%v)",
-					k.SASL.Username, k.SASL.Mechanism, err)
-			case k.SASL.Mechanism != "" && (errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET)):
-				// Some brokers drop the connection instead of answering
-				// a failed authentication.
-				return nil, usageErr("cannot reach Kafka: the broker closed the connection, as it does when authentication failed for user %q with %s; check sink.kafka.sasl.mechanism, username and password, and sink.kafka.tls.enabled",
-					k.SASL.Username, k.SASL.Mechanism)
-			}
-			if ce := certError(err); ce != nil {
-				return nil, usageErr("cannot reach Kafka: the broker's TLS certificate did not verify (%v); check sink.kafka.tls.ca_file and server_name", ce)
-			}
-			return nil, usageErr("cannot reach Kafka: %v", err)
-		}
-		return s, nil
-	case "nats":
-		n := cfg.Sink.NATS
-		s, err := natssink.New(natssink.Config{
-			URL: n.URL, Subject: n.Subject, Stream: n.Stream, CreateStream: n.CreateStream,
-			DuplicateWindow: n.DuplicateWindow, MaxPending: n.MaxPending, AckTimeout: n.AckTimeout,
-			CredentialsFile: n.CredentialsFile,
-		}, log)
-		if err != nil {
-			return nil, usageErr("sink.nats: %v", err)
-		}
-		if err := s.Connect(ctx); err != nil {
-			_ = s.Close()
-			return nil, usageErr("cannot reach NATS JetStream: %v", err)
-		}
-		return s, nil
-	case "redis":
-		rd := cfg.Sink.Redis
-		s, err := redissink.New(redissink.Config{
-			URL: rd.URL, Stream: rd.Stream, MaxLen: rd.MaxLen, BatchSize: rd.BatchSize, MaxPending: rd.MaxPending,
-		}, log)
-		if err != nil {
-			return nil, usageErr("sink.redis: %v", err)
-		}
-		if err := s.Connect(ctx); err != nil {
-			_ = s.Close()
-			return nil, usageErr("cannot reach Redis: %v", err)
-		}
-		return s, nil
-	case "rabbitmq":
-		q := cfg.Sink.RabbitMQ
-		rc := rabbitmq.Config{
-			URL: q.URL, Exchange: q.Exchange, RoutingKey: q.RoutingKey,
-			Declare: q.Declare, ExchangeType: q.ExchangeType, Durable: &q.Durable,
-		}
-		var err error
-		if rc.TLS, err = q.TLSConfig(); err != nil {
-			return nil, usageErr("%v", err)
-		}
-		if q.Auth == "external" {
-			rc.SASL = rabbitmq.ExternalAuth()
-		}
-		s, err := rabbitmq.New(rc, log)
-		if err != nil {
-			return nil, usageErr("sink.rabbitmq: %v", err)
-		}
-		if err := s.Connect(ctx); err != nil {
-			_ = s.Close()
-			if ce := certError(err); ce != nil {
-				return nil, usageErr("cannot reach RabbitMQ: the broker's TLS certificate did not verify (%v); check sink.rabbitmq.tls.ca_file and server_name", ce)
-			}
-			if q.Auth == "external" && errors.Is(err, amqp.ErrSASL) {
-				return nil, usageErr("cannot reach RabbitMQ: %v; auth: external needs the broker's rabbitmq_auth_mechanism_ssl plugin and EXTERNAL in its auth_mechanisms", err)
-			}
-			return nil, usageErr("cannot reach RabbitMQ: %v", err)
-		}
-		return s, nil
+	set := cfg.Sink.Settings()
+	if set == nil {
+		return nil, usageErr("sink.type %q is not a registered sink", cfg.Sink.Type)
 	}
-	return nil, errors.New("unknown sink type " + cfg.Sink.Type)
-}
-
-// kafkaSASL returns the configured SASL mechanism, or nil for none.
-// Validate has checked the mechanism's name.
-func kafkaSASL(c config.SASL) sasl.Mechanism {
-	switch c.Mechanism {
-	case config.SASLPlain:
-		return plain.Auth{User: c.Username, Pass: c.Password}.AsMechanism()
-	case config.SASLScramSHA256:
-		return scram.Auth{User: c.Username, Pass: c.Password}.AsSha256Mechanism()
-	case config.SASLScramSHA512:
-		return scram.Auth{User: c.Username, Pass: c.Password}.AsSha512Mechanism()
+	s, err := set.Open(ctx, log)
+	if err != nil {
+		return nil, usageErr("%v", err)
 	}
-	return nil
+	return s, nil
 }
 
 // certError returns the failed server certificate check inside err, or nil.
-func certError(err error) error {
-	var verr *tls.CertificateVerificationError
-	if errors.As(err, &verr) {
-		return verr
-	}
-	var hostErr x509.HostnameError
-	if errors.As(err, &hostErr) {
-		return hostErr
-	}
-	var authErr x509.UnknownAuthorityError
-	if errors.As(err, &authErr) {
-		return authErr
-	}
-	return nil
-}
+func certError(err error) error { return sinks.CertError(err) }
 
 // tlsHint names the settings to check when err is a server certificate
 // that did not verify, and is empty otherwise.
@@ -456,19 +336,8 @@ func securityWarnings(cfg config.Config) []string {
 	if host, _, err := net.SplitHostPort(cfg.HTTP.Listen); err == nil && cfg.HTTP.Token == "" && !loopback(host) {
 		ws = append(ws, fmt.Sprintf("http.listen %s is reachable from other hosts and http.token is not set: /status and /metrics are open", cfg.HTTP.Listen))
 	}
-	switch cfg.Sink.Type {
-	case "kafka":
-		k := cfg.Sink.Kafka
-		if k.SASL.Mechanism == config.SASLPlain && !k.TLS.Enabled {
-			ws = append(ws, "sink.kafka.sasl.mechanism PLAIN without sink.kafka.tls sends the password unencrypted; enable sink.kafka.tls")
-		}
-		if k.TLS.Enabled && k.TLS.InsecureSkipVerify {
-			ws = append(ws, "sink.kafka.tls.insecure_skip_verify accepts any broker certificate; use sink.kafka.tls.ca_file instead")
-		}
-	case "rabbitmq":
-		if cfg.Sink.RabbitMQ.TLS.InsecureSkipVerify {
-			ws = append(ws, "sink.rabbitmq.tls.insecure_skip_verify accepts any broker certificate; use sink.rabbitmq.tls.ca_file instead")
-		}
+	if set := cfg.Sink.Settings(); set != nil {
+		ws = append(ws, set.Warnings()...)
 	}
 	return ws
 }

@@ -22,6 +22,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/outboxrelay/outboxrelay/config"
+	"github.com/outboxrelay/outboxrelay/sinks"
+	"github.com/outboxrelay/outboxrelay/sinks/kafka"
 )
 
 // testCA is a throwaway certificate authority; nothing it makes is committed.
@@ -106,9 +108,9 @@ func TestKafkaTLSAndSASL(t *testing.T) {
 	cluster, err := kfake.NewCluster(kfake.NumBrokers(1),
 		kfake.TLS(&tls.Config{Certificates: []tls.Certificate{serverCert}, MinVersion: tls.VersionTLS12}),
 		kfake.EnableSASL(),
-		kfake.Superuser(config.SASLPlain, "plain-user", password),
-		kfake.Superuser(config.SASLScramSHA256, "scram256-user", password),
-		kfake.Superuser(config.SASLScramSHA512, "scram512-user", password),
+		kfake.Superuser(kafka.SASLPlain, "plain-user", password),
+		kfake.Superuser(kafka.SASLScramSHA256, "scram256-user", password),
+		kfake.Superuser(kafka.SASLScramSHA512, "scram512-user", password),
 	)
 	if err != nil {
 		t.Fatal(err)
@@ -121,9 +123,10 @@ func TestKafkaTLSAndSASL(t *testing.T) {
 	open := func(mech, user, pass, caPath string) error {
 		cfg := config.Default()
 		cfg.Postgres.URL = "postgres://relay@127.0.0.1/shop"
-		cfg.Sink.Kafka.Brokers = cluster.ListenAddrs()
-		cfg.Sink.Kafka.TLS = config.TLS{Enabled: true, CAFile: caPath}
-		cfg.Sink.Kafka.SASL = config.SASL{Mechanism: mech, Username: user, Password: pass}
+		k := config.SinkAs[*kafka.Config](cfg.Sink)
+		k.Brokers = cluster.ListenAddrs()
+		k.TLSFiles = sinks.TLS{Enabled: true, CAFile: caPath}
+		k.SASL = kafka.SASL{Mechanism: mech, Username: user, Password: pass}
 		if err := cfg.Validate(); err != nil {
 			t.Fatal(err)
 		}
@@ -136,16 +139,16 @@ func TestKafkaTLSAndSASL(t *testing.T) {
 		return err
 	}
 	for _, tc := range []struct{ mech, user string }{
-		{config.SASLPlain, "plain-user"},
-		{config.SASLScramSHA256, "scram256-user"},
-		{config.SASLScramSHA512, "scram512-user"},
+		{kafka.SASLPlain, "plain-user"},
+		{kafka.SASLScramSHA256, "scram256-user"},
+		{kafka.SASLScramSHA512, "scram512-user"},
 	} {
 		if err := open(tc.mech, tc.user, password, caFile); err != nil {
 			t.Errorf("%s over TLS: %v", tc.mech, err)
 		}
 	}
 
-	err = open(config.SASLScramSHA256, "scram256-user", "wrong-"+password, caFile)
+	err = open(kafka.SASLScramSHA256, "scram256-user", "wrong-"+password, caFile)
 	// kfake closes the connection instead of answering SASL_AUTHENTICATION_FAILED.
 	if err == nil || !strings.Contains(err.Error(), "cannot reach Kafka") || !strings.Contains(err.Error(), "authentication failed") {
 		t.Errorf("wrong password: %v, want cannot reach Kafka ... authentication failed", err)
@@ -153,7 +156,7 @@ func TestKafkaTLSAndSASL(t *testing.T) {
 	if err != nil && strings.Contains(err.Error(), password) {
 		t.Errorf("the error shows the password: %v", err)
 	}
-	err = open(config.SASLScramSHA256, "scram256-user", password, otherCA)
+	err = open(kafka.SASLScramSHA256, "scram256-user", password, otherCA)
 	if err == nil || !strings.Contains(err.Error(), "did not verify (tls: failed to verify certificate: x509: certificate signed by unknown authority); check sink.kafka.tls.ca_file") {
 		t.Errorf("untrusted broker certificate: %v, want a TLS verification error naming sink.kafka.tls.ca_file", err)
 	}
@@ -253,7 +256,7 @@ func TestSecurityWarnings(t *testing.T) {
 	cfg := config.Default()
 	cfg.Postgres.URL = "postgres://relay:pw@db.internal/shop?sslmode=require"
 	cfg.HTTP.Listen = "0.0.0.0:9187"
-	cfg.Sink.Kafka.SASL = config.SASL{Mechanism: config.SASLPlain, Username: "u", Password: "p"}
+	config.SinkAs[*kafka.Config](cfg.Sink).SASL = kafka.SASL{Mechanism: kafka.SASLPlain, Username: "u", Password: "p"}
 	got := strings.Join(securityWarnings(cfg), "\n")
 	for _, want := range []string{"sslmode=verify-full", "http.token is not set", "PLAIN without sink.kafka.tls"} {
 		if !strings.Contains(got, want) {
@@ -262,7 +265,7 @@ func TestSecurityWarnings(t *testing.T) {
 	}
 	cfg.Postgres.URL = "postgres://relay@127.0.0.1/shop"
 	cfg.HTTP.Listen = "127.0.0.1:9187"
-	cfg.Sink.Kafka.TLS.Enabled = true
+	config.SinkAs[*kafka.Config](cfg.Sink).TLSFiles.Enabled = true
 	if ws := securityWarnings(cfg); len(ws) != 0 {
 		t.Errorf("loopback, TLS: warnings %v", ws)
 	}

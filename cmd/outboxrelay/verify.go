@@ -14,12 +14,15 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	goredis "github.com/redis/go-redis/v9"
-	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
 	"github.com/outboxrelay/outboxrelay/config"
 	"github.com/outboxrelay/outboxrelay/relay"
 	rows "github.com/outboxrelay/outboxrelay/replay"
+	"github.com/outboxrelay/outboxrelay/sinks/kafka"
+	natssink "github.com/outboxrelay/outboxrelay/sinks/nats"
+	"github.com/outboxrelay/outboxrelay/sinks/rabbitmq"
+	redissink "github.com/outboxrelay/outboxrelay/sinks/redis"
 	"github.com/outboxrelay/outboxrelay/sinks/route"
 	"github.com/outboxrelay/outboxrelay/verify"
 )
@@ -145,17 +148,10 @@ func brokerReader(cfg config.Config, rabbitQueue string) (verify.Reader, func(*r
 	}
 	switch cfg.Sink.Type {
 	case "kafka":
-		k := cfg.Sink.Kafka
-		opts := []kgo.Opt{kgo.SeedBrokers(k.Brokers...)}
-		tlsCfg, err := k.TLSConfig()
+		k := config.SinkAs[*kafka.Config](cfg.Sink)
+		opts, err := k.ClientOpts()
 		if err != nil {
 			return nil, nil, usageErr("%v", err)
-		}
-		if tlsCfg != nil {
-			opts = append(opts, kgo.DialTLSConfig(tlsCfg))
-		}
-		if m := kafkaSASL(k.SASL); m != nil {
-			opts = append(opts, kgo.SASL(m))
 		}
 		dest, err := render(k.Topic)
 		if err != nil {
@@ -163,24 +159,26 @@ func brokerReader(cfg config.Config, rabbitQueue string) (verify.Reader, func(*r
 		}
 		return verify.Kafka{Opts: opts}, dest, nil
 	case "nats":
-		n := cfg.Sink.NATS
+		n := config.SinkAs[*natssink.Config](cfg.Sink)
 		return verify.NATS{URL: n.URL, CredentialsFile: n.CredentialsFile, Stream: n.Stream}, nil, nil
 	case "redis":
-		opt, err := goredis.ParseURL(cfg.Sink.Redis.URL)
+		rd := config.SinkAs[*redissink.Config](cfg.Sink)
+		opt, err := goredis.ParseURL(rd.URL)
 		if err != nil {
 			return nil, nil, usageErr("sink.redis.url: %v", err)
 		}
-		dest, err := render(cfg.Sink.Redis.Stream)
+		dest, err := render(rd.Stream)
 		if err != nil {
 			return nil, nil, usageErr("sink.redis.stream: %v", err)
 		}
 		return verify.Redis{Client: goredis.NewClient(opt)}, dest, nil
 	case "rabbitmq":
+		q := config.SinkAs[*rabbitmq.Config](cfg.Sink)
 		if rabbitQueue == "" {
 			return nil, nil, usageErr("RabbitMQ queues cannot be read without consuming them, so verify cannot see what reached the exchange; "+
-				"declare a verification queue bound to exchange %q with binding key \"#\" (it holds a copy of every message from then on) and pass it with --rabbitmq-queue NAME", cfg.Sink.RabbitMQ.Exchange)
+				"declare a verification queue bound to exchange %q with binding key \"#\" (it holds a copy of every message from then on) and pass it with --rabbitmq-queue NAME", q.Exchange)
 		}
-		return verify.RabbitMQ{URL: cfg.Sink.RabbitMQ.URL, Queue: rabbitQueue}, nil, nil
+		return verify.RabbitMQ{URL: q.URL, Queue: rabbitQueue}, nil, nil
 	}
 	return nil, nil, usageErr("sink.type %q cannot be verified", cfg.Sink.Type)
 }

@@ -124,7 +124,7 @@ func BenchmarkProduce(b *testing.B) {
 						{Key: HeaderMessageID, Value: []byte(m.ID)},
 						{Key: HeaderEventType, Value: []byte(m.EventType)},
 						{Key: HeaderTraceparent, Value: []byte(m.Traceparent)},
-						{Key: HeaderContentType, Value: contentTypeJSON},
+						{Key: HeaderContentType, Value: []byte("application/json")},
 					},
 				}
 				cl.Produce(ctx, r, func(_ *kgo.Record, err error) {

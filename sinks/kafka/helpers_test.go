@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/outboxrelay/outboxrelay/envelope"
 	"github.com/outboxrelay/outboxrelay/relay"
 	"github.com/outboxrelay/outboxrelay/sinks/sinktest"
 )
@@ -141,6 +142,7 @@ func (c *consumer) Next(ctx context.Context) (sinktest.Received, error) {
 		if _, dup := got.Headers[h.Key]; !dup {
 			got.Headers[h.Key] = string(h.Value)
 		}
+		got.All = append(got.All, envelope.Header{Key: h.Key, Value: string(h.Value)})
 	}
 	got.ID = got.Headers[HeaderMessageID]
 	return got, nil

@@ -16,20 +16,21 @@ import (
 	"github.com/twmb/franz-go/plugin/kzap"
 	"go.uber.org/zap"
 
+	"github.com/outboxrelay/outboxrelay/envelope"
 	"github.com/outboxrelay/outboxrelay/relay"
+	"github.com/outboxrelay/outboxrelay/sinks"
 )
 
 var _ relay.Sink = (*Sink)(nil)
 
-// Header keys the sink sets on every record, before the row's headers.
+// Header keys the sink sets on every record, before the row's headers
+// (see sinks.Binding.Headers for the whole set and its order).
 const (
-	HeaderMessageID   = "message_id"
-	HeaderEventType   = "event_type"
-	HeaderTraceparent = "traceparent"
-	HeaderContentType = "content-type"
+	HeaderMessageID   = sinks.HeaderMessageID
+	HeaderEventType   = sinks.HeaderEventType
+	HeaderTraceparent = sinks.HeaderTraceparent
+	HeaderContentType = sinks.HeaderContentType
 )
-
-var contentTypeJSON = []byte("application/json")
 
 // Sink publishes relay messages to Kafka. It is safe for concurrent use.
 type Sink struct {
@@ -55,7 +56,7 @@ type Sink struct {
 }
 
 // New returns a Sink producing with an idempotent franz-go client (acks=all,
-// unbounded retries of retryable errors, snappy compression, Kafka's key
+// unbounded retries of retryable errors, [Config.Compression], Kafka's key
 // hash partitioner). It validates cfg but does not contact the brokers: use
 // [Sink.Ping] to check they are reachable. A nil log means zap.NewNop().
 //
@@ -83,6 +84,10 @@ func New(cfg Config, log *zap.Logger) (*Sink, error) {
 	}
 	s.promise = s.produced
 
+	compression, err := codec(cfg.Compression)
+	if err != nil {
+		return nil, err // Validate has checked it
+	}
 	opts := []kgo.Opt{
 		kgo.SeedBrokers(cfg.Brokers...),
 		kgo.ClientID(cfg.ClientID),
@@ -93,18 +98,24 @@ func New(cfg Config, log *zap.Logger) (*Sink, error) {
 		kgo.ProducerLinger(cfg.Linger),
 		kgo.MaxBufferedRecords(cfg.MaxBufferedRecords),
 		kgo.ProducerBatchMaxBytes(int32(cfg.MaxMessageBytes)),
-		// Snappy: JSON envelopes shrink severalfold at a CPU cost of
-		// microseconds per batch, far inside the latency budget, and
-		// save broker disk and network. Uncompressed is the fallback
-		// for brokers that predate snappy support in the protocol.
-		kgo.ProducerBatchCompression(kgo.SnappyCompression(), kgo.NoCompression()),
+		// Uncompressed is the fallback for brokers that predate the
+		// codec's support in the protocol.
+		kgo.ProducerBatchCompression(compression, kgo.NoCompression()),
 		// As the Java producer does: the broker's
 		// auto.create.topics.enable decides whether a missing topic is
 		// created.
 		kgo.AllowAutoTopicCreation(),
 	}
+	if cfg.TLS == nil && cfg.TLSFiles.Enabled {
+		if cfg.TLS, err = cfg.TLSFiles.ClientConfig("sink.kafka.tls"); err != nil {
+			return nil, err
+		}
+	}
 	if cfg.TLS != nil {
 		opts = append(opts, kgo.DialTLSConfig(cfg.TLS))
+	}
+	if m := cfg.SASL.mechanism(); m != nil {
+		opts = append(opts, kgo.SASL(m))
 	}
 	opts = append(opts, cfg.Opts...)
 
@@ -194,24 +205,11 @@ func (s *Sink) Publish(ctx context.Context, m *relay.Message, done func(*relay.M
 	r.Topic = t.topic
 	r.Key = bytesOf(m.AggregateID)
 	r.Value = m.Envelope
-	h := append(p.hdrs[:0],
-		kgo.RecordHeader{Key: HeaderMessageID, Value: bytesOf(m.ID)},
-		kgo.RecordHeader{Key: HeaderEventType, Value: bytesOf(m.EventType)},
-	)
-	if m.Traceparent != "" {
-		h = append(h, kgo.RecordHeader{Key: HeaderTraceparent, Value: bytesOf(m.Traceparent)})
-	}
-	if m.ContentType != "" {
-		h = append(h, kgo.RecordHeader{Key: HeaderContentType, Value: bytesOf(m.ContentType)})
-	} else {
-		h = append(h, kgo.RecordHeader{Key: HeaderContentType, Value: contentTypeJSON})
-	}
-	// CloudEvents binary content mode: the Kafka protocol binding's ce_ headers.
-	for _, a := range m.Attributes {
-		h = append(h, kgo.RecordHeader{Key: "ce_" + a.Key, Value: bytesOf(a.Value)})
-	}
-	for _, rh := range m.Headers {
-		h = append(h, kgo.RecordHeader{Key: rh.Key, Value: bytesOf(rh.Value)})
+	var own [16]envelope.Header
+	hs, _ := sinks.Kafka.Headers(own[:0], m)
+	h := p.hdrs[:0]
+	for _, x := range hs {
+		h = append(h, kgo.RecordHeader{Key: x.Key, Value: bytesOf(x.Value)})
 	}
 	r.Headers = h
 

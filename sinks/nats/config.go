@@ -36,7 +36,11 @@ type Config struct {
 	// URL is the NATS server URL, or several separated by commas, default
 	// [DefaultURL]. Credentials in the URL (nats://user:password@host) never
 	// appear in logs or errors.
-	URL string `yaml:"url"`
+	URL string `yaml:"url" secret:"url"`
+
+	// URLFile names a file holding URL (a mounted secret); the
+	// configuration loader reads it, New ignores it.
+	URLFile string `yaml:"url_file"`
 
 	// Subject is the subject template, default [DefaultSubject]. The
 	// placeholders {aggregate_type}, {event_type} and {table} are replaced
@@ -85,15 +89,15 @@ type Config struct {
 	AckTimeout time.Duration `yaml:"ack_timeout"`
 
 	// DialTimeout bounds each connection attempt, default [DefaultDialTimeout].
-	DialTimeout time.Duration `yaml:"dial_timeout"`
+	DialTimeout time.Duration `yaml:"-"`
 
 	// ReconnectWait is the pause between reconnect attempts to one server,
 	// default [DefaultReconnectWait]. The sink reconnects forever.
-	ReconnectWait time.Duration `yaml:"reconnect_wait"`
+	ReconnectWait time.Duration `yaml:"-"`
 
 	// ClientName is the connection name shown by the server, default
 	// [DefaultClientName].
-	ClientName string `yaml:"client_name"`
+	ClientName string `yaml:"-"`
 
 	// CredentialsFile is a NATS .creds file (JWT and NKey seed) to
 	// authenticate with; empty means none.

@@ -14,7 +14,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 
+	"github.com/outboxrelay/outboxrelay/envelope"
 	"github.com/outboxrelay/outboxrelay/relay"
+	"github.com/outboxrelay/outboxrelay/sinks"
 )
 
 var (
@@ -22,17 +24,20 @@ var (
 	_ relay.Runner = (*Sink)(nil)
 )
 
-// Header keys the sink sets on every message, over row headers of the same
-// name.
+// Header keys the sink sets on every message: the JetStream ones, then
+// those of sinks.NATS (see sinks.Binding.Headers for the whole set and its
+// order), which include the CloudEvents attributes with the ce- prefix of
+// the NATS binding in binary content mode. A row header starting with
+// Nats- fails the message permanently: such headers steer the server.
 const (
 	HeaderMsgID          = "Nats-Msg-Id"
 	HeaderExpectedStream = "Nats-Expected-Stream"
-	HeaderMessageID      = "message_id"
-	HeaderEventType      = "event_type"
-	HeaderAggregateID    = "aggregate_id"
-	HeaderAggregateType  = "aggregate_type"
-	HeaderTraceparent    = "traceparent"
-	HeaderContentType    = "content-type"
+	HeaderMessageID      = sinks.HeaderMessageID
+	HeaderEventType      = sinks.HeaderEventType
+	HeaderAggregateID    = sinks.HeaderAggregateID
+	HeaderAggregateType  = sinks.HeaderAggregateType
+	HeaderTraceparent    = sinks.HeaderTraceparent
+	HeaderContentType    = sinks.HeaderContentType
 )
 
 // Bounds of the backoff between republications of messages the server
@@ -360,23 +365,16 @@ func (s *Sink) Publish(ctx context.Context, m *relay.Message, done func(*relay.M
 // header builds m's headers. The map is shared by every attempt of m;
 // nats.go only reads it.
 func (s *Sink) header(m *relay.Message) (natsgo.Header, error) {
-	h := make(natsgo.Header, len(m.Headers)+8)
-	for _, rh := range m.Headers {
-		if len(rh.Key) >= 5 && strings.EqualFold(rh.Key[:5], "nats-") {
-			return nil, fmt.Errorf("row header %q is reserved: Nats-* headers steer the JetStream server", rh.Key)
+	hs, _ := sinks.NATS.Headers(make([]envelope.Header, 0, len(m.Headers)+len(m.Attributes)+8), m)
+	h := make(natsgo.Header, len(hs)+2)
+	for _, x := range hs {
+		if len(x.Key) >= 5 && strings.EqualFold(x.Key[:5], "nats-") {
+			return nil, fmt.Errorf("row header %q is reserved: Nats-* headers steer the JetStream server", x.Key)
 		}
-		h[rh.Key] = []string{rh.Value}
+		h[x.Key] = []string{x.Value}
 	}
 	h[HeaderMsgID] = []string{m.ID}
 	h[HeaderExpectedStream] = []string{s.cfg.Stream}
-	h[HeaderMessageID] = []string{m.ID}
-	h[HeaderEventType] = []string{m.EventType}
-	h[HeaderAggregateID] = []string{m.AggregateID}
-	h[HeaderAggregateType] = []string{m.AggregateType}
-	if m.Traceparent != "" {
-		h[HeaderTraceparent] = []string{m.Traceparent}
-	}
-	h[HeaderContentType] = []string{"application/json"}
 	return h, nil
 }
 

@@ -168,10 +168,14 @@ func (c *consumer) Next(ctx context.Context) (sinktest.Received, error) {
 		return sinktest.Received{}, err
 	}
 	h := make(map[string]string, len(m.Headers()))
+	var all []envelope.Header
 	for k, v := range m.Headers() {
 		h[k] = v[0]
+		for _, x := range v {
+			all = append(all, envelope.Header{Key: k, Value: x})
+		}
 	}
-	return sinktest.Received{ID: h[HeaderMessageID], Key: h[HeaderAggregateID], Headers: h, Body: m.Data()}, nil
+	return sinktest.Received{ID: h[HeaderMessageID], Key: h[HeaderAggregateID], Headers: h, Body: m.Data(), All: all}, nil
 }
 
 func TestSinkSuite(t *testing.T) {

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/outboxrelay/outboxrelay/sinks"
 )
 
 // Defaults applied by New to the zero values of Config.
@@ -28,9 +30,12 @@ const (
 type Config struct {
 	// URL is the AMQP URI, amqp:// or amqps://. Its password never appears
 	// in logs or errors.
-	URL string
+	URL string `yaml:"url" secret:"url"`
+	// URLFile names a file holding URL (a mounted secret); the
+	// configuration loader reads it, New ignores it.
+	URLFile string `yaml:"url_file"`
 	// Exchange every message is published to. Default "outbox".
-	Exchange string
+	Exchange string `yaml:"exchange"`
 	// RoutingKey is a template with the placeholders {aggregate_type},
 	// {event_type} and {table}. Default "{aggregate_type}.{event_type}".
 	// Inside substituted values the characters '.', '*', '#' and '%' are
@@ -38,40 +43,49 @@ type Config struct {
 	// topic word and can never add words or wildcards: event_type
 	// "order.created" renders the default template as
 	// "order.order%2Ecreated". Literal text of the template is used as is.
-	RoutingKey string
+	RoutingKey string `yaml:"routing_key"`
 	// Declare makes the sink declare the exchange on every connect. When
 	// false the exchange must exist; connecting checks it passively.
-	Declare bool
+	Declare bool `yaml:"declare"`
 	// ExchangeType used when Declare is set: direct, fanout, topic, headers
 	// or a plugin type starting with "x-". Default "topic".
-	ExchangeType string
+	ExchangeType string `yaml:"exchange_type"`
 	// Durable is the durability of the declared exchange; nil means true.
 	// (A pointer, because the default is true and a plain bool cannot tell
 	// "unset" from false.)
-	Durable *bool
+	Durable *bool `yaml:"durable"`
+	// TLSFiles is the file form of TLS, for amqps:// URLs: when TLS is nil
+	// and any of its settings is set, New builds TLS from its files.
+	TLSFiles sinks.TLS `yaml:"tls"`
+	// Auth is "plain" (the URL's user and password, the default) or
+	// "external" (the client certificate, SASL EXTERNAL; needs amqps://,
+	// tls.cert_file and key_file, and the broker's
+	// rabbitmq_auth_mechanism_ssl plugin). SASL, when set, wins.
+	Auth string `yaml:"auth"`
 	// MaxInFlight bounds the messages published but not yet confirmed by the
 	// broker; Publish blocks when it is reached. Default 1000.
-	MaxInFlight int
+	MaxInFlight int `yaml:"-"`
 	// MaxMessageSize is the largest body the sink publishes; larger messages
 	// fail with a permanent error instead of making the broker close the
 	// channel. Set it to the broker's max_message_size. Default 128 MiB.
-	MaxMessageSize int
+	MaxMessageSize int `yaml:"-"`
 	// DialTimeout bounds the TCP connect, TLS and AMQP handshakes of one
 	// connection attempt. Default 10s.
-	DialTimeout time.Duration
+	DialTimeout time.Duration `yaml:"-"`
 	// ReconnectBackoffMin and ReconnectBackoffMax bound the exponential
 	// backoff, with jitter, between connection attempts. Defaults 100ms, 30s.
-	ReconnectBackoffMin, ReconnectBackoffMax time.Duration
+	ReconnectBackoffMin time.Duration `yaml:"-"`
+	ReconnectBackoffMax time.Duration `yaml:"-"`
 	// TLS configures amqps:// connections; nil uses the system roots and the
 	// URL's host as server name. An empty ServerName means the URL's host.
 	// Set Certificates to present a client certificate. The sink never
 	// modifies it.
-	TLS *tls.Config
+	TLS *tls.Config `yaml:"-"`
 	// SASL are the authentication mechanisms to offer, in order of
 	// preference. Nil means PLAIN with the URL's user and password (or the
 	// URL's auth_mechanism). [ExternalAuth] authenticates with the client
 	// certificate of TLS instead of a password.
-	SASL []amqp.Authentication
+	SASL []amqp.Authentication `yaml:"-"`
 }
 
 // ExternalAuth returns the SASL EXTERNAL mechanism: the broker takes the
@@ -81,9 +95,67 @@ func ExternalAuth() []amqp.Authentication {
 	return []amqp.Authentication{&amqp.ExternalAuth{}}
 }
 
-// Validate reports the first problem with c as one sentence that names the
-// fix. Zero values are valid: they stand for the defaults.
+// Validate reports the problems with c, each one sentence that names the
+// fix: first those of the file settings (url, tls, auth), then, when they
+// are fine, the first problem with the connection settings they make. Zero
+// values are valid: they stand for the defaults.
 func (c *Config) Validate() error {
+	var errs []error
+	amqps := strings.HasPrefix(strings.ToLower(c.URL), "amqps://")
+	if c.URL == "" {
+		errs = append(errs, errors.New("sink.rabbitmq.url is empty; set it (or sink.rabbitmq.url_file), e.g. amqp://user:password@host:5672/"))
+	}
+	if (c.TLSFiles.Enabled || c.TLSFiles.Configured()) && !amqps && c.URL != "" {
+		errs = append(errs, errors.New("sink.rabbitmq.tls is set but sink.rabbitmq.url is not amqps://; use an amqps:// URL"))
+	}
+	if c.TLSFiles.Configured() {
+		if _, err := c.TLSFiles.ClientConfig("sink.rabbitmq.tls"); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	switch c.Auth {
+	case "", AuthPlain:
+	case AuthExternal:
+		if !amqps || c.TLSFiles.CertFile == "" && c.TLS == nil {
+			errs = append(errs, errors.New("sink.rabbitmq.auth external authenticates with the client certificate; use an amqps:// url and set sink.rabbitmq.tls.cert_file and key_file"))
+		}
+	default:
+		errs = append(errs, fmt.Errorf("sink.rabbitmq.auth %q is not one of plain, external", c.Auth))
+	}
+	if len(errs) > 0 {
+		return errors.Join(errs...)
+	}
+	r, err := c.resolve()
+	if err != nil {
+		return err
+	}
+	return r.validate()
+}
+
+// Values of Config.Auth.
+const (
+	AuthPlain    = "plain"
+	AuthExternal = "external"
+)
+
+// resolve returns c with TLS and SASL made from their file forms, TLSFiles
+// and Auth, where they are not set.
+func (c Config) resolve() (Config, error) {
+	if c.TLS == nil && c.TLSFiles.Configured() {
+		t, err := c.TLSFiles.ClientConfig("sink.rabbitmq.tls")
+		if err != nil {
+			return c, err
+		}
+		c.TLS = t
+	}
+	if c.SASL == nil && c.Auth == AuthExternal {
+		c.SASL = ExternalAuth()
+	}
+	return c, nil
+}
+
+// validate reports the first problem with the connection settings of c.
+func (c *Config) validate() error {
 	if c.URL == "" {
 		return errors.New("rabbitmq url is empty; set sink.rabbitmq.url, e.g. amqp://user:password@host:5672/")
 	}

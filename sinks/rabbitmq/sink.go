@@ -14,7 +14,9 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.uber.org/zap"
 
+	"github.com/outboxrelay/outboxrelay/envelope"
 	"github.com/outboxrelay/outboxrelay/relay"
+	"github.com/outboxrelay/outboxrelay/sinks"
 )
 
 var (
@@ -110,7 +112,11 @@ type pending struct {
 // New checks cfg, applies its defaults and returns a Sink. It neither dials
 // nor starts goroutines. log may be nil.
 func New(cfg Config, log *zap.Logger) (*Sink, error) {
-	if err := cfg.Validate(); err != nil {
+	cfg, err := cfg.resolve()
+	if err != nil {
+		return nil, err
+	}
+	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
@@ -352,31 +358,19 @@ func (s *Sink) prepare(m *relay.Message, done func(*relay.Message, error)) (*pen
 		return nil, fmt.Errorf("message %s is %d bytes, over max_message_size %d", m.ID, len(m.Envelope), s.cfg.MaxMessageSize)
 	}
 
-	headers := make(amqp.Table, len(m.Headers)+len(m.Attributes)+4)
-	for _, h := range m.Headers {
+	// message_id, event_type and the content type are properties; the AMQP
+	// CloudEvents binding carries datacontenttype in content-type too.
+	hs, _ := sinks.AMQP.Headers(make([]envelope.Header, 0, len(m.Headers)+len(m.Attributes)+4), m)
+	headers := make(amqp.Table, len(hs)+1)
+	for _, h := range hs {
 		if len(h.Key) > maxShortstr {
 			return nil, fmt.Errorf("header name of message %s is %d bytes, over the AMQP limit of 255: %.64q...", m.ID, len(h.Key), h.Key)
 		}
 		headers[h.Key] = h.Value
 	}
-	// The relay's own headers win over row headers of the same name, so
-	// consumers can rely on them.
-	if m.Traceparent != "" {
-		headers["traceparent"] = m.Traceparent
-	}
-	headers["aggregate_id"] = m.AggregateID
-	headers["aggregate_type"] = m.AggregateType
-	// CloudEvents binary content mode: the AMQP protocol binding's
-	// application properties.
-	for _, a := range m.Attributes {
-		headers["cloudEvents:"+a.Key] = a.Value
-	}
 	// Sized here for the widest tag; send writes the tag of each publish.
 	headers[tagHeader] = strconv.FormatUint(math.MaxUint64, 10)
-	contentType := m.ContentType
-	if contentType == "" {
-		contentType = "application/json"
-	}
+	contentType := sinks.ContentType(m)
 
 	pub := amqp.Publishing{
 		Headers:      headers,

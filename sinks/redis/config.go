@@ -34,7 +34,11 @@ type Config struct {
 	// redis://[user:password@]host:port/db, rediss:// for TLS, or
 	// unix:///path/to/socket?db=0. Its password never appears in logs or
 	// errors.
-	URL string `yaml:"url"`
+	URL string `yaml:"url" secret:"url"`
+
+	// URLFile names a file holding URL (a mounted secret); the
+	// configuration loader reads it, New ignores it.
+	URLFile string `yaml:"url_file"`
 
 	// Stream is the template of the stream key, default [DefaultStream].
 	// The placeholders {aggregate_type}, {event_type} and {table} are
@@ -57,11 +61,11 @@ type Config struct {
 
 	// DialTimeout bounds each connection attempt, default
 	// [DefaultDialTimeout].
-	DialTimeout time.Duration `yaml:"dial_timeout"`
+	DialTimeout time.Duration `yaml:"-"`
 
 	// Timeout bounds writing a batch and reading its replies, default
 	// [DefaultTimeout]. A batch that times out is sent again.
-	Timeout time.Duration `yaml:"timeout"`
+	Timeout time.Duration `yaml:"-"`
 
 	// TLS, when set, is used for the connection (rediss:// URLs get a
 	// default TLS configuration without it).

@@ -6,8 +6,10 @@
 //
 //   - key: rendered from [Config.Stream] (default "outbox:{aggregate_type}");
 //   - fields, in this order: message_id, event_type, aggregate_id,
-//     traceparent, headers (the row's headers as a JSON object, only when
-//     the row has any) and envelope (the envelope bytes, unchanged).
+//     aggregate_type, traceparent, tracestate (when set), content-type, the
+//     CloudEvents attributes with the prefix ce_ in cloudevents-binary
+//     format, headers (the row's headers as a JSON object, only when the row
+//     has any) and envelope (the body, unchanged).
 //
 // Publish only queues the message; [Sink.Run] drains the queue in batches of
 // up to [Config.BatchSize] and sends each batch as one MULTI/EXEC pipeline,

@@ -15,6 +15,7 @@ import (
 
 	"github.com/outboxrelay/outboxrelay/envelope"
 	"github.com/outboxrelay/outboxrelay/relay"
+	"github.com/outboxrelay/outboxrelay/sinks"
 )
 
 var (
@@ -22,14 +23,21 @@ var (
 	_ relay.Runner = (*Sink)(nil)
 )
 
-// Field names of every stream entry, in the order they are written.
+// Field names of stream entries. The relay-owned fields come first, in the
+// order of sinks.Redis (see sinks.Binding.Headers): message_id, event_type,
+// aggregate_id, aggregate_type, traceparent, tracestate when set,
+// content-type, and in CloudEvents binary mode the ce_ attributes; then
+// headers, the row's headers as a JSON object (only when the row has any),
+// then envelope, the body.
 const (
-	FieldMessageID   = "message_id"
-	FieldEventType   = "event_type"
-	FieldAggregateID = "aggregate_id"
-	FieldTraceparent = "traceparent"
-	FieldHeaders     = "headers"
-	FieldEnvelope    = "envelope"
+	FieldMessageID     = sinks.HeaderMessageID
+	FieldEventType     = sinks.HeaderEventType
+	FieldAggregateID   = sinks.HeaderAggregateID
+	FieldAggregateType = sinks.HeaderAggregateType
+	FieldTraceparent   = sinks.HeaderTraceparent
+	FieldContentType   = sinks.HeaderContentType
+	FieldHeaders       = "headers"
+	FieldEnvelope      = "envelope"
 )
 
 // ErrClosed is reported for messages whose outcome was still open when the
@@ -69,7 +77,7 @@ type item struct {
 	m    *relay.Message
 	done func(*relay.Message, error)
 	args goredis.XAddArgs
-	vals [12]any
+	vals [36]any
 }
 
 // New checks cfg, applies its defaults and returns a Sink. It neither dials
@@ -164,14 +172,14 @@ func (s *Sink) Publish(ctx context.Context, m *relay.Message, done func(*relay.M
 // envelope is passed as it is.
 func newItem(m *relay.Message, done func(*relay.Message, error), key string, maxLen int64) *item {
 	it := &item{m: m, done: done}
-	v := append(it.vals[:0],
-		FieldMessageID, m.ID,
-		FieldEventType, m.EventType,
-		FieldAggregateID, m.AggregateID,
-		FieldTraceparent, m.Traceparent,
-	)
-	if len(m.Headers) > 0 {
-		v = append(v, FieldHeaders, headersJSON(m.Headers))
+	var own [16]envelope.Header
+	hs, n := sinks.Redis.Headers(own[:0], m)
+	v := it.vals[:0]
+	for _, h := range hs[:n] {
+		v = append(v, h.Key, h.Value)
+	}
+	if row := hs[n:]; len(row) > 0 {
+		v = append(v, FieldHeaders, headersJSON(row))
 	}
 	v = append(v, FieldEnvelope, m.Envelope)
 	it.args = goredis.XAddArgs{Stream: key, ID: "*", Values: v}

@@ -144,7 +144,20 @@ func (c *consumer) Next(ctx context.Context) (sinktest.Received, error) {
 	x := c.pending[0]
 	c.pending = c.pending[1:]
 	c.last = x.ID
-	return received(x), nil
+	r := received(x)
+	// The entry as sent, field by field: a map would hide repeats.
+	raw, err := c.rdb.Do(ctx, "XRANGE", c.key, x.ID, x.ID).Slice()
+	if err != nil || len(raw) != 1 {
+		return r, fmt.Errorf("XRANGE %s: %v", x.ID, err)
+	}
+	kv, _ := raw[0].([]any)[1].([]any)
+	for i := 0; i+1 < len(kv); i += 2 {
+		k, v := fmt.Sprint(kv[i]), fmt.Sprint(kv[i+1])
+		if k != FieldEnvelope && k != FieldHeaders {
+			r.All = append(r.All, envelope.Header{Key: k, Value: v})
+		}
+	}
+	return r, nil
 }
 
 // received maps an entry to what the suite checks: row headers and the
@@ -243,9 +256,9 @@ func TestFields(t *testing.T) {
 			names = append(names, kv[j].(string))
 			vals[kv[j].(string)] = kv[j+1].(string)
 		}
-		want := "message_id event_type aggregate_id traceparent headers envelope"
+		want := "message_id event_type aggregate_id aggregate_type traceparent content-type headers envelope"
 		if i == 1 {
-			want = "message_id event_type aggregate_id traceparent envelope"
+			want = "message_id event_type aggregate_id aggregate_type traceparent content-type envelope"
 		}
 		if got := strings.Join(names, " "); got != want {
 			t.Errorf("entry %d fields %q, want %q", i, got, want)

@@ -17,6 +17,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -57,6 +58,12 @@ type Received struct {
 	Headers map[string]string
 	// Body is the message body.
 	Body []byte
+	// All is every header (Kafka, NATS) or field (Redis, the body and the
+	// row's headers field aside) the broker message carries, in wire
+	// order, repeats kept, so that the suite can check that no name
+	// appears twice. Protocol properties that carry a relay-owned value
+	// (AMQP message-id, content-type) appear under the relay's header name.
+	All []envelope.Header
 }
 
 // Timeout bounds each subtest.
@@ -69,6 +76,8 @@ func Run(t *testing.T, f Factory) {
 	t.Run("OrderPerAggregate", func(t *testing.T) { testOrderPerAggregate(t, f) })
 	t.Run("Headers", func(t *testing.T) { testHeaders(t, f) })
 	t.Run("Body", func(t *testing.T) { testBody(t, f) })
+	t.Run("SpoofedHeaders", func(t *testing.T) { testSpoofedHeaders(t, f) })
+	t.Run("CloudEventsBinary", func(t *testing.T) { testCloudEventsBinary(t, f) })
 	t.Run("NoLossAcrossClose", func(t *testing.T) { testNoLossAcrossClose(t, f) })
 	t.Run("CloseReportsInflight", func(t *testing.T) { testCloseReportsInflight(t, f) })
 	t.Run("CancelledContext", func(t *testing.T) { testCancelledContext(t, f) })
@@ -493,4 +502,138 @@ func randomHex(n int) string {
 		panic(errors.New("crypto/rand: " + err.Error()))
 	}
 	return hex.EncodeToString(b)
+}
+
+// testSpoofedHeaders: row headers named like the relay's own never repeat
+// or override them, whatever their case; other row headers go through.
+func testSpoofedHeaders(t *testing.T, f Factory) {
+	ctx := testContext(t)
+	at := aggregateType("spoof")
+	c := f.Subscribe(t, at)
+	s := f.NewSink(t)
+	defer closeSink(t, s)
+
+	msgs := Messages(at, 3, 1)
+	for _, m := range msgs {
+		m.Headers = []envelope.Header{
+			{Key: "message_id", Value: "SPOOFED"},
+			{Key: "event_type", Value: "SPOOFED"},
+			{Key: "traceparent", Value: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"},
+			{Key: "Content-Type", Value: "text/spoofed"},
+			{Key: "content-type", Value: "text/spoofed"},
+			{Key: "aggregate_id", Value: "SPOOFED"},
+			{Key: "ce_id", Value: "SPOOFED"},
+			{Key: "ce-id", Value: "SPOOFED"},
+			{Key: "cloudEvents:id", Value: "SPOOFED"},
+			{Key: "tenant", Value: "acme"},
+		}
+	}
+	tr := NewTracker(msgs)
+	for _, m := range msgs {
+		s.Publish(ctx, m, tr.Done)
+	}
+	tr.Wait(ctx, t)
+	tr.CheckAllAcked(t)
+	byID := index(msgs)
+	for _, r := range ReceiveAll(ctx, t, c, msgs) {
+		m := byID[r.ID]
+		if r.All == nil {
+			t.Fatalf("the factory's consumer does not fill Received.All")
+		}
+		CheckOneEach(t, m, r)
+		if r.Headers["tenant"] != "acme" {
+			t.Errorf("message %s: row header tenant = %q, want acme", m.ID, r.Headers["tenant"])
+		}
+	}
+}
+
+// CheckOneEach fails t when a relay-owned header of m appears more than
+// once in r (names compared case-insensitively), with another value than
+// the relay's, or when any header carries the value SPOOFED.
+func CheckOneEach(t testing.TB, m *relay.Message, r Received) {
+	t.Helper()
+	want := map[string]string{
+		"message_id": m.ID, "event_type": m.EventType, "traceparent": m.Traceparent,
+		"content-type": contentType(m), "aggregate_id": m.AggregateID,
+	}
+	seen := map[string]int{}
+	for _, h := range r.All {
+		k := strings.ToLower(h.Key)
+		seen[k]++
+		if v, ok := want[k]; ok && h.Value != v {
+			t.Errorf("message %s: header %s = %q, want the relay's %q", m.ID, h.Key, h.Value, v)
+		}
+		if h.Value == "SPOOFED" || h.Value == "text/spoofed" {
+			t.Errorf("message %s: header %s carries the row's spoofed value", m.ID, h.Key)
+		}
+	}
+	for k, n := range seen {
+		if n > 1 {
+			t.Errorf("message %s: header %s appears %d times, want once", m.ID, k, n)
+		}
+	}
+}
+
+func contentType(m *relay.Message) string {
+	if m.ContentType == "" {
+		return "application/json"
+	}
+	return m.ContentType
+}
+
+// testCloudEventsBinary: in binary content mode every attribute but
+// datacontenttype travels once, under one CloudEvents prefix (ce_, ce- or
+// cloudEvents:), and the content type is the event's datacontenttype.
+func testCloudEventsBinary(t *testing.T, f Factory) {
+	ctx := testContext(t)
+	at := aggregateType("cebinary")
+	c := f.Subscribe(t, at)
+	s := f.NewSink(t)
+	defer closeSink(t, s)
+
+	msgs := Messages(at, 3, 1)
+	for _, m := range msgs {
+		m.ContentType = "text/plain; charset=utf-8"
+		m.Envelope = []byte("plain text payload")
+		m.Attributes = []envelope.Header{
+			{Key: "specversion", Value: "1.0"}, {Key: "id", Value: m.ID}, {Key: "source", Value: "/sinktest"},
+			{Key: "type", Value: m.EventType}, {Key: "subject", Value: m.AggregateID},
+			{Key: "time", Value: "2026-11-29T08:00:00.123456Z"}, {Key: "datacontenttype", Value: m.ContentType},
+			{Key: "traceparent", Value: m.Traceparent}, {Key: "schemaversion", Value: "1"},
+		}
+	}
+	tr := NewTracker(msgs)
+	for _, m := range msgs {
+		s.Publish(ctx, m, tr.Done)
+	}
+	tr.Wait(ctx, t)
+	tr.CheckAllAcked(t)
+	byID := index(msgs)
+	for _, r := range ReceiveAll(ctx, t, c, msgs) {
+		m := byID[r.ID]
+		if r.All == nil {
+			t.Fatalf("the factory's consumer does not fill Received.All")
+		}
+		CheckOneEach(t, m, r)
+		attrs := map[string][]string{}
+		for _, h := range r.All {
+			for _, p := range []string{"ce_", "ce-", "cloudEvents:"} {
+				if name, ok := strings.CutPrefix(h.Key, p); ok {
+					attrs[name] = append(attrs[name], h.Value)
+				}
+			}
+		}
+		for _, a := range m.Attributes {
+			got := attrs[a.Key]
+			switch {
+			case a.Key == "datacontenttype" && len(got) > 0:
+				t.Errorf("message %s: datacontenttype sent as an attribute header %q; the bindings carry it in the content type", m.ID, got)
+			case a.Key != "datacontenttype" && (len(got) != 1 || got[0] != a.Value):
+				t.Errorf("message %s: attribute %s = %q, want once %q", m.ID, a.Key, got, a.Value)
+			}
+		}
+		if !bytes.Equal(r.Body, m.Envelope) {
+			t.Errorf("message %s: body %q, want %q", m.ID, r.Body, m.Envelope)
+		}
+	}
 }

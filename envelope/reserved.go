@@ -1,0 +1,58 @@
+package envelope
+
+import "strings"
+
+// reservedNames are the header names the relay sets itself on some broker.
+var reservedNames = []string{
+	"message_id", "event_type", "aggregate_id", "aggregate_type",
+	"traceparent", "tracestate", "content-type", "content_type",
+}
+
+// reservedPrefixes start the names of CloudEvents attributes in binary
+// content mode under each protocol binding (Kafka and Redis ce_, NATS and
+// HTTP ce-, AMQP cloudEvents: and its JMS-safe form cloudEvents_).
+var reservedPrefixes = []string{"ce_", "ce-", "cloudevents:", "cloudevents_"}
+
+// Reserved reports whether a row header named name would repeat or
+// override a header the relay owns: message_id, event_type, aggregate_id,
+// aggregate_type, traceparent, tracestate, content-type (or content_type),
+// or a name starting with ce_, ce-, cloudEvents: or cloudEvents_. Names
+// compare case-insensitively, as HTTP-style headers do, so Content-Type is
+// reserved too. A reserved name is reserved on every broker and in every
+// format, whether or not that broker carries the header, so that one rule
+// holds for all consumers.
+func Reserved(name string) bool {
+	for _, r := range reservedNames {
+		if strings.EqualFold(name, r) {
+			return true
+		}
+	}
+	for _, p := range reservedPrefixes {
+		if len(name) >= len(p) && strings.EqualFold(name[:len(p)], p) {
+			return true
+		}
+	}
+	return false
+}
+
+// WithoutReserved returns hs without its reserved headers (see Reserved),
+// and the names it left out. It reuses hs's array when it drops nothing
+// and allocates only when it drops something.
+func WithoutReserved(hs []Header) (kept []Header, dropped []string) {
+	for i, h := range hs {
+		if !Reserved(h.Key) {
+			continue
+		}
+		kept = append(make([]Header, 0, len(hs)-1), hs[:i]...)
+		dropped = append(dropped, h.Key)
+		for _, h := range hs[i+1:] {
+			if Reserved(h.Key) {
+				dropped = append(dropped, h.Key)
+			} else {
+				kept = append(kept, h)
+			}
+		}
+		return kept, dropped
+	}
+	return hs, nil
+}

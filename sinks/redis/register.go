@@ -1,0 +1,47 @@
+package redis
+
+import (
+	"context"
+	"fmt"
+
+	"go.uber.org/zap"
+
+	"github.com/outboxrelay/outboxrelay/relay"
+	"github.com/outboxrelay/outboxrelay/sinks"
+)
+
+var _ sinks.Settings = (*Config)(nil)
+
+// The configuration file's sink.redis section is a Config.
+func init() {
+	sinks.Register(sinks.Type{
+		Name: "redis",
+		Defaults: func() sinks.Settings {
+			return &Config{URL: DefaultURL, Stream: DefaultStream, BatchSize: DefaultBatchSize, MaxPending: DefaultMaxPending}
+		},
+		Docs: map[string]string{
+			"url":         "Redis URL (`rediss://` for TLS)",
+			"url_file":    "file holding `sink.redis.url`",
+			"stream":      "stream key template: `{aggregate_type}`, `{event_type}`, `{table}`",
+			"max_len":     "trim streams to about this many entries (`MAXLEN ~`); 0 never trims",
+			"batch_size":  "XADDs per MULTI/EXEC round trip",
+			"max_pending": "queued messages before Publish waits",
+		},
+	})
+}
+
+// Open creates the sink and checks that the server answers.
+func (c *Config) Open(ctx context.Context, log *zap.Logger) (relay.Sink, error) {
+	s, err := New(*c, log)
+	if err != nil {
+		return nil, fmt.Errorf("sink.redis: %w", err)
+	}
+	if err := s.Connect(ctx); err != nil {
+		_ = s.Close()
+		return nil, fmt.Errorf("cannot reach Redis: %w", err)
+	}
+	return s, nil
+}
+
+// Warnings is empty: no Redis setting works while exposing something.
+func (c *Config) Warnings() []string { return nil }

@@ -1,0 +1,111 @@
+// Package sinks is what every outboxrelay sink shares: the registry through
+// which a sink package makes itself known to the configuration and the
+// command (its name, its settings with their defaults, how it is opened and
+// checked, and the warnings it gives), the file form of TLS settings, and
+// the one mapping of a message onto broker headers ([Binding]).
+//
+// A sink is added by writing its package, which calls [Register] from its
+// init function, and importing that package once, in config/sinks.go.
+// Nothing else names sinks: configuration keys, environment variables,
+// validation, the README's reference and the command's wiring all come from
+// the registry.
+package sinks
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+
+	"go.uber.org/zap"
+
+	"github.com/outboxrelay/outboxrelay/relay"
+)
+
+// Settings is one sink's section of the configuration file, sink.<name>:
+// a pointer to the sink package's own configuration struct. Its yaml tags
+// are the keys (OUTBOXRELAY_SINK_<NAME>_<KEY> in the environment), [Type.Docs]
+// describes them in the README's reference, and a field
+// tagged secret:"url" or secret:"text" is hidden when the configuration is
+// printed and may be read from its _file sibling. Fields tagged yaml:"-"
+// are for programs that use the sink package directly.
+type Settings interface {
+	// Validate reports every problem at once, each one sentence naming the
+	// key under sink.<name> to fix.
+	Validate() error
+	// Warnings lists settings that work but leave something exposed, each
+	// naming the setting and its fix.
+	Warnings() []string
+	// Open creates the sink and checks that its broker answers, so that an
+	// unreachable broker or a rejected login at start is one clear error
+	// that names the settings to check. The caller closes the sink.
+	Open(ctx context.Context, log *zap.Logger) (relay.Sink, error)
+}
+
+// Type is a registered sink.
+type Type struct {
+	// Name is the sink.type value and the name of its configuration
+	// section: lowercase letters and digits.
+	Name string
+	// Defaults returns new settings holding the sink's defaults; they are
+	// what an unset key means.
+	Defaults func() Settings
+	// Docs describes every key of the settings for the README's
+	// reference, by its path under sink.<name> (tls.ca_file); a test fails
+	// when a key has none.
+	Docs map[string]string
+}
+
+var registry struct {
+	sync.RWMutex
+	types map[string]Type
+}
+
+// Register makes a sink known. It is called from the init function of the
+// sink's package, like database/sql drivers and image formats register: a
+// blank import is then all a program needs to offer the sink. It panics
+// when the name is taken or malformed, a programming error.
+func Register(t Type) {
+	if t.Name == "" || strings.Trim(t.Name, "abcdefghijklmnopqrstuvwxyz0123456789") != "" || t.Defaults == nil {
+		panic(fmt.Sprintf("sinks: Register(%q): a name of lowercase letters and digits and a Defaults function are required", t.Name))
+	}
+	registry.Lock()
+	defer registry.Unlock()
+	if _, dup := registry.types[t.Name]; dup {
+		panic("sinks: Register called twice for " + t.Name)
+	}
+	if registry.types == nil {
+		registry.types = map[string]Type{}
+	}
+	registry.types[t.Name] = t
+}
+
+// Types returns the registered sinks sorted by name.
+func Types() []Type {
+	registry.RLock()
+	defer registry.RUnlock()
+	ts := make([]Type, 0, len(registry.types))
+	for _, t := range registry.types {
+		ts = append(ts, t)
+	}
+	slices.SortFunc(ts, func(a, b Type) int { return strings.Compare(a.Name, b.Name) })
+	return ts
+}
+
+// Lookup returns the sink registered as name.
+func Lookup(name string) (Type, bool) {
+	registry.RLock()
+	defer registry.RUnlock()
+	t, ok := registry.types[name]
+	return t, ok
+}
+
+// Names returns the registered names, sorted, for error messages.
+func Names() []string {
+	var names []string
+	for _, t := range Types() {
+		names = append(names, t.Name)
+	}
+	return names
+}
