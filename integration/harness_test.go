@@ -120,9 +120,20 @@ func newEnvWith(t *testing.T, srv *pgserver.Server, preMigrate string, migrateAr
 	}
 	t.Cleanup(func() {
 		e.db.Close(context.Background())
-		// Free the slot so the shared server does not retain WAL for it.
+		// Free the slots so the shared server does not retain WAL for them,
+		// and the next test can use the same slot name. A relay killed just
+		// before leaves its walsender a moment longer: end it.
 		if c, err := pgx.Connect(context.Background(), url); err == nil {
-			c.Exec(context.Background(), "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = current_database() AND NOT active")
+			for attempt := 0; attempt < 50; attempt++ {
+				c.Exec(context.Background(), `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots
+					WHERE database = current_database() AND active_pid IS NOT NULL`)
+				c.Exec(context.Background(), "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = current_database() AND NOT active")
+				var left int
+				if c.QueryRow(context.Background(), "SELECT count(*) FROM pg_replication_slots WHERE database = current_database()").Scan(&left) != nil || left == 0 {
+					break
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
 			c.Close(context.Background())
 		}
 	})
