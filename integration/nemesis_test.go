@@ -408,6 +408,7 @@ func (l *ledger) record(tx nemesisTx, committed bool) {
 		l.rollbacks++
 		for _, row := range tx.rows {
 			l.rolledBack[row.id] = true
+			l.where[row.id] = row.where + ", rolled back"
 		}
 		return
 	}
