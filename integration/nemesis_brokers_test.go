@@ -183,14 +183,20 @@ func (k *kafkaNemesis) produceError(ctx context.Context, r *rand.Rand, wg *sync.
 }
 
 // metadataError answers metadata requests for the topic's partitions with a
-// retriable error for up to 4 s, as a cluster electing leaders does.
+// retriable error for up to 4 s, as a cluster electing leaders does. One
+// produce request answered NOT_LEADER_FOR_PARTITION first makes the
+// producer ask for metadata within the window.
 func (k *kafkaNemesis) metadataError(ctx context.Context, r *rand.Rand, wg *sync.WaitGroup) error {
 	codes := []*kerr.Error{kerr.LeaderNotAvailable, kerr.UnknownTopicOrPartition, kerr.NotLeaderForPartition}
-	h := k.current().Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Metadata}, Topic: nemesisTopic,
+	cl := k.current()
+	h := cl.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Metadata}, Topic: nemesisTopic,
 		Err: codes[r.IntN(len(codes))], Count: -1})
-	window(ctx, wg, time.Duration(500+r.IntN(3500))*time.Millisecond, func() {
+	trigger := cl.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: nemesisTopic, Err: kerr.NotLeaderForPartition})
+	window(ctx, wg, time.Duration(1000+r.IntN(3000))*time.Millisecond, func() {
 		h.Remove()
+		trigger.Remove()
 		k.metadataFaults.Add(int64(h.Hits()))
+		k.produceFaults.Add(int64(trigger.Hits()))
 	})
 	return nil
 }

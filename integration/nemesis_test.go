@@ -28,10 +28,10 @@ import (
 // what the consumer received against the ledger of committed rows.
 //
 // OUTBOXRELAY_NEMESIS_DURATION sets how long faults are injected (default
-// 40s; `make torture DURATION=10m`), OUTBOXRELAY_NEMESIS_SEED repeats a
+// 35s; `make torture DURATION=10m`), OUTBOXRELAY_NEMESIS_SEED repeats a
 // fault schedule and the writers' choices (the timing still differs).
 const (
-	nemesisDefaultDuration = 40 * time.Second
+	nemesisDefaultDuration = 35 * time.Second
 	nemesisWriters         = 4 // each owns its aggregates, so it knows their commit order
 	nemesisAggregates      = 6 // per writer
 	nemesisDrainTimeout    = 90 * time.Second
