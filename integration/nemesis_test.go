@@ -89,9 +89,10 @@ func runNemesis(t *testing.T, newTarget func(*env) *nemesisTarget) {
 	}()
 
 	led := newLedger()
+	var writers sync.WaitGroup
+	defer writers.Wait() // after stopWriting: no writer may outlive the test
 	writeCtx, stopWriting := context.WithCancel(t.Context())
 	defer stopWriting()
-	var writers sync.WaitGroup
 	var txSeq atomic.Int64
 	for w := range nemesisWriters {
 		writers.Add(1)
@@ -105,8 +106,10 @@ func runNemesis(t *testing.T, newTarget func(*env) *nemesisTarget) {
 	// order, so that even a short run has them all.
 	faults := append(commonFaults(srv, e.dbURL, relay), target.faults...)
 	injected := map[string]int{}
-	faultCtx, endFaults := context.WithCancel(t.Context())
 	var windows sync.WaitGroup
+	defer windows.Wait()
+	faultCtx, endFaults := context.WithCancel(t.Context())
+	defer endFaults()
 	r := rand.New(rand.NewPCG(seed, 0))
 	var round []int
 	for deadline := time.Now().Add(duration); time.Now().Before(deadline) && !t.Failed(); {
