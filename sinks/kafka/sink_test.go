@@ -437,7 +437,7 @@ func TestProduceErrorClassification(t *testing.T) {
 		{kerr.InvalidTopicException, true},
 		{kerr.TopicAuthorizationFailed, true},
 		{kerr.UnknownTopicOrPartition, false}, // leadership moving; a missing topic stalls rather than dead-letters
-		{kerr.UnknownTopicID, false}, // recreated topic: the sink purges it, the retry succeeds
+		{kerr.UnknownTopicID, false},          // recreated topic: the sink purges it, the retry succeeds
 		{kerr.InvalidRecord, true},
 		{kerr.InvalidTimestamp, true},
 		{kerr.PolicyViolation, true},
