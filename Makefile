@@ -1,7 +1,7 @@
 GO ?= go
 FUZZTIME ?= 10s
 
-.PHONY: tidy-check build test test-short bench demo fuzz audit clean
+.PHONY: tidy-check build test test-short torture bench demo fuzz audit clean
 
 build:
 	$(GO) build -o bin/outboxrelay ./cmd/outboxrelay
@@ -15,6 +15,13 @@ test: tidy-check
 	$(GO) vet ./...
 	$(GO) test -count=1 -timeout 15m -p 2 $$($(GO) list ./... | grep -v -e '/integration$$' -e '/sinks/rabbitmq$$')
 	$(GO) test -count=1 -timeout 20m -p 1 $(SERIAL_PKGS)
+
+# The nemesis tests (integration/nemesis_test.go) inject faults for
+# DURATION against each broker; make test runs them for 35s each.
+DURATION ?= 10m
+TORTURE_TIMEOUT ?= 3h
+torture:
+	OUTBOXRELAY_NEMESIS_DURATION=$(DURATION) $(GO) test -count=1 -timeout $(TORTURE_TIMEOUT) -v -run '^TestNemesis' ./integration
 
 test-short:
 	$(GO) test -short -count=1 ./...

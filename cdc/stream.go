@@ -249,6 +249,7 @@ var errCannotConfirm = errors.New("PostgreSQL waits for the relay to confirm eve
 func (s *Stream) read(ctx context.Context, conn *pgconn.PgConn, h Handler, st *statusWriter) error {
 	dec := NewDecoder()
 	var ev Event
+	var order walOrder // a session's held insert dies with it, as its transaction does
 	inTx := false
 	waits := waitWatch{gap: waitGap, after: waitAfter}
 	netConn := conn.Conn()
@@ -301,12 +302,14 @@ func (s *Stream) read(ctx context.Context, conn *pgconn.PgConn, h Handler, st *s
 					inTx = true
 					err = h.Begin(ctx, ev.Begin)
 				case KindInsert:
-					err = h.Insert(ctx, &ev.Insert)
+					err = order.insert(ctx, h, &ev.Insert)
 				case KindMessage:
-					err = h.Message(ctx, &ev.Message)
+					err = order.message(ctx, h, &ev.Message)
 				case KindCommit:
 					inTx = false
-					err = h.Commit(ctx, ev.Commit)
+					if err = order.flush(ctx, h); err == nil {
+						err = h.Commit(ctx, ev.Commit)
+					}
 				}
 				if err != nil {
 					if ctx.Err() != nil {

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -138,4 +139,38 @@ func TestAggregateOrderUnderProduceFaults(t *testing.T) {
 	}
 	t.Logf("produce faults: rows %d, lost 0, dead-lettered %d, out of order %d, duplicates %d",
 		len(ids), len(letters), disorders, duplicates(recs))
+}
+
+// TestEmitInSubtransactionKeepsOrder: a table-less message written inside a
+// savepoint, then a row written after the savepoint is released, arrive in
+// that order. PostgreSQL decodes them the other way round: it files a
+// transactional message under the end of its WAL record and a row under the
+// start of its own, so the two share one position, and its reorder buffer
+// merges a transaction's subtransactions by position without a tie-break.
+// Found by the nemesis (TestNemesisKafka).
+func TestEmitInSubtransactionKeepsOrder(t *testing.T) {
+	e := newEnv(t)
+	c := e.consume("outbox.order")
+	p := e.start()
+	p.waitLog(`"streaming"`, 30*time.Second)
+	var ids []string
+	for i := range 10 {
+		emitted, inserted := fmt.Sprintf("00000000-0000-4000-8000-%012d", 2*i), fmt.Sprintf("00000000-0000-4000-8000-%012d", 2*i+1)
+		e.exec(fmt.Sprintf(`BEGIN;
+			SAVEPOINT s;
+			SELECT pg_logical_emit_message(true, 'outboxrelay', '{"id": "%s", "aggregate_type": "order", "aggregate_id": "1", "event_type": "emitted", "payload": {}}');
+			RELEASE SAVEPOINT s;
+			INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload) VALUES ('%s', 'order', '1', 'created', '{}');
+			COMMIT`, emitted, inserted))
+		ids = append(ids, emitted, inserted)
+	}
+	recs := c.waitIDs(ids, 30*time.Second)
+	p.stop()
+	var got []string
+	for _, r := range recs {
+		got = append(got, r.Headers["message_id"])
+	}
+	if !slices.Equal(got, ids) {
+		t.Errorf("arrival order differs from commit order:\n got %v\nwant %v", got, ids)
+	}
 }
