@@ -65,6 +65,8 @@ func printRole(w io.Writer, role string, o migrations.Options) error {
 	line("GRANT SELECT, INSERT, UPDATE ON outboxrelay.checkpoint TO %s;", r)
 	line("GRANT SELECT, INSERT, UPDATE, DELETE ON outboxrelay.dead_letters TO %s;", r)
 	line("GRANT USAGE ON SEQUENCE outboxrelay.dead_letters_id_seq TO %s;", r)
+	line("GRANT SELECT, INSERT, DELETE ON outboxrelay.parked TO %s;", r)
+	line("GRANT USAGE ON SEQUENCE outboxrelay.parked_id_seq TO %s;", r)
 	line("GRANT SELECT ON outboxrelay.status TO %s;", r)
 	line("")
 	line("-- Only with postgres.retention: the relay deletes old outbox rows.")
