@@ -60,7 +60,7 @@ func printRole(w io.Writer, role string, o migrations.Options) error {
 		line("GRANT SELECT ON %s TO %s;", pgx.Identifier{schema, name}.Sanitize(), r)
 	}
 	line("")
-	line("-- The relay's own objects: its checkpoint, dead letters (list, replay, purge) and the status view.")
+	line("-- The relay's own objects: its checkpoint, dead letters (list, replay, purge), parked messages and the status view.")
 	line("GRANT USAGE ON SCHEMA outboxrelay TO %s;", r)
 	line("GRANT SELECT, INSERT, UPDATE ON outboxrelay.checkpoint TO %s;", r)
 	line("GRANT SELECT, INSERT, UPDATE, DELETE ON outboxrelay.dead_letters TO %s;", r)
