@@ -256,6 +256,9 @@ func EnsureSlot(ctx context.Context, conn *pgx.Conn, slot string) error {
 type Privileges struct {
 	// DeadLetters: the relay inserts into outboxrelay.dead_letters.
 	DeadLetters bool
+	// Parking: the relay parks aggregates behind dead letters (locks heads
+	// in outboxrelay.dead_letters, inserts into outboxrelay.parked).
+	Parking bool
 	// Heartbeat: the relay calls pg_logical_emit_message.
 	Heartbeat bool
 	// Retention lists the outbox tables (schema.name) the relay deletes
@@ -296,6 +299,10 @@ func CheckPrivileges(ctx context.Context, conn *pgx.Conn, p Privileges) error {
 	if p.DeadLetters {
 		tables = append(tables, tablePrivileges{"outboxrelay.dead_letters", []string{"INSERT"}})
 	}
+	if p.Parking {
+		tables = append(tables, tablePrivileges{"outboxrelay.dead_letters", []string{"SELECT", "UPDATE"}},
+			tablePrivileges{"outboxrelay.parked", []string{"INSERT"}})
+	}
 	for _, t := range p.Retention {
 		schema, name, err := SplitTable(t)
 		if err != nil {
@@ -317,13 +324,20 @@ func CheckPrivileges(ctx context.Context, conn *pgx.Conn, p Privileges) error {
 			need(false, fmt.Sprintf("GRANT %s ON %s", strings.Join(missing, ", "), t.name))
 		}
 	}
+	var sequences []string
 	if p.DeadLetters {
+		sequences = append(sequences, "outboxrelay.dead_letters")
+	}
+	if p.Parking {
+		sequences = append(sequences, "outboxrelay.parked")
+	}
+	for _, table := range sequences {
 		var seq *string
 		var ok bool
 		err := conn.QueryRow(ctx, `SELECT s, s IS NULL OR has_sequence_privilege(s, 'USAGE')
-			FROM pg_get_serial_sequence('outboxrelay.dead_letters', 'id') s`).Scan(&seq, &ok)
+			FROM pg_get_serial_sequence($1, 'id') s`, table).Scan(&seq, &ok)
 		if err != nil {
-			return fmt.Errorf("check privileges on the dead_letters sequence: %w", err)
+			return fmt.Errorf("check privileges on the %s sequence: %w", table, err)
 		}
 		if seq != nil {
 			need(ok, "GRANT USAGE ON SEQUENCE "+*seq)

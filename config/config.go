@@ -232,6 +232,9 @@ type Relay struct {
 	// DeadLetters stores undeliverable messages in outboxrelay.dead_letters;
 	// when false such a message stops the relay instead.
 	DeadLetters bool `yaml:"dead_letters"`
+	// DeadLetterOrder is park (later messages of a dead letter's aggregate
+	// wait behind it in outboxrelay.parked) or pass (they are published).
+	DeadLetterOrder string `yaml:"dead_letter_order"`
 }
 
 // HTTP is the health, status and metrics endpoint.
@@ -258,9 +261,10 @@ func Default() Config {
 		},
 		Sink:     defaultSink("kafka"),
 		Envelope: Envelope{Format: "envelope", Source: "outboxrelay"},
-		Relay:    Relay{MaxInFlight: 10000, MaxInFlightBytes: 64 << 20, MaxAttempts: 5, DrainTimeout: 30 * time.Second, DeadLetters: true},
-		HTTP:     HTTP{Listen: "127.0.0.1:9187"},
-		Log:      Log{Level: "info"},
+		Relay: Relay{MaxInFlight: 10000, MaxInFlightBytes: 64 << 20, MaxAttempts: 5, DrainTimeout: 30 * time.Second, DeadLetters: true,
+			DeadLetterOrder: string(relay.DeadLetterPark)},
+		HTTP: HTTP{Listen: "127.0.0.1:9187"},
+		Log:  Log{Level: "info"},
 	}
 }
 
@@ -686,6 +690,11 @@ func (c *Config) Validate() error {
 	}
 	if c.Relay.MaxAttempts < 1 {
 		errs = append(errs, errors.New("relay.max_attempts must be at least 1"))
+	}
+	switch relay.DeadLetterOrder(c.Relay.DeadLetterOrder) {
+	case relay.DeadLetterPark, relay.DeadLetterPass:
+	default:
+		errs = append(errs, fmt.Errorf("relay.dead_letter_order %q is not one of park, pass", c.Relay.DeadLetterOrder))
 	}
 	if t := c.HTTP.Token; t != "" && strings.IndexFunc(t, func(r rune) bool { return r <= ' ' || r >= 0x7f }) >= 0 {
 		errs = append(errs, errors.New("http.token must be printable ASCII without spaces"))

@@ -40,6 +40,7 @@ var descriptions = map[string]string{
 	"relay.max_attempts":              "attempts for a message the broker rejects permanently, before it is dead-lettered",
 	"relay.drain_timeout":             "how long a shutdown waits for acknowledgements",
 	"relay.dead_letters":              "store undeliverable messages in `outboxrelay.dead_letters`; false stops the relay instead",
+	"relay.dead_letter_order":         "`park`: the later messages of a dead letter's aggregate wait behind it in `outboxrelay.parked` until `dlq replay` publishes the chain in order; `pass`: they are published, leaving a gap",
 	"http.listen":                     "address of /healthz, /readyz, /status, /metrics; empty disables",
 	"http.token":                      "bearer token required by /status and /metrics; empty: open",
 	"http.token_file":                 "file holding `http.token`",

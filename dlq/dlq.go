@@ -3,6 +3,11 @@
 //
 // A dead letter holds everything needed to publish the message again: the
 // routing fields, the row headers and the exact envelope bytes.
+//
+// With relay.dead_letter_order: park, a dead letter heads its aggregate
+// (parks = true) and the aggregate's later messages wait behind it in
+// outboxrelay.parked (see park.go) until Replay has republished the head and
+// the whole chain, or Purge deleted them.
 package dlq
 
 import (
@@ -26,6 +31,7 @@ import (
 type DB interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
 // Store is the dead-letter table of one slot.
@@ -56,11 +62,26 @@ type Letter struct {
 	Body        []byte          `json:"-"`
 	ContentType string          `json:"content_type,omitempty"`
 	Attributes  json.RawMessage `json:"attributes,omitempty"`
+	// Parks says the letter heads its parked aggregate: Parked are the
+	// messages waiting behind it, in the order Replay publishes them. A
+	// head stays listed, replayed or not, until its whole chain is.
+	Parks  bool            `json:"parks"`
+	Parked []ParkedMessage `json:"parked,omitempty"`
 }
 
 // Add stores m. It returns once the row is committed, so the relay may
 // confirm past the message. It has the signature of relay.DeadLetterFunc.
 func (s *Store) Add(ctx context.Context, m *relay.Message) error {
+	return s.add(ctx, m, false)
+}
+
+// AddHead stores m as a dead letter that parks its aggregate
+// (relay.Parking).
+func (s *Store) AddHead(ctx context.Context, m *relay.Message) error {
+	return s.add(ctx, m, true)
+}
+
+func (s *Store) add(ctx context.Context, m *relay.Message, parks bool) error {
 	headers := map[string]string{}
 	for _, h := range m.Headers {
 		headers[h.Key] = h.Value
@@ -92,11 +113,11 @@ func (s *Store) Add(ctx context.Context, m *relay.Message) error {
 	}
 	_, err = s.DB.Exec(ctx, `INSERT INTO outboxrelay.dead_letters
 		(slot, message_id, destination, aggregate_type, aggregate_id, event_type, source_table, traceparent, headers, envelope, error, attempts, first_failed_at, last_failed_at,
-		 body, content_type, attributes)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)`,
+		 body, content_type, attributes, parks, commit_lsn, lsn)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19::pg_lsn, $20::pg_lsn)`,
 		s.Slot, clean(m.ID), clean(m.Destination), clean(m.AggregateType), clean(m.AggregateID), clean(m.EventType), m.Table,
 		m.Traceparent, string(hj), clean(string(m.Envelope)), clean(errText), m.Attempts, first, last,
-		m.Envelope, m.ContentType, nullJSON(attrs))
+		m.Envelope, m.ContentType, nullJSON(attrs), parks, m.CommitLSN.String(), m.LSN.String())
 	if err != nil {
 		return fmt.Errorf("store dead letter %s: %w", m.ID, err)
 	}
@@ -123,12 +144,14 @@ type Filter struct {
 	IncludeReplayed bool
 }
 
-// List returns the slot's dead letters, oldest first.
+// List returns the slot's dead letters, oldest first: those not replayed
+// yet, and the heads whose chain is not (or, with IncludeReplayed, all).
+// Each head comes with its chain.
 func (s *Store) List(ctx context.Context, f Filter) ([]Letter, error) {
 	q := `SELECT id, message_id, destination, aggregate_type, aggregate_id, event_type, source_table, traceparent, headers,
 		envelope, error, attempts, first_failed_at, last_failed_at, created_at, replayed_at,
-		body, coalesce(content_type, ''), attributes
-		FROM outboxrelay.dead_letters WHERE slot = $1 AND ($2 = 0 OR id = $2) AND ($3 OR replayed_at IS NULL) ORDER BY id`
+		body, coalesce(content_type, ''), attributes, coalesce(parks, false)
+		FROM outboxrelay.dead_letters WHERE slot = $1 AND ($2 = 0 OR id = $2) AND ($3 OR replayed_at IS NULL OR parks) ORDER BY id`
 	rows, err := s.DB.Query(ctx, q, s.Slot, f.ID, f.IncludeReplayed)
 	if err != nil {
 		return nil, fmt.Errorf("list dead letters: %w", err)
@@ -138,13 +161,20 @@ func (s *Store) List(ctx context.Context, f Filter) ([]Letter, error) {
 		var headers, attrs []byte
 		err := row.Scan(&l.ID, &l.MessageID, &l.Destination, &l.AggregateType, &l.AggregateID, &l.EventType, &l.Table,
 			&l.Traceparent, &headers, &l.Envelope, &l.Error, &l.Attempts, &l.FirstFailedAt, &l.LastFailedAt, &l.CreatedAt, &l.ReplayedAt,
-			&l.Body, &l.ContentType, &attrs)
+			&l.Body, &l.ContentType, &attrs, &l.Parks)
 		l.Headers = headers
 		l.Attributes = attrs
 		return l, err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("list dead letters: %w", err)
+	}
+	for i := range letters {
+		if letters[i].Parks {
+			if letters[i].Parked, err = s.chain(ctx, letters[i].ID); err != nil {
+				return nil, err
+			}
+		}
 	}
 	return letters, nil
 }
@@ -172,50 +202,104 @@ func (l *Letter) Message() (*relay.Message, error) {
 	}, nil
 }
 
+// Replayed counts what Replay published.
+type Replayed struct {
+	// Letters are the dead letters published again, Parked the messages
+	// published from behind them.
+	Letters, Parked int
+}
+
 // Replay publishes each selected dead letter again through sink, one at a
-// time, and marks it replayed once the broker has acknowledged it. It stops
-// at the first failure and returns how many were replayed.
-func (s *Store) Replay(ctx context.Context, sink relay.Sink, f Filter) (int, error) {
+// time, and marks it replayed once the broker has acknowledged it. A head
+// is followed by its chain, in order, each message published only once the
+// one before it was acknowledged and deleted from outboxrelay.parked once it
+// was; then the aggregate is released (see release). Replay stops at the
+// first failure: what was published stays marked, and replaying the same
+// letter again goes on from the first message not acknowledged.
+func (s *Store) Replay(ctx context.Context, sink relay.Sink, f Filter) (Replayed, error) {
+	var n Replayed
 	letters, err := s.List(ctx, f)
 	if err != nil {
-		return 0, err
+		return n, err
 	}
 	if f.ID != 0 && len(letters) == 0 {
-		return 0, fmt.Errorf("no pending dead letter with id %d for slot %s", f.ID, s.Slot)
+		return n, fmt.Errorf("no pending dead letter with id %d for slot %s", f.ID, s.Slot)
 	}
-	n := 0
 	for i := range letters {
 		l := &letters[i]
-		m, err := l.Message()
-		if err != nil {
-			return n, err
+		if l.ReplayedAt == nil {
+			m, err := l.Message()
+			if err != nil {
+				return n, err
+			}
+			if err := publish(ctx, sink, m); err != nil {
+				return n, fmt.Errorf("replay dead letter %d (message %s): %w", l.ID, l.MessageID, err)
+			}
+			if _, err := s.DB.Exec(ctx, "UPDATE outboxrelay.dead_letters SET replayed_at = now() WHERE id = $1", l.ID); err != nil {
+				return n, fmt.Errorf("mark dead letter %d replayed (it was published): %w", l.ID, err)
+			}
+			n.Letters++
 		}
-		result := make(chan error, 1)
-		sink.Publish(ctx, m, func(_ *relay.Message, err error) { result <- err })
-		select {
-		case err = <-result:
-		case <-ctx.Done():
-			return n, ctx.Err()
+		if l.Parks {
+			parked, err := s.replayChain(ctx, sink, l.ID)
+			n.Parked += parked
+			if err != nil {
+				return n, err
+			}
 		}
-		if err != nil {
-			return n, fmt.Errorf("replay dead letter %d (message %s): %w", l.ID, l.MessageID, err)
-		}
-		if _, err := s.DB.Exec(ctx, "UPDATE outboxrelay.dead_letters SET replayed_at = now() WHERE id = $1", l.ID); err != nil {
-			return n, fmt.Errorf("mark dead letter %d replayed (it was published): %w", l.ID, err)
-		}
-		n++
 	}
 	return n, nil
 }
 
-// Purge deletes the slot's dead letters created before t and returns how many.
-func (s *Store) Purge(ctx context.Context, before time.Time) (int64, error) {
+// publish publishes m and waits for the broker's answer.
+func publish(ctx context.Context, sink relay.Sink, m *relay.Message) error {
+	result := make(chan error, 1)
+	sink.Publish(ctx, m, func(_ *relay.Message, err error) { result <- err })
+	select {
+	case err := <-result:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Purged counts what Purge deleted.
+type Purged struct {
+	Letters, Parked int64
+}
+
+// Purge deletes the slot's dead letters created before t. A head goes with
+// the messages parked behind it, and its aggregate is released: a relay
+// that is running publishes the aggregate's next message, and nothing of the
+// purged chain. Purging is giving up on those messages; to deliver the
+// chain, replay the head instead.
+func (s *Store) Purge(ctx context.Context, before time.Time) (Purged, error) {
+	var n Purged
 	if before.IsZero() {
-		return 0, errors.New("purge needs a time")
+		return n, errors.New("purge needs a time")
 	}
-	tag, err := s.DB.Exec(ctx, "DELETE FROM outboxrelay.dead_letters WHERE slot = $1 AND created_at < $2", s.Slot, before)
+	err := pgx.BeginFunc(ctx, s.DB, func(tx pgx.Tx) error {
+		// Lock the heads first, in a statement of their own: a relay that
+		// parks a message holds its head's lock until the message is
+		// committed, and the next statement's snapshot then sees it.
+		if _, err := tx.Exec(ctx, `SELECT id FROM outboxrelay.dead_letters WHERE slot = $1 AND created_at < $2 AND parks FOR UPDATE`, s.Slot, before); err != nil {
+			return err
+		}
+		tag, err := tx.Exec(ctx, `DELETE FROM outboxrelay.parked p USING outboxrelay.dead_letters d
+			WHERE p.head_id = d.id AND d.slot = $1 AND d.created_at < $2`, s.Slot, before)
+		if err != nil {
+			return err
+		}
+		n.Parked = tag.RowsAffected()
+		tag, err = tx.Exec(ctx, "DELETE FROM outboxrelay.dead_letters WHERE slot = $1 AND created_at < $2", s.Slot, before)
+		if err != nil {
+			return err
+		}
+		n.Letters = tag.RowsAffected()
+		return nil
+	})
 	if err != nil {
-		return 0, fmt.Errorf("purge dead letters: %w", err)
+		return Purged{}, fmt.Errorf("purge dead letters: %w", err)
 	}
-	return tag.RowsAffected(), nil
+	return n, nil
 }

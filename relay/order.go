@@ -32,13 +32,17 @@ type aggregates struct {
 	// with nothing waiting, so the common case allocates nothing.
 	busy map[aggregateKey][]*Message
 	held int // messages waiting, over all aggregates
+	// heads holds the aggregates parked behind a dead letter
+	// (DeadLetterPark): their messages still pass through busy one at a
+	// time, but to the parking store instead of the sink.
+	heads map[aggregateKey]struct{}
 }
 
 // aggregateKey identifies an aggregate: its type and id, as in the outbox row.
 type aggregateKey struct{ typ, id string }
 
 func newAggregates() *aggregates {
-	return &aggregates{busy: make(map[aggregateKey][]*Message)}
+	return &aggregates{busy: make(map[aggregateKey][]*Message), heads: make(map[aggregateKey]struct{})}
 }
 
 func keyOf(m *Message) aggregateKey { return aggregateKey{m.AggregateType, m.AggregateID} }
@@ -88,4 +92,26 @@ func (a *aggregates) waiting() int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.held
+}
+
+// park marks k parked behind a dead letter.
+func (a *aggregates) park(k aggregateKey) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.heads[k] = struct{}{}
+}
+
+// unpark marks k released from its dead letter.
+func (a *aggregates) unpark(k aggregateKey) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	delete(a.heads, k)
+}
+
+// parked reports whether k is marked parked.
+func (a *aggregates) parked(k aggregateKey) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	_, ok := a.heads[k]
+	return ok
 }

@@ -74,6 +74,8 @@ type Hooks struct {
 	PublishFailed func(m *Message, err error)
 	// DeadLettered is called once m is stored as a dead letter.
 	DeadLettered func(m *Message)
+	// Parked is called once m is stored behind its aggregate's dead letter.
+	Parked func(m *Message)
 	// Skipped is called for every insert into a table the operator chose
 	// not to relay (Config.Resolve returned "").
 	Skipped func(table string)
@@ -115,6 +117,13 @@ type Config struct {
 	// DeadLetter stores dead letters. When nil, a message that must be
 	// dead-lettered stops the relay with an error instead.
 	DeadLetter DeadLetterFunc
+	// DeadLetterOrder is DeadLetterPark (default) or DeadLetterPass. It
+	// applies to messages the broker refused; a row that cannot be built
+	// into a message (invalid headers, say) is dead-lettered through
+	// DeadLetter and parks nothing. Parking stores the parked aggregates;
+	// when it is nil, later messages pass whatever DeadLetterOrder says.
+	DeadLetterOrder DeadLetterOrder
+	Parking         Parking
 	// Checkpoint durably records a position before the relay confirms it to
 	// PostgreSQL (cdc.Checkpoints.Save); Verify checks the slot against the
 	// record when a session starts (cdc.Checkpoints.Verify). Both optional.
@@ -162,6 +171,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.CheckpointInterval <= 0 {
 		c.CheckpointInterval = time.Second
+	}
+	if c.DeadLetterOrder == "" {
+		c.DeadLetterOrder = DeadLetterPark
 	}
 }
 
@@ -410,6 +422,11 @@ func (r *Relay) Start(ctx context.Context, slotConfirmed cdc.LSN) error {
 			return err
 		}
 	}
+	// Another relay on the slot (a standby taking over) or an earlier run
+	// may have parked aggregates: know them before the first message.
+	if err := r.loadHeads(ctx); err != nil {
+		return err
+	}
 	r.tracker.idle(slotConfirmed)
 	// The slot's own position needs no recording: it is already confirmed.
 	r.checkpointMu.Lock()
@@ -548,8 +565,10 @@ func (r *Relay) dispatch(ctx context.Context, m *Message, buildErr error) error 
 		r.deadLetter(m, false)
 		return nil
 	}
-	if r.unordered || r.order.admit(m) {
+	if r.unordered {
 		r.sink.Publish(ctx, m, r.done)
+	} else if r.order.admit(m) {
+		r.send(ctx, m)
 	}
 	return nil
 }
@@ -600,14 +619,14 @@ func (r *Relay) settle(m *Message, gated bool) {
 	}
 }
 
-// publishLoop publishes the messages released by settle.
+// publishLoop publishes (or parks) the messages released by settle.
 func (r *Relay) publishLoop(ctx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case m := <-r.handoff:
-			r.sink.Publish(ctx, m, r.done)
+			r.send(ctx, m)
 		}
 	}
 }
@@ -737,9 +756,16 @@ func (r *Relay) goBackground(f func()) bool {
 
 // deadLetter stores m as a dead letter, then settles it; gated says whether
 // m was published through the per-aggregate order, whose next message it
-// holds back until stored.
+// holds back until stored. With DeadLetterPark, a gated m is stored as the
+// head of its parked aggregate, and the aggregate is parked before its next
+// message is released.
 func (r *Relay) deadLetter(m *Message, gated bool) {
-	if r.cfg.DeadLetter == nil {
+	head := gated && r.parking()
+	store := r.cfg.DeadLetter
+	if head {
+		store = r.cfg.Parking.AddHead
+	}
+	if store == nil {
 		r.fail(fmt.Errorf("message %s to %q failed %d times and no dead-letter store is configured: %w", m.ID, m.Destination, m.Attempts, m.LastError))
 		return
 	}
@@ -747,7 +773,7 @@ func (r *Relay) deadLetter(m *Message, gated bool) {
 		r.storing.Add(1) // /readyz shows a dead letter that cannot be stored yet
 		defer r.storing.Add(-1)
 		for attempt := 1; ; attempt++ {
-			err := r.cfg.DeadLetter(r.sinkCtx, m)
+			err := store(r.sinkCtx, m)
 			if err == nil {
 				break
 			}
@@ -767,9 +793,12 @@ func (r *Relay) deadLetter(m *Message, gated bool) {
 			}
 		}
 		r.log.Warn("dead-lettered", zap.String("message_id", m.ID), zap.String("destination", m.Destination),
-			zap.Int("attempts", m.Attempts), zap.Error(m.LastError))
+			zap.Int("attempts", m.Attempts), zap.Bool("parks_aggregate", head), zap.Error(m.LastError))
 		if h := r.cfg.Hooks.DeadLettered; h != nil {
 			h(m)
+		}
+		if head {
+			r.order.park(keyOf(m))
 		}
 		r.settle(m, gated)
 	})

@@ -21,8 +21,8 @@ import (
 
 const dlqUsage = `usage:
   outboxrelay dlq list   (--config FILE | --database-url URL [--slot NAME]) [--json] [--all]
-  outboxrelay dlq replay --config FILE (--id ID | --all)
-  outboxrelay dlq purge  (--config FILE | --database-url URL [--slot NAME]) --before TIME|AGE`
+  outboxrelay dlq replay --config FILE (--id ID | --all)      a head is replayed with its parked chain, in order
+  outboxrelay dlq purge  (--config FILE | --database-url URL [--slot NAME]) --before TIME|AGE   a head goes with its chain`
 
 func cmdDeadLetters(args []string, stdout io.Writer) error {
 	if len(args) == 0 {
@@ -81,7 +81,7 @@ func cmdDeadLetters(args []string, stdout io.Writer) error {
 			return usageErr("log.level: %v", err)
 		}
 		n, err := replay(ctx, cfg, store, dlq.Filter{ID: *id}, log)
-		fmt.Fprintf(stdout, "replayed %d dead letter(s)\n", n)
+		fmt.Fprintf(stdout, "replayed %d dead letter(s) and %d parked message(s)\n", n.Letters, n.Parked)
 		return err
 	case "purge":
 		t, err := parseBefore(*before, time.Now())
@@ -92,7 +92,8 @@ func cmdDeadLetters(args []string, stdout io.Writer) error {
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(stdout, "purged %d dead letter(s) created before %s\n", n, t.UTC().Format(time.RFC3339))
+		fmt.Fprintf(stdout, "purged %d dead letter(s) created before %s and %d message(s) parked behind them\n",
+			n.Letters, t.UTC().Format(time.RFC3339), n.Parked)
 		return nil
 	}
 	return usageErr("unknown dlq subcommand %q\n%s", sub, dlqUsage)
@@ -112,10 +113,10 @@ func parseBefore(s string, now time.Time) (time.Time, error) {
 	return time.Time{}, usageErr("--before %q is neither an RFC 3339 time nor an age such as 168h", s)
 }
 
-func replay(ctx context.Context, cfg config.Config, store *dlq.Store, f dlq.Filter, log *zap.Logger) (int, error) {
+func replay(ctx context.Context, cfg config.Config, store *dlq.Store, f dlq.Filter, log *zap.Logger) (dlq.Replayed, error) {
 	sink, err := openSink(ctx, cfg, log)
 	if err != nil {
-		return 0, err
+		return dlq.Replayed{}, err
 	}
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
@@ -148,18 +149,47 @@ func printLetters(w io.Writer, letters []dlq.Letter, asJSON bool) error {
 		return nil
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tMESSAGE ID\tDESTINATION\tATTEMPTS\tLAST FAILURE\tREPLAYED\tERROR")
+	fmt.Fprintln(tw, "ID\tMESSAGE ID\tDESTINATION\tATTEMPTS\tLAST FAILURE\tREPLAYED\tPARKED\tERROR")
+	heads := 0
 	for _, l := range letters {
 		replayed := "-"
 		if l.ReplayedAt != nil {
 			replayed = l.ReplayedAt.UTC().Format(time.RFC3339)
 		}
+		parked := "-"
+		if l.Parks {
+			parked = fmt.Sprint(len(l.Parked))
+			heads++
+		}
 		errText := strings.Join(strings.Fields(l.Error), " ")
 		if len(errText) > 80 {
 			errText = errText[:77] + "..."
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%s\t%s\t%s\n", l.ID, l.MessageID, l.Destination, l.Attempts,
-			l.LastFailedAt.UTC().Format(time.RFC3339), replayed, errText)
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", l.ID, l.MessageID, l.Destination, l.Attempts,
+			l.LastFailedAt.UTC().Format(time.RFC3339), replayed, parked, errText)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if heads == 0 {
+		return nil
+	}
+	// What waits behind what: each head's aggregate and its chain, in the
+	// order `dlq replay --id HEAD` publishes it.
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "BEHIND\tAGGREGATE\tPOSITION\tMESSAGE ID\tEVENT TYPE\tCOMMITTED")
+	for _, l := range letters {
+		if !l.Parks {
+			continue
+		}
+		agg := l.AggregateType + "/" + l.AggregateID
+		if len(l.Parked) == 0 {
+			fmt.Fprintf(tw, "%d\t%s\t-\t(nothing yet: the aggregate's next messages park here)\t\t\n", l.ID, agg)
+		}
+		for i, p := range l.Parked {
+			fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\t%s\n", l.ID, agg, i+1, p.MessageID, p.EventType, p.CommittedAt.UTC().Format(time.RFC3339))
+		}
 	}
 	return tw.Flush()
 }

@@ -42,6 +42,8 @@ func (d *durability) apply(rc *relay.Config) {
 	if d.cfg.Relay.DeadLetters {
 		store := &dlq.Store{DB: d.pool, Slot: d.cfg.Postgres.Slot}
 		rc.DeadLetter = store.Add
+		rc.DeadLetterOrder = relay.DeadLetterOrder(d.cfg.Relay.DeadLetterOrder)
+		rc.Parking = store
 	}
 }
 

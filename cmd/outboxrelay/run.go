@@ -114,7 +114,10 @@ func run(ctx context.Context, cfg config.Config, log *zap.Logger, acceptConfigCh
 	cdcCfg.AcceptConfigChange = acceptConfigChange
 	err = cdc.Setup(setupCtx, conn, cdcCfg, cfg.Postgres.Columns.Required())
 	if err == nil {
-		p := cdc.Privileges{DeadLetters: cfg.Relay.DeadLetters, Heartbeat: cfg.Postgres.HeartbeatInterval > 0}
+		p := cdc.Privileges{
+			DeadLetters: cfg.Relay.DeadLetters, Heartbeat: cfg.Postgres.HeartbeatInterval > 0,
+			Parking: cfg.Relay.DeadLetters && cfg.Relay.DeadLetterOrder == string(relay.DeadLetterPark),
+		}
 		if cfg.Postgres.Retention > 0 {
 			p.Retention = cfg.Postgres.Tables
 		}

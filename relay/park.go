@@ -1,0 +1,135 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// DeadLetterOrder says what becomes of an aggregate's later messages once
+// one of its messages is dead-lettered.
+type DeadLetterOrder string
+
+const (
+	// DeadLetterPark (the default) parks the aggregate: its later messages,
+	// including those committed after a restart, are stored behind the dead
+	// letter (Parking.Park) instead of being published, until the dead
+	// letter is replayed with its chain or purged. Other aggregates flow on.
+	DeadLetterPark DeadLetterOrder = "park"
+	// DeadLetterPass publishes the later messages as if the dead letter had
+	// been delivered: consumers see a gap in the aggregate's order.
+	DeadLetterPass DeadLetterOrder = "pass"
+)
+
+// Head is a dead letter that parks its aggregate.
+type Head struct {
+	// ID is the dead letter's id in its store.
+	ID                         int64
+	AggregateType, AggregateID string
+}
+
+// Parking stores parked aggregates: the dead letter at the head of each and
+// the messages waiting behind it. Implementations must be safe for
+// concurrent use, and durable: each method returns only once what it stored
+// is committed.
+//
+// The head is released by another process (`outboxrelay dlq replay` or
+// `purge`) while the relay runs. Park and the release must be serialised by
+// the store, so that a message is either stored before the release has
+// published (or purged) the chain, or reported not parked after it: then
+// the relay publishes it, behind the whole chain.
+type Parking interface {
+	// Heads returns the aggregates parked in the store, for a relay that
+	// starts a replication session.
+	Heads(ctx context.Context) ([]Head, error)
+	// AddHead stores m as a dead letter that parks its aggregate, with its
+	// position (m.CommitLSN, m.LSN).
+	AddHead(ctx context.Context, m *Message) error
+	// Park stores m behind the dead letter that parks m's aggregate and
+	// reports true. It reports false, storing nothing, when no dead letter
+	// parks the aggregate any more (it was replayed or purged). A message
+	// that is the head itself, or that was committed before it (a
+	// redelivery after a restart: it was delivered before the head was
+	// dead-lettered), is not stored, and reported true.
+	Park(ctx context.Context, m *Message) (bool, error)
+}
+
+// parking reports whether dead letters park their aggregates.
+func (r *Relay) parking() bool {
+	return r.cfg.Parking != nil && r.cfg.DeadLetterOrder == DeadLetterPark && !r.unordered
+}
+
+// loadHeads marks the aggregates the store says are parked. It only adds:
+// an aggregate marked here that the store released is found out by park.
+func (r *Relay) loadHeads(ctx context.Context) error {
+	if !r.parking() {
+		return nil
+	}
+	heads, err := r.cfg.Parking.Heads(ctx)
+	if err != nil {
+		return fmt.Errorf("read parked aggregates: %w", err)
+	}
+	for _, h := range heads {
+		r.order.park(aggregateKey{h.AggregateType, h.AggregateID})
+	}
+	if len(heads) > 0 {
+		r.log.Info("aggregates parked behind dead letters", zap.Int("aggregates", len(heads)))
+	}
+	return nil
+}
+
+// send hands m, admitted by its aggregate's order, to the sink, or parks it
+// when its aggregate is parked.
+func (r *Relay) send(ctx context.Context, m *Message) {
+	if r.parking() && r.order.parked(keyOf(m)) {
+		r.park(m)
+		return
+	}
+	r.sink.Publish(ctx, m, r.done)
+}
+
+// park stores m behind its aggregate's dead letter, then settles it, which
+// lets the aggregate's next message come to send. If the store says the
+// aggregate was released meanwhile, m goes to the sink instead: the
+// release has published the whole chain before it let go of the head.
+func (r *Relay) park(m *Message) {
+	r.goBackground(func() {
+		r.storing.Add(1)
+		defer r.storing.Add(-1)
+		for attempt := 1; ; attempt++ {
+			parked, err := r.cfg.Parking.Park(r.sinkCtx, m)
+			if err == nil {
+				if !parked {
+					r.order.unpark(keyOf(m))
+					r.log.Info("aggregate released from its dead letter; publishing again",
+						zap.String("aggregate_type", m.AggregateType), zap.String("aggregate_id", m.AggregateID))
+					r.handoff <- m
+					return
+				}
+				break
+			}
+			if r.sinkCtx.Err() != nil {
+				return // unconfirmed: delivered again after restart
+			}
+			if permanentStoreError(err) {
+				r.fail(fmt.Errorf("park message %s: %w", m.ID, err))
+				return
+			}
+			wait := r.backoff(attempt)
+			r.log.Warn("park message failed; retrying", zap.String("message_id", m.ID), zap.Duration("retry_in", wait), zap.Error(err))
+			select {
+			case <-time.After(wait):
+			case <-r.sinkCtx.Done():
+				return
+			}
+		}
+		r.log.Debug("parked behind a dead letter", zap.String("message_id", m.ID),
+			zap.String("aggregate_type", m.AggregateType), zap.String("aggregate_id", m.AggregateID))
+		if h := r.cfg.Hooks.Parked; h != nil {
+			h(m)
+		}
+		r.settle(m, true)
+	})
+}
