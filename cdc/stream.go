@@ -492,7 +492,7 @@ func slotStart(ctx context.Context, conn *pgconn.PgConn, slot string) (LSN, erro
 		return 0, fmt.Errorf("read slot %q: %w", slot, err)
 	}
 	if len(res) == 0 || len(res[0].Rows) == 0 {
-		return 0, &SetupError{Msg: fmt.Sprintf("replication slot %q does not exist; it was dropped while the relay ran — check for lost messages, then restart the relay to create it again", slot)}
+		return 0, &SetupError{Msg: fmt.Sprintf("replication slot %q does not exist; it was dropped while the relay ran, or the server is a new primary the slot did not follow: republish what may be lost from the outbox table, then run: DELETE FROM outboxrelay.checkpoint WHERE slot = '%s', and restart the relay to create the slot again", slot, slot)}
 	}
 	row := res[0].Rows[0]
 	if ws := string(row[1]); ws == "lost" {

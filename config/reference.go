@@ -27,6 +27,7 @@ var descriptions = map[string]string{
 	"postgres.columns.created_at":            "timestamptz for `occurred_at` and retention; empty means the commit time",
 	"postgres.message_prefix":                "prefix of table-less `pg_logical_emit_message` events",
 	"postgres.status_interval":               "how often the confirmed position is reported to PostgreSQL (100ms–10s)",
+	"postgres.failover_slot":                 "create the slot as a failover slot (PostgreSQL 17+), which follows a failover to a standby with `sync_replication_slots = on`; refused on older versions",
 	"postgres.heartbeat_interval":            "heartbeat message interval, so an idle outbox does not pin WAL; 0 disables",
 	"postgres.retention":                     "delete outbox rows older than this, in small batches; 0 keeps all",
 	"sink.type":                              "`kafka`, `rabbitmq`, `nats` or `redis`",
