@@ -26,7 +26,11 @@ func Setup(ctx context.Context, conn *pgx.Conn, cfg Config, requiredColumns []st
 	if walLevel != "logical" {
 		return &SetupError{Msg: fmt.Sprintf("wal_level is %s; set wal_level=logical and restart PostgreSQL", walLevel)}
 	}
-	if v := ServerVersion(conn); v != 0 && v < 140000 {
+	version, err := ServerVersion(ctx, conn)
+	if err != nil {
+		return err
+	}
+	if version < 140000 {
 		return &SetupError{Msg: fmt.Sprintf("PostgreSQL %s is too old; outboxrelay needs PostgreSQL 14 or later", conn.PgConn().ParameterStatus("server_version"))}
 	}
 
@@ -256,7 +260,10 @@ const FailoverVersion = 170000
 // versions, or when an existing slot was created without failover, it fails
 // with a *SetupError naming the fix.
 func EnsureSlot(ctx context.Context, conn *pgx.Conn, slot string, failover bool) error {
-	version := ServerVersion(conn)
+	version, err := ServerVersion(ctx, conn)
+	if err != nil {
+		return err
+	}
 	if failover && version < FailoverVersion {
 		return &SetupError{Msg: fmt.Sprintf("postgres.failover_slot needs PostgreSQL 17 or later, and this server is PostgreSQL %s; upgrade, or set postgres.failover_slot: false (the slot will then not follow a failover; see the README's Failover section)",
 			conn.PgConn().ParameterStatus("server_version"))}
@@ -268,7 +275,7 @@ func EnsureSlot(ctx context.Context, conn *pgx.Conn, slot string, failover bool)
 	if version >= FailoverVersion {
 		q = "SELECT coalesce(plugin, ''), coalesce(wal_status, ''), database, failover FROM pg_replication_slots WHERE slot_name = $1"
 	}
-	err := conn.QueryRow(ctx, q, slot).Scan(&plugin, &walStatus, &database, &isFailover)
+	err = conn.QueryRow(ctx, q, slot).Scan(&plugin, &walStatus, &database, &isFailover)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		create := "SELECT pg_create_logical_replication_slot($1, 'pgoutput')"
@@ -306,11 +313,21 @@ func EnsureSlot(ctx context.Context, conn *pgx.Conn, slot string, failover bool)
 	return nil
 }
 
-// ServerVersion returns the server_version_num the server reported at
-// connection time (170002 for 17.2), 0 if unknown.
-func ServerVersion(conn *pgx.Conn) int {
-	v, _ := strconv.Atoi(conn.PgConn().ParameterStatus("server_version_num"))
-	return v
+// ServerVersion returns the server's server_version_num (170002 for 17.2).
+// Servers before 18 do not report it at connection time, so it is asked.
+func ServerVersion(ctx context.Context, conn *pgx.Conn) (int, error) {
+	if v, err := strconv.Atoi(conn.PgConn().ParameterStatus("server_version_num")); err == nil {
+		return v, nil
+	}
+	var s string
+	if err := conn.QueryRow(ctx, "SHOW server_version_num").Scan(&s); err != nil {
+		return 0, fmt.Errorf("read server_version_num: %w", err)
+	}
+	v, err := strconv.Atoi(s)
+	if err != nil {
+		return 0, fmt.Errorf("server_version_num %q: %w", s, err)
+	}
+	return v, nil
 }
 
 // Privileges names the optional parts of the relay that write to

@@ -26,22 +26,19 @@ func (s *Server) Version() (int, error) {
 	return v, nil
 }
 
-// StartStandby makes a physical standby of s and starts it: it copies the
-// data directory of s, which must be shut down (Shutdown) so that the copy
-// is consistent, and starts the copy with standby.signal and a
-// primary_conninfo pointing at s. The package's binaries hold no
-// pg_basebackup, so the copy is a plain file copy. Replication slots are not
-// copied: the standby starts without any. slot, if set, is the physical
-// slot on s that the standby streams from (primary_slot_name). opts.Settings
-// are added to the standby's settings; opts.Version and opts.CacheDir are
-// ignored (the standby runs s's binaries). s stays down; start it again
-// with StartAgain.
+// StartStandby makes a physical standby of s and starts it. The package's
+// binaries hold no pg_basebackup, so the standby is a plain file copy of the
+// data directory: StartStandby shuts s down (a fast shutdown) for a
+// consistent copy, copies it, starts s again and then the copy, with
+// standby.signal and a primary_conninfo (dbname=postgres, application_name
+// standby) pointing at s. Replication slots are not copied: the standby
+// starts without any. slot, if set, is the physical slot on s that the
+// standby streams from (primary_slot_name). s's settings and opts.Settings
+// are the standby's settings; opts.Version and opts.CacheDir are ignored
+// (the standby runs s's binaries). On failure s may be left down.
 func (s *Server) StartStandby(ctx context.Context, slot string, opts Options) (*Server, error) {
-	s.mu.Lock()
-	st := s.state
-	s.mu.Unlock()
-	if st != stateDown {
-		return nil, fmt.Errorf("make a standby: primary is %s; shut it down first", st)
+	if err := s.Shutdown(ctx); err != nil {
+		return nil, fmt.Errorf("make a standby: %w", err)
 	}
 	workDir, err := os.MkdirTemp("", "pgserver-")
 	if err != nil {
@@ -68,6 +65,8 @@ func (s *Server) StartStandby(ctx context.Context, slot string, opts Options) (*
 	settings := map[string]string{
 		"primary_conninfo": fmt.Sprintf("host=127.0.0.1 port=%d user=postgres dbname=postgres application_name=standby", s.port),
 		"hot_standby":      "on",
+		// The standby starts while the primary may not be up yet: retry soon.
+		"wal_retrieve_retry_interval": "200ms",
 	}
 	if slot != "" {
 		settings["primary_slot_name"] = slot
@@ -80,6 +79,9 @@ func (s *Server) StartStandby(ctx context.Context, slot string, opts Options) (*
 	}
 	if err := sb.copyFrom(ctx, s.dataDir); err != nil {
 		return nil, errors.Join(err, sb.cleanup())
+	}
+	if err := s.StartAgain(ctx); err != nil {
+		return nil, errors.Join(fmt.Errorf("make a standby: %w", err), sb.cleanup())
 	}
 	if err := sb.start(ctx); err != nil {
 		return nil, errors.Join(err, sb.cleanup())
