@@ -153,14 +153,20 @@ func TestFailoverSlotFollowsPromotion(t *testing.T) {
 	relay := e.start("OUTBOXRELAY_POSTGRES_FAILOVER_SLOT=true", "OUTBOXRELAY_POSTGRES_HEARTBEAT_INTERVAL=200ms")
 	relay.waitLog(`"streaming"`, 30*time.Second)
 	// The standby keeps its copy of the slot once the slot on the primary
-	// has moved past where the standby started; the heartbeats move it.
+	// has moved past where the standby started. The slot's restart_lsn moves
+	// at running-transactions records, which PostgreSQL writes every 15 s;
+	// pg_log_standby_snapshot writes one now.
 	start := time.Now()
 	waitFor(t, 60*time.Second, "the failover slot to be synchronized to the standby", func() bool {
+		e.exec("SELECT pg_log_standby_snapshot()")
 		var synced bool
 		standby.QueryRow(t.Context(), "SELECT synced AND NOT temporary FROM pg_replication_slots WHERE slot_name = 'outboxrelay'").Scan(&synced)
 		return synced
 	})
 	t.Logf("slot synchronized to the standby %s after the relay started", time.Since(start).Round(time.Millisecond))
+	if st, code, out := e.statusJSON(); code != 0 || st.Failover == nil || !*st.Failover || st.Synced == nil || *st.Synced {
+		t.Fatalf("status on the primary: exit %d, want failover true and synced false:\n%s", code, out)
+	}
 	w := startWriter(t, primaryURL)
 	time.Sleep(2 * time.Second)
 
@@ -200,6 +206,9 @@ func TestFailoverSlotFollowsPromotion(t *testing.T) {
 	recs := c.waitIDs(want, 60*time.Second)
 	recs = c.waitIDs(onNewPrimary, 30*time.Second)
 	relay.stop()
+	if st, code, out := e.statusJSON(); code != 0 || st.Failover == nil || !*st.Failover || st.Synced == nil || !*st.Synced {
+		t.Fatalf("status on the new primary: exit %d, want failover and synced true:\n%s", code, out)
+	}
 	if len(acked) < 100 {
 		t.Fatalf("only %d rows acknowledged before the kill; the test did not exercise a stream", len(acked))
 	}
