@@ -1,7 +1,7 @@
 GO ?= go
 FUZZTIME ?= 10s
 
-.PHONY: tidy-check build test test-short torture bench demo fuzz audit clean
+.PHONY: tidy-check build test test-matrix test-short torture bench demo fuzz audit clean
 
 build:
 	$(GO) build -o bin/outboxrelay ./cmd/outboxrelay
@@ -15,6 +15,29 @@ test: tidy-check
 	$(GO) vet ./...
 	$(GO) test -count=1 -timeout 15m -p 2 $$($(GO) list ./... | grep -v -e '/integration$$' -e '/sinks/rabbitmq$$')
 	$(GO) test -count=1 -timeout 20m -p 1 $(SERIAL_PKGS)
+	$(MAKE) --no-print-directory test-matrix
+
+# The core end-to-end suite on every supported PostgreSQL version, one
+# version at a time (OUTBOXRELAY_PG_VERSION; .ci/run caches the binaries):
+# committed-only delivery with a savepoint rolled back in a spilled
+# transaction, kill -9, heartbeats, status and metrics, dead letters. A
+# version whose binaries are missing fails under CI=true. Each name must run
+# and pass: a renamed test cannot drop out of the matrix unnoticed.
+PG_MATRIX ?= 14 15 16 17 18
+MATRIX_TESTS := TestOnlyCommittedRowsArrive TestKillNineRepeatedly TestIdleSlotDoesNotPinWAL \
+	TestStatusMissingSlot TestMetricsDuringRun TestPoisonMessageDeadLettered
+test-matrix:
+	@set -e; run="^($$(echo $(MATRIX_TESTS) | tr ' ' '|'))$$"; \
+	for v in $(PG_MATRIX); do \
+		echo "matrix: PostgreSQL $$v"; \
+		out=$$(OUTBOXRELAY_PG_VERSION=$$v $(GO) test -count=1 -timeout 10m -v -run "$$run" ./integration 2>&1) && rc=0 || rc=$$?; \
+		printf '%s\n' "$$out" | grep -E '^(--- |ok|FAIL|PostgreSQL [0-9]+ from|skipping)' || true; \
+		if [ $$rc -ne 0 ]; then printf '%s\n' "$$out" | tail -n 80; exit $$rc; fi; \
+		if printf '%s\n' "$$out" | grep -q '^skipping the end-to-end tests'; then continue; fi; \
+		for name in $(MATRIX_TESTS); do \
+			printf '%s\n' "$$out" | grep -q "^--- PASS: $$name " || { echo "matrix: $$name did not pass on PostgreSQL $$v"; exit 1; }; \
+		done; \
+	done
 
 # The nemesis tests (integration/nemesis_test.go) inject faults for
 # DURATION against each broker; make test runs them for 35s each.

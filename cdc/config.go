@@ -41,6 +41,10 @@ type Config struct {
 	// AcceptConfigChange lets Setup take over a slot that was consumed with
 	// another publication or other tables (run --accept-config-change).
 	AcceptConfigChange bool
+	// FailoverSlot makes Setup create the slot as a failover slot
+	// (PostgreSQL 17+), which follows a failover to a standby that
+	// synchronizes slots.
+	FailoverSlot bool
 	// Log receives what Setup changes. Optional.
 	Log *zap.Logger
 	// ApplicationName is shown in pg_stat_replication.

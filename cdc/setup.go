@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -25,7 +26,11 @@ func Setup(ctx context.Context, conn *pgx.Conn, cfg Config, requiredColumns []st
 	if walLevel != "logical" {
 		return &SetupError{Msg: fmt.Sprintf("wal_level is %s; set wal_level=logical and restart PostgreSQL", walLevel)}
 	}
-	if v := conn.PgConn().ParameterStatus("server_version_num"); v != "" && v < "140000" && len(v) == 6 {
+	version, err := ServerVersion(ctx, conn)
+	if err != nil {
+		return err
+	}
+	if version < 140000 {
 		return &SetupError{Msg: fmt.Sprintf("PostgreSQL %s is too old; outboxrelay needs PostgreSQL 14 or later", conn.PgConn().ParameterStatus("server_version"))}
 	}
 
@@ -109,7 +114,32 @@ func Setup(ctx context.Context, conn *pgx.Conn, cfg Config, requiredColumns []st
 	for _, c := range changed {
 		cfg.logger().Warn(c)
 	}
-	return EnsureSlot(ctx, conn, cfg.Slot)
+	if err := refuseMissingSlot(ctx, conn, cfg.Slot); err != nil {
+		return err
+	}
+	return EnsureSlot(ctx, conn, cfg.Slot, cfg.FailoverSlot)
+}
+
+// refuseMissingSlot fails when the slot does not exist although the relay
+// has confirmed positions of it here: after a failover to a standby the slot
+// did not follow (PostgreSQL 14-16, or a slot created without failover), and
+// a fresh slot would start at the new primary's current position, skipping
+// every row committed since the last confirmation.
+func refuseMissingSlot(ctx context.Context, conn *pgx.Conn, slot string) error {
+	var recorded *string
+	err := conn.QueryRow(ctx, `SELECT c.confirmed_lsn::text FROM outboxrelay.checkpoint c
+		WHERE c.slot = $1 AND c.confirmed_lsn IS NOT NULL
+		AND NOT EXISTS (SELECT 1 FROM pg_replication_slots s WHERE s.slot_name = c.slot)`, slot).Scan(&recorded)
+	if errors.Is(err, pgx.ErrNoRows) || (err == nil && recorded == nil) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("read checkpoint of slot %s: %w", slot, err)
+	}
+	return &SetupError{Msg: fmt.Sprintf(
+		"replication slot %s does not exist on this server, but the relay confirmed it up to %s here: after a failover the slot did not follow (PostgreSQL 14-16, or a slot without postgres.failover_slot), and rows committed since then may never have been relayed; "+
+			"republish them from the outbox table, then run: DELETE FROM outboxrelay.checkpoint WHERE slot = '%s' (the relay then creates a new slot)",
+		slot, *recorded, slot)}
 }
 
 // Mode says who prepares the publication: migrate repairs what it finds,
@@ -218,22 +248,54 @@ func EnsurePublication(ctx context.Context, conn *pgx.Conn, pub string, tables, 
 	return changed, nil
 }
 
+// FailoverVersion is the first PostgreSQL version (server_version_num)
+// whose logical slots can follow a failover to a physical standby.
+const FailoverVersion = 170000
+
 // EnsureSlot creates the logical replication slot (pgoutput) if it is missing
 // and checks an existing one. From its creation on, every committed outbox
-// row is kept for the relay, even before the relay first runs.
-func EnsureSlot(ctx context.Context, conn *pgx.Conn, slot string) error {
+// row is kept for the relay, even before the relay first runs. With
+// failover, the slot is created as a failover slot, which PostgreSQL 17 and
+// later synchronize to standbys that set sync_replication_slots; on older
+// versions, or when an existing slot was created without failover, it fails
+// with a *SetupError naming the fix.
+func EnsureSlot(ctx context.Context, conn *pgx.Conn, slot string, failover bool) error {
+	version, err := ServerVersion(ctx, conn)
+	if err != nil {
+		return err
+	}
+	if failover && version < FailoverVersion {
+		return &SetupError{Msg: fmt.Sprintf("postgres.failover_slot needs PostgreSQL 17 or later, and this server is PostgreSQL %s; upgrade, or set postgres.failover_slot: false (the slot will then not follow a failover; see the README's Failover section)",
+			conn.PgConn().ParameterStatus("server_version"))}
+	}
 	var plugin, walStatus string
 	var database *string
-	err := conn.QueryRow(ctx, "SELECT coalesce(plugin, ''), coalesce(wal_status, ''), database FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&plugin, &walStatus, &database)
+	var isFailover bool
+	q := "SELECT coalesce(plugin, ''), coalesce(wal_status, ''), database, false FROM pg_replication_slots WHERE slot_name = $1"
+	if version >= FailoverVersion {
+		q = "SELECT coalesce(plugin, ''), coalesce(wal_status, ''), database, failover FROM pg_replication_slots WHERE slot_name = $1"
+	}
+	err = conn.QueryRow(ctx, q, slot).Scan(&plugin, &walStatus, &database, &isFailover)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
-		_, err := conn.Exec(ctx, "SELECT pg_create_logical_replication_slot($1, 'pgoutput')", slot)
+		create := "SELECT pg_create_logical_replication_slot($1, 'pgoutput')"
+		if failover {
+			create = "SELECT pg_create_logical_replication_slot($1, 'pgoutput', failover => true)"
+		}
+		_, err := conn.Exec(ctx, create, slot)
 		if err != nil && !isCode(err, "42710") {
 			return privilegeHint(fmt.Errorf("create replication slot %s: %w", slot, err), "the REPLICATION attribute")
+		}
+		if err != nil {
+			// Another relay created it meanwhile; check what it made.
+			return EnsureSlot(ctx, conn, slot, failover)
 		}
 		return nil
 	case err != nil:
 		return fmt.Errorf("read replication slot %s: %w", slot, err)
+	}
+	if failover && !isFailover {
+		return &SetupError{Msg: fmt.Sprintf("replication slot %s was created without failover; enable it on a replication connection: psql \"dbname=DB replication=database\" -c 'ALTER_REPLICATION_SLOT %s (FAILOVER true)', or set postgres.failover_slot: false", slot, slot)}
 	}
 	if plugin != "pgoutput" {
 		return &SetupError{Msg: fmt.Sprintf("replication slot %s uses plugin %q; drop it or choose another postgres.slot (outboxrelay needs pgoutput)", slot, plugin)}
@@ -249,6 +311,23 @@ func EnsureSlot(ctx context.Context, conn *pgx.Conn, slot string) error {
 		return &SetupError{Msg: fmt.Sprintf("replication slot %s has wal_status=lost: PostgreSQL removed WAL it still needed (max_slot_wal_keep_size); run `outboxrelay recover --config FILE` to re-create it and republish what was missed from the outbox table", slot)}
 	}
 	return nil
+}
+
+// ServerVersion returns the server's server_version_num (170002 for 17.2).
+// Servers before 18 do not report it at connection time, so it is asked.
+func ServerVersion(ctx context.Context, conn *pgx.Conn) (int, error) {
+	if v, err := strconv.Atoi(conn.PgConn().ParameterStatus("server_version_num")); err == nil {
+		return v, nil
+	}
+	var s string
+	if err := conn.QueryRow(ctx, "SHOW server_version_num").Scan(&s); err != nil {
+		return 0, fmt.Errorf("read server_version_num: %w", err)
+	}
+	v, err := strconv.Atoi(s)
+	if err != nil {
+		return 0, fmt.Errorf("server_version_num %q: %w", s, err)
+	}
+	return v, nil
 }
 
 // Privileges names the optional parts of the relay that write to

@@ -495,7 +495,7 @@ func slotStart(ctx context.Context, conn *pgconn.PgConn, slot string) (LSN, erro
 		return 0, fmt.Errorf("read slot %q: %w", slot, err)
 	}
 	if len(res) == 0 || len(res[0].Rows) == 0 {
-		return 0, &SetupError{Msg: fmt.Sprintf("replication slot %q does not exist; it was dropped while the relay ran: run `outboxrelay recover --config FILE` to re-create it and republish what was missed", slot)}
+		return 0, &SetupError{Msg: fmt.Sprintf("replication slot %q does not exist; it was dropped while the relay ran, or the server is a new primary the slot did not follow: run `outboxrelay recover --config FILE` to re-create it and republish what was missed", slot)}
 	}
 	row := res[0].Rows[0]
 	if ws := string(row[1]); ws == "lost" {

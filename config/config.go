@@ -62,6 +62,9 @@ type Postgres struct {
 	MessagePrefix string `yaml:"message_prefix"`
 	// StatusInterval is how often the confirmed position is sent to PostgreSQL.
 	StatusInterval time.Duration `yaml:"status_interval"`
+	// FailoverSlot creates the slot with failover enabled (PostgreSQL 17+),
+	// so that it follows a failover to a standby with sync_replication_slots.
+	FailoverSlot bool `yaml:"failover_slot"`
 	// HeartbeatInterval is how often the relay writes a heartbeat message so
 	// that an idle outbox does not pin WAL; 0 disables it.
 	HeartbeatInterval time.Duration `yaml:"heartbeat_interval"`
@@ -718,7 +721,7 @@ func splitJoined(err error) []error {
 func (c *Config) CDC() cdc.Config {
 	return cdc.Config{
 		URL: c.Postgres.URL, Slot: c.Postgres.Slot, Publication: c.Postgres.Publication, Tables: c.Postgres.Tables,
-		IgnoreTables:   c.Postgres.IgnoreTables,
+		IgnoreTables: c.Postgres.IgnoreTables, FailoverSlot: c.Postgres.FailoverSlot,
 		StatusInterval: c.Postgres.StatusInterval, DrainTimeout: c.Relay.DrainTimeout,
 	}
 }

@@ -97,6 +97,13 @@ type Status struct {
 	// consumed for would not reach the relay (see cdc.CoverageState).
 	// Not a column of the view.
 	Coverage []string `json:"coverage,omitempty"`
+	// Failover reports whether the slot is a failover slot, which
+	// PostgreSQL 17 and later synchronize to standbys; Synced whether this
+	// server's slot is such a synchronized copy (on a standby, or on a
+	// standby promoted since). Both are nil before PostgreSQL 17 and for a
+	// missing slot. Not columns of the view.
+	Failover *bool `json:"failover,omitempty"`
+	Synced   *bool `json:"synced,omitempty"`
 	// Warnings say why some figures are missing (for example the
 	// outboxrelay schema is not there). Not a column of the view.
 	Warnings []string `json:"warnings,omitempty"`
@@ -131,12 +138,15 @@ func (s Status) MarshalJSON() ([]byte, error) {
 		DeadLetters       int64      `json:"dead_letters"`
 		LastError         string     `json:"last_error,omitempty"`
 		Coverage          []string   `json:"coverage,omitempty"`
+		Failover          *bool      `json:"failover,omitempty"`
+		Synced            *bool      `json:"synced,omitempty"`
 		Warnings          []string   `json:"warnings,omitempty"`
 	}
 	n := nullable{
 		Slot: s.Slot, Exists: s.Exists, ConfirmedFlushLSN: s.ConfirmedFlushLSN, RestartLSN: s.RestartLSN,
 		CurrentWALLSN: s.CurrentWALLSN, LastPublishedLSN: s.LastPublishedLSN, PublishedTotal: s.PublishedTotal,
 		DeadLetters: s.DeadLetters, LastError: s.LastError, Coverage: s.Coverage, Warnings: s.Warnings,
+		Failover: s.Failover, Synced: s.Synced,
 	}
 	if s.Exists {
 		n.Active = &s.Active
@@ -194,7 +204,9 @@ type Querier interface {
 }
 
 // The current position is the replay position on a standby, where
-// pg_current_wal_lsn() fails. The view uses the same expression.
+// pg_current_wal_lsn() fails. The view uses the same expression. The
+// failover and synced columns exist from PostgreSQL 17 on; read through
+// to_jsonb they are NULL before.
 const slotQuery = `
 SELECT w.lsn::text,
        s.slot_name IS NOT NULL,
@@ -206,7 +218,9 @@ SELECT w.lsn::text,
        coalesce(s.database::text, ''),
        current_database()::text,
        to_regclass('outboxrelay.checkpoint') IS NOT NULL,
-       to_regclass('outboxrelay.dead_letters') IS NOT NULL
+       to_regclass('outboxrelay.dead_letters') IS NOT NULL,
+       (to_jsonb(s) ->> 'failover')::bool,
+       (to_jsonb(s) ->> 'synced')::bool
 FROM (SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END AS lsn) w
 LEFT JOIN pg_replication_slots s ON s.slot_name = $1`
 
@@ -234,7 +248,7 @@ func Read(ctx context.Context, q Querier, slot string) (Status, error) {
 		haveCheckpoint, haveDLQ     bool
 	)
 	err := q.QueryRow(ctx, slotQuery, slot).Scan(&current, &s.Exists, &s.Active, &s.WALStatus, &confirmed, &restart,
-		&plugin, &database, &currentDB, &haveCheckpoint, &haveDLQ)
+		&plugin, &database, &currentDB, &haveCheckpoint, &haveDLQ, &s.Failover, &s.Synced)
 	if err != nil {
 		return s, fmt.Errorf("read replication slot %q: %w", slot, err)
 	}

@@ -53,6 +53,12 @@ func WriteText(w io.Writer, s Status, now time.Time) error {
 	row("last_message_id", orDash(s.LastMessageID))
 	row("published_total", strconv.FormatInt(s.PublishedTotal, 10))
 	row("dead_letters", strconv.FormatInt(s.DeadLetters, 10))
+	if s.Failover != nil {
+		row("failover", strconv.FormatBool(*s.Failover))
+	}
+	if s.Synced != nil {
+		row("synced", strconv.FormatBool(*s.Synced))
+	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}

@@ -27,6 +27,7 @@ func cmdMigrate(args []string, stdout io.Writer) error {
 	fs.BoolVar(&o.Partitioned, "partitioned", false, "create the outbox table range-partitioned by created_at, in daily partitions the relay keeps ready and drops past postgres.retention")
 	fs.BoolVar(&o.Debezium, "debezium", false, "also create a Debezium-shaped outbox table (public.outboxevent)")
 	slot := fs.String("slot", "outboxrelay", "replication slot to create, so rows written before the relay first runs are kept; empty to skip")
+	failoverSlot := fs.Bool("failover-slot", false, "create the slot as a failover slot (PostgreSQL 17+), as postgres.failover_slot does")
 	printRoleSQL := fs.Bool("print-role", false, "print the SQL that creates a least-privilege role for the relay, and exit")
 	role := fs.String("role", "outboxrelay", "role name for --print-role")
 	if err := parseFlags(fs, args); err != nil {
@@ -91,7 +92,7 @@ func cmdMigrate(args []string, stdout io.Writer) error {
 	if *slot != "" {
 		// The slot is created outside the migration transaction: PostgreSQL
 		// refuses to create one in a transaction that has written.
-		if err := cdc.EnsureSlot(ctx, conn, *slot); err != nil {
+		if err := cdc.EnsureSlot(ctx, conn, *slot, *failoverSlot); err != nil {
 			return usageErr("migrate: %v", err)
 		}
 		fmt.Fprintf(stdout, "replication slot %s ready: outbox rows are kept for the relay from now on\n", *slot)

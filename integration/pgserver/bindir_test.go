@@ -43,3 +43,39 @@ func TestConfQuoting(t *testing.T) {
 		}
 	}
 }
+
+func TestVersionBinDir(t *testing.T) {
+	root, cache := t.TempDir(), t.TempDir()
+	mk := func(dir string) {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		for _, name := range []string{"initdb", "pg_ctl", "postgres"} {
+			if err := os.WriteFile(filepath.Join(dir, name), nil, 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	mk(filepath.Join(root, "15", "bin"))
+	mk(filepath.Join(cache, "15.18.0-beta.17", "native", "bin"))
+	mk(filepath.Join(cache, "17.9.0-beta.17", "native", "bin"))
+	mk(filepath.Join(cache, "17.10.0-beta.17", "native", "bin"))
+	mk(filepath.Join(cache, "1.0.0", "native", "bin"))
+	if err := os.MkdirAll(filepath.Join(cache, "17.11.0-beta.18", "native"), 0o755); err != nil {
+		t.Fatal(err) // an interrupted unpack: no binaries
+	}
+	for major, want := range map[string]string{
+		"15": filepath.Join(root, "15", "bin"), // the system's first
+		"17": filepath.Join(cache, "17.10.0-beta.17", "native", "bin"),
+	} {
+		if got, err := versionBinDir(root, cache, major); got != want || err != nil {
+			t.Errorf("versionBinDir(%s) = %q, %v; want %q", major, got, err, want)
+		}
+	}
+	if _, err := versionBinDir(root, cache, "16"); !errors.Is(err, ErrVersionMissing) {
+		t.Errorf("versionBinDir(16) err = %v, want ErrVersionMissing", err)
+	}
+	if _, err := versionBinDir(root, cache, "17.1"); err == nil || errors.Is(err, ErrVersionMissing) {
+		t.Errorf("versionBinDir(17.1) err = %v, want a bad-version error", err)
+	}
+}

@@ -35,6 +35,10 @@ const DefaultDatabase = "outbox_test"
 // (initdb, pg_ctl, postgres) can be found.
 var ErrNoBinaries = errors.New("PostgreSQL server binaries not found; install them with: apt-get install postgresql")
 
+// ErrVersionMissing is returned by Start when Options.Version names a
+// major version whose binaries are neither installed nor cached.
+var ErrVersionMissing = errors.New("PostgreSQL version not available")
+
 // How long pg_ctl may take to start or stop the server.
 const pgCtlTimeout = 60 * time.Second
 
@@ -57,6 +61,16 @@ type Options struct {
 	// it holds no cluster yet, reused otherwise, and kept by Stop. By
 	// default the cluster lives in a temporary directory that Stop removes.
 	DataDir string
+
+	// Version, if set, is the major version to run ("14" to "18"): the
+	// system's /usr/lib/postgresql/<major>/bin, else the newest cached npm
+	// package of that major in CacheDir. By default the system's binaries
+	// are used (pg_config, else the newest under /usr/lib/postgresql).
+	Version string
+
+	// CacheDir is where the npm packages are unpacked; DefaultCacheDir by
+	// default.
+	CacheDir string
 }
 
 // Server is a running PostgreSQL cluster started by Start.
@@ -101,13 +115,22 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 			return nil, fmt.Errorf("HBA line %q: must be a single line", l)
 		}
 	}
-	binDir, err := findBinDir(ctx)
+	if opts.CacheDir == "" {
+		opts.CacheDir = DefaultCacheDir()
+	}
+	binDir, err := findBinDir(ctx, opts.Version, opts.CacheDir)
 	if err != nil {
 		return nil, err
 	}
 	u, err := currentOSUser()
 	if err != nil {
 		return nil, err
+	}
+	if u != nil {
+		probe := &Server{osUser: u, logf: func(string, ...any) {}}
+		if err := probe.ensureSearchable(filepath.Join(binDir, "postgres")); err != nil {
+			return nil, fmt.Errorf("PostgreSQL binaries in %s: %w", binDir, err)
+		}
 	}
 
 	workDir, err := os.MkdirTemp("", "pgserver-")
