@@ -12,12 +12,27 @@ import (
 	"go.uber.org/zap"
 )
 
-// Setup checks that PostgreSQL can feed the relay and creates what is
-// missing: the publication (inserts only, limited to the outbox tables) and
-// the logical replication slot. It is idempotent and safe to run from
-// several relays at once. Problems an operator must fix come back as
-// *SetupError with one sentence naming the fix.
+// Setup is [Prepare] followed by [EnsureSlot]: it checks that PostgreSQL
+// can feed the relay and creates what is missing, the publication and the
+// logical replication slot. It is idempotent and safe to run from several
+// relays at once.
 func Setup(ctx context.Context, conn *pgx.Conn, cfg Config, requiredColumns []string) error {
+	if err := Prepare(ctx, conn, cfg, requiredColumns); err != nil {
+		return err
+	}
+	_, err := EnsureSlot(ctx, conn, cfg.Slot, "postgres.slot")
+	return err
+}
+
+// Prepare checks that PostgreSQL can feed the relay (wal_level, version,
+// the REPLICATION attribute, the outbox tables and their columns, the
+// outboxrelay schema, how the slot was consumed before) and creates or
+// repairs the publication (inserts only, limited to the outbox tables). It
+// creates no replication slot: a slot nobody reads keeps WAL until the disk
+// fills, so the relay creates it with [EnsureSlot] only once everything else
+// it needs has been checked. Problems an operator must fix come back as
+// *SetupError with one sentence naming the fix.
+func Prepare(ctx context.Context, conn *pgx.Conn, cfg Config, requiredColumns []string) error {
 	var walLevel string
 	if err := conn.QueryRow(ctx, "SHOW wal_level").Scan(&walLevel); err != nil {
 		return fmt.Errorf("read wal_level: %w", err)
@@ -109,7 +124,7 @@ func Setup(ctx context.Context, conn *pgx.Conn, cfg Config, requiredColumns []st
 	for _, c := range changed {
 		cfg.logger().Warn(c)
 	}
-	return EnsureSlot(ctx, conn, cfg.Slot)
+	return nil
 }
 
 // Mode says who prepares the publication: migrate repairs what it finds,
@@ -219,36 +234,41 @@ func EnsurePublication(ctx context.Context, conn *pgx.Conn, pub string, tables, 
 }
 
 // EnsureSlot creates the logical replication slot (pgoutput) if it is missing
-// and checks an existing one. From its creation on, every committed outbox
-// row is kept for the relay, even before the relay first runs.
-func EnsureSlot(ctx context.Context, conn *pgx.Conn, slot string) error {
+// and checks an existing one; created reports whether this call created it.
+// From its creation on, every committed outbox row is kept for the relay,
+// even before the relay first runs. setting names where the slot's name
+// came from (postgres.slot, --slot), for the hints in errors.
+func EnsureSlot(ctx context.Context, conn *pgx.Conn, slot, setting string) (created bool, err error) {
 	var plugin, walStatus string
 	var database *string
-	err := conn.QueryRow(ctx, "SELECT coalesce(plugin, ''), coalesce(wal_status, ''), database FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&plugin, &walStatus, &database)
+	err = conn.QueryRow(ctx, "SELECT coalesce(plugin, ''), coalesce(wal_status, ''), database FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&plugin, &walStatus, &database)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		_, err := conn.Exec(ctx, "SELECT pg_create_logical_replication_slot($1, 'pgoutput')", slot)
-		if err != nil && !isCode(err, "42710") {
-			return privilegeHint(fmt.Errorf("create replication slot %s: %w", slot, err), "the REPLICATION attribute")
+		if isCode(err, "42710") { // another relay won the race
+			return false, nil
 		}
-		return nil
+		if err != nil {
+			return false, privilegeHint(fmt.Errorf("create replication slot %s: %w", slot, err), "the REPLICATION attribute")
+		}
+		return true, nil
 	case err != nil:
-		return fmt.Errorf("read replication slot %s: %w", slot, err)
+		return false, fmt.Errorf("read replication slot %s: %w", slot, err)
 	}
 	if plugin != "pgoutput" {
-		return &SetupError{Msg: fmt.Sprintf("replication slot %s uses plugin %q; drop it or choose another postgres.slot (outboxrelay needs pgoutput)", slot, plugin)}
+		return false, &SetupError{Msg: fmt.Sprintf("replication slot %s uses plugin %q; drop it or choose another %s (outboxrelay needs pgoutput)", slot, plugin, setting)}
 	}
 	var current string
 	if err := conn.QueryRow(ctx, "SELECT current_database()").Scan(&current); err != nil {
-		return fmt.Errorf("read current database: %w", err)
+		return false, fmt.Errorf("read current database: %w", err)
 	}
 	if database == nil || *database != current {
-		return &SetupError{Msg: fmt.Sprintf("replication slot %s belongs to another database; choose another postgres.slot", slot)}
+		return false, &SetupError{Msg: fmt.Sprintf("replication slot %s belongs to another database; choose another %s", slot, setting)}
 	}
 	if walStatus == "lost" {
-		return &SetupError{Msg: fmt.Sprintf("replication slot %s has wal_status=lost: PostgreSQL removed WAL it still needed (max_slot_wal_keep_size); drop and re-create the slot, republish what was missed from the outbox table, then delete its row in outboxrelay.checkpoint", slot)}
+		return false, &SetupError{Msg: fmt.Sprintf("replication slot %s has wal_status=lost: PostgreSQL removed WAL it still needed (max_slot_wal_keep_size); drop and re-create the slot, republish what was missed from the outbox table, then delete its row in outboxrelay.checkpoint", slot)}
 	}
-	return nil
+	return false, nil
 }
 
 // Privileges names the optional parts of the relay that write to

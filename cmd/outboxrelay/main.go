@@ -78,6 +78,9 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 	case "version", "--version", "-v":
 		fmt.Fprintln(stdout, "outboxrelay", version)
 	case "help", "-h", "--help":
+		if len(args) > 1 && args[1] != "help" && !strings.HasPrefix(args[1], "-") {
+			return runMain(append(args[1:], "--help"), stdout, stderr)
+		}
 		fmt.Fprint(stdout, usage)
 	default:
 		fmt.Fprintf(stderr, "outboxrelay: unknown command %q\n\n%s", args[0], usage)
@@ -102,22 +105,50 @@ func oneLine(s string) string {
 	return strings.Join(strings.Fields(s), " ")
 }
 
-func newFlags(name string) *flag.FlagSet {
+// newFlags returns the flag set of one command. synopsis is its usage line
+// without the program name, about what it does; `--help` prints both with
+// every flag, its default and the environment the command reads.
+func newFlags(name, synopsis, about string) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
+	fs.SetOutput(io.Discard) // parse errors are one line, printed by runMain
+	fs.Usage = func() {
+		w := fs.Output()
+		fmt.Fprintf(w, "Usage:\n  outboxrelay %s\n\n%s\n\nFlags:\n", synopsis, about)
+		fs.VisitAll(func(f *flag.Flag) {
+			name, text := flag.UnquoteUsage(f)
+			fmt.Fprintf(w, "  --%s\n      %s", strings.TrimSpace(f.Name+" "+name), text)
+			if f.DefValue != "" && f.DefValue != "false" && f.DefValue != "0" {
+				fmt.Fprintf(w, " (default %q)", f.DefValue)
+			}
+			fmt.Fprintln(w)
+		})
+		fmt.Fprint(w, helpFooter)
+	}
 	return fs
 }
+
+const helpFooter = `
+Environment:
+  Every configuration key is also OUTBOXRELAY_<SECTION>_<KEY> (OUTBOXRELAY_POSTGRES_URL,
+  OUTBOXRELAY_SINK_KAFKA_BROKERS, ...) and wins over the file; a key ending in _FILE reads
+  the value from that file. Without --database-url or --config, the PostgreSQL URL comes
+  from OUTBOXRELAY_POSTGRES_URL, OUTBOXRELAY_POSTGRES_URL_FILE, then DATABASE_URL.
+
+Exit codes: 0 ok; 1 unhealthy; 2 bad usage, bad configuration, cannot connect, or
+could not finish (one line on stderr).
+`
 
 func parseFlags(fs *flag.FlagSet, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			fmt.Fprint(os.Stdout, usage)
+			fs.SetOutput(os.Stdout)
+			fs.Usage()
 			return &exitError{code: exitOK, err: err}
 		}
-		return usageErr("%s: %v", fs.Name(), err)
+		return usageErr("%s: %v; see outboxrelay %s --help", fs.Name(), err, fs.Name())
 	}
 	if fs.NArg() > 0 {
-		return usageErr("%s: unexpected argument %q", fs.Name(), fs.Arg(0))
+		return usageErr("%s: unexpected argument %q; see outboxrelay %s --help", fs.Name(), fs.Arg(0), fs.Name())
 	}
 	return nil
 }

@@ -19,7 +19,8 @@ import (
 // slot is missing, has lost (or is about to lose) WAL, or lags more than
 // --max-lag-bytes. The status is printed in every case.
 func cmdStatus(args []string, stdout io.Writer) error {
-	fs := newFlags("status")
+	fs := newFlags("status", "status --database-url URL [--slot NAME] [--json] [--max-lag-bytes N]",
+		"Print the checkpoint status of a replication slot. Exits 1 when the slot is missing, lost or over --max-lag-bytes.")
 	url := fs.String("database-url", "", "PostgreSQL URL")
 	slot := fs.String("slot", envOr("OUTBOXRELAY_POSTGRES_SLOT", "outboxrelay"), "replication slot (or OUTBOXRELAY_POSTGRES_SLOT)")
 	asJSON := fs.Bool("json", false, "print one JSON object")
