@@ -94,7 +94,11 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 	if errors.As(err, &ee) {
 		code = ee.code
 	}
-	if !errors.Is(err, flag.ErrHelp) {
+	var help *helpRequest
+	if errors.As(err, &help) {
+		help.fs.SetOutput(stdout)
+		help.fs.Usage()
+	} else if !errors.Is(err, flag.ErrHelp) {
 		fmt.Fprintln(stderr, "outboxrelay:", oneLine(cdc.RedactURL(err.Error())))
 	}
 	return code
@@ -138,12 +142,16 @@ Exit codes: 0 ok; 1 unhealthy; 2 bad usage, bad configuration, cannot connect, o
 could not finish (one line on stderr).
 `
 
+// helpRequest is --help for the command of fs: runMain prints its usage.
+type helpRequest struct{ fs *flag.FlagSet }
+
+func (h *helpRequest) Error() string { return flag.ErrHelp.Error() }
+func (h *helpRequest) Unwrap() error { return flag.ErrHelp }
+
 func parseFlags(fs *flag.FlagSet, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			fs.SetOutput(os.Stdout)
-			fs.Usage()
-			return &exitError{code: exitOK, err: err}
+			return &exitError{code: exitOK, err: &helpRequest{fs}}
 		}
 		return usageErr("%s: %v; see outboxrelay %s --help", fs.Name(), err, fs.Name())
 	}

@@ -71,7 +71,11 @@ func cmdMigrate(args []string, stdout io.Writer) error {
 		return usageErr("migrate: %v", err)
 	}
 	if *print {
-		fmt.Fprint(stdout, sql)
+		concurrent, err := migrations.ConcurrentSQL(o)
+		if err != nil {
+			return usageErr("migrate: %v", err)
+		}
+		fmt.Fprint(stdout, sql, "\n", concurrent)
 		return nil
 	}
 	dbURL, err := databaseURL(*url)
