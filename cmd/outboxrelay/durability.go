@@ -65,7 +65,14 @@ func (d *durability) consumer(ctx context.Context) (*cdc.Guard, error) {
 	}
 	for _, t := range tables {
 		schema, name, _ := cdc.SplitTable(t)
-		_, err := d.pool.Exec(ctx, `INSERT INTO outboxrelay.coverage (publication, schema_name, table_name) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING`, pg.Publication, schema, name)
+		// migrate registers its tables; looking first (coverage is readable
+		// by PUBLIC) spares the --print-role role an INSERT privilege.
+		var registered bool
+		err := d.pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM outboxrelay.coverage WHERE publication = $1 AND schema_name = $2 AND table_name = $3)`,
+			pg.Publication, schema, name).Scan(&registered)
+		if err == nil && !registered {
+			_, err = d.pool.Exec(ctx, `INSERT INTO outboxrelay.coverage (publication, schema_name, table_name) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING`, pg.Publication, schema, name)
+		}
 		if err != nil {
 			d.log.Warn("cannot register the table with the coverage trigger; run `outboxrelay migrate` for it as the schema owner", zap.String("table", t), zap.Error(err))
 		}
