@@ -99,6 +99,9 @@ func Prepare(ctx context.Context, conn *pgx.Conn, cfg Config, requiredColumns []
 	if err != nil {
 		return err
 	}
+	if _, err := CheckSlot(ctx, conn, cfg.Slot, "postgres.slot"); err != nil {
+		return err
+	}
 	var recorded []string
 	if ok {
 		// Before anything changes: a relay with another configuration (a
@@ -234,41 +237,52 @@ func EnsurePublication(ctx context.Context, conn *pgx.Conn, pub string, tables, 
 }
 
 // EnsureSlot creates the logical replication slot (pgoutput) if it is missing
-// and checks an existing one; created reports whether this call created it.
-// From its creation on, every committed outbox row is kept for the relay,
-// even before the relay first runs. setting names where the slot's name
-// came from (postgres.slot, --slot), for the hints in errors.
+// and checks an existing one (see [CheckSlot]); created reports whether this
+// call created it. From its creation on, every committed outbox row is kept
+// for the relay, even before the relay first runs. setting names where the
+// slot's name came from (postgres.slot, --slot), for the hints in errors.
 func EnsureSlot(ctx context.Context, conn *pgx.Conn, slot, setting string) (created bool, err error) {
+	exists, err := CheckSlot(ctx, conn, slot, setting)
+	if err != nil || exists {
+		return false, err
+	}
+	_, err = conn.Exec(ctx, "SELECT pg_create_logical_replication_slot($1, 'pgoutput')", slot)
+	if isCode(err, "42710") { // another relay won the race
+		return false, nil
+	}
+	if err != nil {
+		return false, privilegeHint(fmt.Errorf("create replication slot %s: %w", slot, err), "the REPLICATION attribute")
+	}
+	return true, nil
+}
+
+// CheckSlot reports whether the replication slot exists and, when it does,
+// that the relay can stream from it: plugin pgoutput, this database, WAL
+// not lost. It changes nothing.
+func CheckSlot(ctx context.Context, conn *pgx.Conn, slot, setting string) (exists bool, err error) {
 	var plugin, walStatus string
 	var database *string
 	err = conn.QueryRow(ctx, "SELECT coalesce(plugin, ''), coalesce(wal_status, ''), database FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&plugin, &walStatus, &database)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
-		_, err := conn.Exec(ctx, "SELECT pg_create_logical_replication_slot($1, 'pgoutput')", slot)
-		if isCode(err, "42710") { // another relay won the race
-			return false, nil
-		}
-		if err != nil {
-			return false, privilegeHint(fmt.Errorf("create replication slot %s: %w", slot, err), "the REPLICATION attribute")
-		}
-		return true, nil
+		return false, nil
 	case err != nil:
 		return false, fmt.Errorf("read replication slot %s: %w", slot, err)
 	}
 	if plugin != "pgoutput" {
-		return false, &SetupError{Msg: fmt.Sprintf("replication slot %s uses plugin %q; drop it or choose another %s (outboxrelay needs pgoutput)", slot, plugin, setting)}
+		return true, &SetupError{Msg: fmt.Sprintf("replication slot %s uses plugin %q; drop it or choose another %s (outboxrelay needs pgoutput)", slot, plugin, setting)}
 	}
 	var current string
 	if err := conn.QueryRow(ctx, "SELECT current_database()").Scan(&current); err != nil {
-		return false, fmt.Errorf("read current database: %w", err)
+		return true, fmt.Errorf("read current database: %w", err)
 	}
 	if database == nil || *database != current {
-		return false, &SetupError{Msg: fmt.Sprintf("replication slot %s belongs to another database; choose another %s", slot, setting)}
+		return true, &SetupError{Msg: fmt.Sprintf("replication slot %s belongs to another database; choose another %s", slot, setting)}
 	}
 	if walStatus == "lost" {
-		return false, &SetupError{Msg: fmt.Sprintf("replication slot %s has wal_status=lost: PostgreSQL removed WAL it still needed (max_slot_wal_keep_size); drop and re-create the slot, republish what was missed from the outbox table, then delete its row in outboxrelay.checkpoint", slot)}
+		return true, &SetupError{Msg: fmt.Sprintf("replication slot %s has wal_status=lost: PostgreSQL removed WAL it still needed (max_slot_wal_keep_size); drop and re-create the slot, republish what was missed from the outbox table, then delete its row in outboxrelay.checkpoint", slot)}
 	}
-	return false, nil
+	return true, nil
 }
 
 // Privileges names the optional parts of the relay that write to
