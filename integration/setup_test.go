@@ -2,8 +2,10 @@ package integration
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -418,5 +420,78 @@ func TestInitSQLMatchesPrintRole(t *testing.T) {
 	got, want := read("outboxrelay"), read(ref)
 	if !slices.Equal(got, want) {
 		t.Fatalf("init.sql + migrate --grant gives outboxrelay\n  %s\n--print-role gives\n  %s", strings.Join(got, "\n  "), strings.Join(want, "\n  "))
+	}
+}
+
+// TestStatusAll: status --all lists every logical slot with whether it is
+// active, the WAL it retains, wal_status and whether a relay checkpoint
+// exists, and flags (exit 1) an inactive slot that retains WAL; --watch
+// prints one line per interval when its output is not a terminal.
+func TestStatusAll(t *testing.T) {
+	e := newEnv(t)
+	e.exec("SELECT pg_create_logical_replication_slot('orphan', 'pgoutput')")
+	e.insert("outbox", "order", "1", 3) // WAL after both slots' restart_lsn
+	p := e.start()
+	p.waitLog(`"streaming"`, 30*time.Second)
+	defer p.stop()
+	e.exec("SELECT pg_switch_wal()") // WAL for the orphan to retain
+	e.insert("outbox", "order", "1", 3)
+	time.Sleep(500 * time.Millisecond) // a checkpoint record
+
+	out, code := e.cli("status", "--all", "--database-url", e.dbURL, "-o", "json")
+	if code != 1 {
+		t.Fatalf("exit %d, want 1 for the orphan; output:\n%s", code, out)
+	}
+	var slots []struct {
+		Slot       string `json:"slot"`
+		Database   string `json:"database"`
+		Active     bool   `json:"active"`
+		Retained   int64  `json:"retained_wal_bytes"`
+		WALStatus  string `json:"wal_status"`
+		Checkpoint *bool  `json:"relay_checkpoint"`
+		Flag       string `json:"flag"`
+	}
+	jsonPart := out[:strings.LastIndex(out, "]")+1]
+	if err := json.Unmarshal([]byte(jsonPart), &slots); err != nil {
+		t.Fatalf("%v:\n%s", err, out)
+	}
+	got := map[string]int{}
+	for i, s := range slots {
+		got[s.Slot] = i
+	}
+	relaySlot, ok1 := got["outboxrelay"]
+	orphan, ok2 := got["orphan"]
+	if !ok1 || !ok2 {
+		t.Fatalf("want slots outboxrelay and orphan:\n%s", out)
+	}
+	r, o := slots[relaySlot], slots[orphan]
+	if !r.Active || r.Checkpoint == nil || !*r.Checkpoint || r.Flag != "" || r.WALStatus == "" {
+		t.Errorf("relay's slot: %+v", r)
+	}
+	if o.Active || o.Checkpoint == nil || *o.Checkpoint || o.Retained <= 0 || !strings.Contains(o.Flag, "inactive and retains") || !strings.Contains(o.Flag, "pg_drop_replication_slot('orphan')") {
+		t.Errorf("orphan slot: %+v", o)
+	}
+	if !strings.Contains(out, "outboxrelay: unhealthy: orphan: inactive") {
+		t.Errorf("no unhealthy line naming the orphan:\n%s", out)
+	}
+
+	out, code = e.cli("status", "--all", "--database-url", e.dbURL, "-o", "wide")
+	if code != 1 || !strings.Contains(out, "RETAINED WAL") || !strings.Contains(out, "CONFIRMED LSN") || !strings.Contains(out, "orphan") {
+		t.Errorf("-o wide: exit %d:\n%s", code, out)
+	}
+
+	// --watch, not on a terminal: one line per interval until interrupted.
+	ctx, cancel := context.WithTimeout(t.Context(), 1500*time.Millisecond)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, relayBin, "status", "--all", "--watch", "--interval", "200ms", "--database-url", e.dbURL)
+	cmd.Env = cleanEnv()
+	cmd.Cancel = func() error { return cmd.Process.Signal(os.Interrupt) }
+	watched, err := cmd.Output()
+	if cmd.ProcessState == nil || cmd.ProcessState.ExitCode() != 0 {
+		t.Fatalf("--watch: %v, want exit 0 on SIGINT:\n%s", err, watched)
+	}
+	lines := strings.Split(strings.TrimSpace(string(watched)), "\n")
+	if len(lines) < 3 || !strings.Contains(lines[0], "slots=") || !strings.Contains(lines[0], "flagged=1") {
+		t.Fatalf("--watch printed:\n%s", watched)
 	}
 }
