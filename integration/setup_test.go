@@ -495,3 +495,53 @@ func TestStatusAll(t *testing.T) {
 		t.Fatalf("--watch printed:\n%s", watched)
 	}
 }
+
+// TestCompletionBash: the bash completion script completes commands, dlq
+// subcommands and each command's own flags, as the binary lists them.
+func TestCompletionBash(t *testing.T) {
+	if _, err := exec.LookPath("bash"); err != nil {
+		t.Skip("bash is not installed")
+	}
+	e := &env{t: t}
+	script, code := e.cli("completion", "bash")
+	if code != 0 {
+		t.Fatalf("completion bash: exit %d:\n%s", code, script)
+	}
+	complete := func(words ...string) string {
+		t.Helper()
+		quoted := make([]string, len(words))
+		for i, w := range words {
+			quoted[i] = "'" + w + "'"
+		}
+		prog := fmt.Sprintf("%s\nCOMP_WORDS=('%s' %s); COMP_CWORD=%d; _outboxrelay; echo \"${COMPREPLY[*]}\"", script, relayBin, strings.Join(quoted, " "), len(words))
+		out, err := exec.Command("bash", "-c", prog).CombinedOutput()
+		if err != nil {
+			t.Fatalf("bash: %v:\n%s", err, out)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	for _, tc := range []struct {
+		words []string
+		want  string
+	}{
+		{[]string{"mi"}, "migrate"},
+		{[]string{"migrate", "--sl"}, "--slot"},
+		{[]string{"migrate", "--gr"}, "--grant"},
+		{[]string{"status", "--al"}, "--all"},
+		{[]string{"dlq", "re"}, "replay"},
+		{[]string{"dlq", "purge", "--be"}, "--before"},
+		{[]string{"completion", "fi"}, "fish"},
+	} {
+		if got := complete(tc.words...); got != tc.want {
+			t.Errorf("complete %v = %q, want %q", tc.words, got, tc.want)
+		}
+	}
+	for _, shell := range []string{"zsh", "fish"} {
+		if out, code := e.cli("completion", shell); code != 0 || !strings.Contains(out, "outboxrelay") {
+			t.Errorf("completion %s: exit %d:\n%s", shell, code, out)
+		}
+	}
+	if out, code := e.cli("completion", "tcsh"); code != 2 || !strings.Contains(out, "bash, zsh or fish") {
+		t.Errorf("completion tcsh: exit %d:\n%s", code, out)
+	}
+}

@@ -29,14 +29,17 @@ const (
 const usage = `outboxrelay relays committed PostgreSQL outbox rows to Kafka, RabbitMQ, NATS JetStream or Redis Streams.
 
 Usage:
-  outboxrelay migrate --database-url URL [--print] [--table T] [--publication P] [--slot S] [--debezium] [--partitioned]
+  outboxrelay migrate (--database-url URL | --config FILE) [--print] [--grant ROLE] [--table T] [--publication P] [--slot S] [--debezium] [--partitioned]
   outboxrelay migrate --print-role [--role NAME] [--table T] [--publication P] [--debezium]
   outboxrelay run     --config FILE [--check-config] [--accept-config-change]
   outboxrelay maintain --config FILE                 create daily partitions ahead, drop those past postgres.retention
-  outboxrelay status  --database-url URL [--slot NAME] [--json] [--max-lag-bytes N]
+  outboxrelay status  --database-url URL [--slot NAME | --all] [--json | -o json|wide] [--max-lag-bytes N] [--watch]
   outboxrelay dlq     list|replay|purge ...
   outboxrelay healthcheck [--url URL]               exit 0 when the relay's /healthz answers 200
+  outboxrelay completion bash|zsh|fish               print the shell completion script
   outboxrelay version
+
+outboxrelay COMMAND --help prints the command's flags, their defaults and the environment it reads.
 `
 
 // exitError carries an exit code and one user-facing line.
@@ -75,6 +78,8 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 		err = cmdMaintain(args[1:], stdout)
 	case "healthcheck":
 		err = cmdHealthcheck(args[1:], stdout)
+	case "completion":
+		err = cmdCompletion(args[1:], stdout)
 	case "version", "--version", "-v":
 		fmt.Fprintln(stdout, "outboxrelay", version)
 	case "help", "-h", "--help":
@@ -120,7 +125,11 @@ func newFlags(name, synopsis, about string) *flag.FlagSet {
 		fmt.Fprintf(w, "Usage:\n  outboxrelay %s\n\n%s\n\nFlags:\n", synopsis, about)
 		fs.VisitAll(func(f *flag.Flag) {
 			name, text := flag.UnquoteUsage(f)
-			fmt.Fprintf(w, "  --%s\n      %s", strings.TrimSpace(f.Name+" "+name), text)
+			dash := "--"
+			if len(f.Name) == 1 {
+				dash = "-"
+			}
+			fmt.Fprintf(w, "  %s%s\n      %s", dash, strings.TrimSpace(f.Name+" "+name), text)
 			if f.DefValue != "" && f.DefValue != "false" && f.DefValue != "0" {
 				fmt.Fprintf(w, " (default %q)", f.DefValue)
 			}
