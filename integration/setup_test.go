@@ -545,3 +545,34 @@ func TestCompletionBash(t *testing.T) {
 		t.Errorf("completion tcsh: exit %d:\n%s", code, out)
 	}
 }
+
+// TestMigrateWarnsOfAnotherConfiguredSlot: without --config, migrate warns
+// when a configuration in a usual place (./outboxrelay.yaml) names another
+// slot than the one it creates, and otherwise says how to drop the slot.
+func TestMigrateWarnsOfAnotherConfiguredSlot(t *testing.T) {
+	e := newEnvWith(t, pg, "", "--slot", "")
+	dir := t.TempDir()
+	cfg := fmt.Sprintf("postgres:\n  url: %s\n  slot: orders\nsink:\n  type: kafka\n  kafka:\n    brokers: [%s]\n", e.dbURL, e.brokers)
+	if err := writeFile(filepath.Join(dir, "outboxrelay.yaml"), cfg); err != nil {
+		t.Fatal(err)
+	}
+	migrate := func(dir string) string {
+		t.Helper()
+		cmd := exec.CommandContext(t.Context(), relayBin, "migrate", "--database-url", e.dbURL)
+		cmd.Env, cmd.Dir = cleanEnv(), dir
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("migrate: %v:\n%s", err, out)
+		}
+		return string(out)
+	}
+	out := migrate(dir)
+	if !strings.Contains(out, "warning: replication slot outboxrelay is not the slot the relay's configuration names (postgres.slot: orders)") ||
+		!strings.Contains(out, "pg_drop_replication_slot('outboxrelay')") {
+		t.Fatalf("no warning naming both slots:\n%s", out)
+	}
+	e.exec("SELECT pg_drop_replication_slot('outboxrelay')")
+	if out := migrate(t.TempDir()); !strings.Contains(out, "keeps WAL until a relay with postgres.slot: outboxrelay reads it") {
+		t.Fatalf("no note on the WAL the slot keeps:\n%s", out)
+	}
+}

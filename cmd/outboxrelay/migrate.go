@@ -144,6 +144,14 @@ func migrateSlot(ctx context.Context, conn *pgx.Conn, slot, setting string, expl
 	if walLevel != "logical" {
 		return usageErr("migrate: replication slot %s not created: wal_level is %s; set wal_level=logical, restart PostgreSQL and run migrate again", slot, walLevel)
 	}
+	exists, err := cdc.CheckSlot(ctx, conn, slot, setting)
+	if err != nil {
+		return usageErr("migrate: %v", err)
+	}
+	if exists {
+		fmt.Fprintf(stdout, "replication slot %s ready: it already existed\n", slot)
+		return nil
+	}
 	if !canReplicate {
 		msg := fmt.Sprintf("replication slot %s not created: role %s has no REPLICATION attribute; the relay's role (LOGIN REPLICATION, see `outboxrelay migrate --print-role`) creates it when the relay first starts, and outbox rows written before then are not relayed; to keep them from now on, run migrate as a role with REPLICATION",
 			slot, role)
@@ -157,7 +165,7 @@ func migrateSlot(ctx context.Context, conn *pgx.Conn, slot, setting string, expl
 	if err != nil {
 		return usageErr("migrate: %v", err)
 	}
-	if !created {
+	if !created { // another migrate or relay created it meanwhile
 		fmt.Fprintf(stdout, "replication slot %s ready: it already existed\n", slot)
 		return nil
 	}

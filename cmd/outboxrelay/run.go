@@ -234,7 +234,7 @@ func run(ctx context.Context, cfg config.Config, log *zap.Logger, acceptConfigCh
 	}
 	conn.Close(context.WithoutCancel(ctx))
 	if createdSlot {
-		log.Warn("created replication slot: it keeps WAL until a relay reads it; if no relay will, drop it with SELECT pg_drop_replication_slot('"+cfg.Postgres.Slot+"')",
+		log.Info("created replication slot: it keeps WAL until a relay reads it; if no relay will, drop it with SELECT pg_drop_replication_slot('"+cfg.Postgres.Slot+"')",
 			zap.String("slot", cfg.Postgres.Slot))
 	}
 
