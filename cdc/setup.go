@@ -13,12 +13,27 @@ import (
 	"go.uber.org/zap"
 )
 
-// Setup checks that PostgreSQL can feed the relay and creates what is
-// missing: the publication (inserts only, limited to the outbox tables) and
-// the logical replication slot. It is idempotent and safe to run from
-// several relays at once. Problems an operator must fix come back as
-// *SetupError with one sentence naming the fix.
+// Setup is [Prepare] followed by [EnsureSlot]: it checks that PostgreSQL
+// can feed the relay and creates what is missing, the publication and the
+// logical replication slot. It is idempotent and safe to run from several
+// relays at once.
 func Setup(ctx context.Context, conn *pgx.Conn, cfg Config, requiredColumns []string) error {
+	if err := Prepare(ctx, conn, cfg, requiredColumns); err != nil {
+		return err
+	}
+	_, err := EnsureSlot(ctx, conn, cfg.Slot, "postgres.slot", cfg.FailoverSlot)
+	return err
+}
+
+// Prepare checks that PostgreSQL can feed the relay (wal_level, version,
+// the REPLICATION attribute, the outbox tables and their columns, the
+// outboxrelay schema, how the slot was consumed before) and creates or
+// repairs the publication (inserts only, limited to the outbox tables). It
+// creates no replication slot: a slot nobody reads keeps WAL until the disk
+// fills, so the relay creates it with [EnsureSlot] only once everything else
+// it needs has been checked. Problems an operator must fix come back as
+// *SetupError with one sentence naming the fix.
+func Prepare(ctx context.Context, conn *pgx.Conn, cfg Config, requiredColumns []string) error {
 	var walLevel string
 	if err := conn.QueryRow(ctx, "SHOW wal_level").Scan(&walLevel); err != nil {
 		return fmt.Errorf("read wal_level: %w", err)
@@ -89,6 +104,9 @@ func Setup(ctx context.Context, conn *pgx.Conn, cfg Config, requiredColumns []st
 	if err != nil {
 		return err
 	}
+	if _, err := CheckSlot(ctx, conn, cfg.Slot, "postgres.slot", cfg.FailoverSlot); err != nil {
+		return err
+	}
 	var recorded []string
 	if ok {
 		// Before anything changes: a relay with another configuration (a
@@ -114,10 +132,7 @@ func Setup(ctx context.Context, conn *pgx.Conn, cfg Config, requiredColumns []st
 	for _, c := range changed {
 		cfg.logger().Warn(c)
 	}
-	if err := refuseMissingSlot(ctx, conn, cfg.Slot); err != nil {
-		return err
-	}
-	return EnsureSlot(ctx, conn, cfg.Slot, cfg.FailoverSlot)
+	return refuseMissingSlot(ctx, conn, cfg.Slot)
 }
 
 // refuseMissingSlot fails when the slot does not exist although the relay
@@ -253,19 +268,44 @@ func EnsurePublication(ctx context.Context, conn *pgx.Conn, pub string, tables, 
 const FailoverVersion = 170000
 
 // EnsureSlot creates the logical replication slot (pgoutput) if it is missing
-// and checks an existing one. From its creation on, every committed outbox
-// row is kept for the relay, even before the relay first runs. With
-// failover, the slot is created as a failover slot, which PostgreSQL 17 and
-// later synchronize to standbys that set sync_replication_slots; on older
-// versions, or when an existing slot was created without failover, it fails
-// with a *SetupError naming the fix.
-func EnsureSlot(ctx context.Context, conn *pgx.Conn, slot string, failover bool) error {
+// and checks an existing one (see [CheckSlot]); created reports whether this
+// call created it. From its creation on, every committed outbox row is kept
+// for the relay, even before the relay first runs. setting names where the
+// slot's name came from (postgres.slot, --slot), for the hints in errors.
+// With failover, the slot is created as a failover slot, which PostgreSQL 17
+// and later synchronize to standbys that set sync_replication_slots; on
+// older versions, or when an existing slot was created without failover, it
+// fails with a *SetupError naming the fix.
+func EnsureSlot(ctx context.Context, conn *pgx.Conn, slot, setting string, failover bool) (created bool, err error) {
+	exists, err := CheckSlot(ctx, conn, slot, setting, failover)
+	if err != nil || exists {
+		return false, err
+	}
+	create := "SELECT pg_create_logical_replication_slot($1, 'pgoutput')"
+	if failover {
+		create = "SELECT pg_create_logical_replication_slot($1, 'pgoutput', failover => true)"
+	}
+	_, err = conn.Exec(ctx, create, slot)
+	if isCode(err, "42710") { // another relay won the race: check what it made
+		_, err = CheckSlot(ctx, conn, slot, setting, failover)
+		return false, err
+	}
+	if err != nil {
+		return false, privilegeHint(fmt.Errorf("create replication slot %s: %w", slot, err), "the REPLICATION attribute")
+	}
+	return true, nil
+}
+
+// CheckSlot reports whether the replication slot exists and, when it does,
+// that the relay can stream from it: plugin pgoutput, this database, WAL
+// not lost, a failover slot when failover is asked for. It changes nothing.
+func CheckSlot(ctx context.Context, conn *pgx.Conn, slot, setting string, failover bool) (exists bool, err error) {
 	version, err := ServerVersion(ctx, conn)
 	if err != nil {
-		return err
+		return false, err
 	}
 	if failover && version < FailoverVersion {
-		return &SetupError{Msg: fmt.Sprintf("postgres.failover_slot needs PostgreSQL 17 or later, and this server is PostgreSQL %s; upgrade, or set postgres.failover_slot: false (the slot will then not follow a failover; see the README's Failover section)",
+		return false, &SetupError{Msg: fmt.Sprintf("postgres.failover_slot needs PostgreSQL 17 or later, and this server is PostgreSQL %s; upgrade, or set postgres.failover_slot: false (the slot will then not follow a failover; see the README's Failover section)",
 			conn.PgConn().ParameterStatus("server_version"))}
 	}
 	var plugin, walStatus string
@@ -278,39 +318,27 @@ func EnsureSlot(ctx context.Context, conn *pgx.Conn, slot string, failover bool)
 	err = conn.QueryRow(ctx, q, slot).Scan(&plugin, &walStatus, &database, &isFailover)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
-		create := "SELECT pg_create_logical_replication_slot($1, 'pgoutput')"
-		if failover {
-			create = "SELECT pg_create_logical_replication_slot($1, 'pgoutput', failover => true)"
-		}
-		_, err := conn.Exec(ctx, create, slot)
-		if err != nil && !isCode(err, "42710") {
-			return privilegeHint(fmt.Errorf("create replication slot %s: %w", slot, err), "the REPLICATION attribute")
-		}
-		if err != nil {
-			// Another relay created it meanwhile; check what it made.
-			return EnsureSlot(ctx, conn, slot, failover)
-		}
-		return nil
+		return false, nil
 	case err != nil:
-		return fmt.Errorf("read replication slot %s: %w", slot, err)
+		return false, fmt.Errorf("read replication slot %s: %w", slot, err)
 	}
 	if failover && !isFailover {
-		return &SetupError{Msg: fmt.Sprintf("replication slot %s was created without failover; enable it on a replication connection: psql \"dbname=DB replication=database\" -c 'ALTER_REPLICATION_SLOT %s (FAILOVER true)', or set postgres.failover_slot: false", slot, slot)}
+		return true, &SetupError{Msg: fmt.Sprintf("replication slot %s was created without failover; enable it on a replication connection: psql \"dbname=DB replication=database\" -c 'ALTER_REPLICATION_SLOT %s (FAILOVER true)', or set postgres.failover_slot: false", slot, slot)}
 	}
 	if plugin != "pgoutput" {
-		return &SetupError{Msg: fmt.Sprintf("replication slot %s uses plugin %q; drop it or choose another postgres.slot (outboxrelay needs pgoutput)", slot, plugin)}
+		return true, &SetupError{Msg: fmt.Sprintf("replication slot %s uses plugin %q; drop it or choose another %s (outboxrelay needs pgoutput)", slot, plugin, setting)}
 	}
 	var current string
 	if err := conn.QueryRow(ctx, "SELECT current_database()").Scan(&current); err != nil {
-		return fmt.Errorf("read current database: %w", err)
+		return true, fmt.Errorf("read current database: %w", err)
 	}
 	if database == nil || *database != current {
-		return &SetupError{Msg: fmt.Sprintf("replication slot %s belongs to another database; choose another postgres.slot", slot)}
+		return true, &SetupError{Msg: fmt.Sprintf("replication slot %s belongs to another database; choose another %s", slot, setting)}
 	}
 	if walStatus == "lost" {
-		return &SetupError{Msg: fmt.Sprintf("replication slot %s has wal_status=lost: PostgreSQL removed WAL it still needed (max_slot_wal_keep_size); run `outboxrelay recover --config FILE` to re-create it and republish what was missed from the outbox table", slot)}
+		return true, &SetupError{Msg: fmt.Sprintf("replication slot %s has wal_status=lost: PostgreSQL removed WAL it still needed (max_slot_wal_keep_size); run `outboxrelay recover --config FILE` to re-create it and republish what was missed from the outbox table", slot)}
 	}
-	return nil
+	return true, nil
 }
 
 // ServerVersion returns the server's server_version_num (170002 for 17.2).

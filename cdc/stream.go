@@ -87,6 +87,21 @@ func NewStream(cfg Config, log *zap.Logger) (*Stream, error) {
 	return &Stream{cfg: cfg, log: log.Named("cdc"), connCfg: connCfg}, nil
 }
 
+// Ping opens a replication connection and closes it again, so that a role
+// or pg_hba.conf that admits regular connections but not replication ones
+// is found before the relay creates its slot. It does not touch the slot.
+func (s *Stream) Ping(ctx context.Context) error {
+	conn, err := pgconn.ConnectConfig(ctx, s.connCfg)
+	if err != nil {
+		return &SetupError{Msg: fmt.Sprintf("cannot open a replication connection: %v; pg_hba.conf must admit the relay's role to the outbox database (a logical replication connection matches the database's name)", err)}
+	}
+	defer conn.Close(context.WithoutCancel(ctx)) //nolint:errcheck // nothing was sent
+	if _, err := pglogrepl.IdentifySystem(ctx, conn); err != nil {
+		return fmt.Errorf("identify system over the replication connection: %w", err)
+	}
+	return nil
+}
+
 // Streaming reports whether the stream is currently receiving from the slot.
 // Safe for concurrent use.
 func (s *Stream) Streaming() bool { return s.streaming.Load() }

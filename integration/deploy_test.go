@@ -556,7 +556,7 @@ func TestDeployAlertRules(t *testing.T) {
 
 // TestDeployRelayRole runs the relay as the unprivileged role that
 // deploy/postgres/init.sql creates (LOGIN REPLICATION, no superuser), the
-// way the compose file does: migrate as the owner, then relay a row, record
+// way the compose file does: migrate --grant as the owner, then relay a row, record
 // checkpoints and send heartbeats without a privilege error.
 func TestDeployRelayRole(t *testing.T) {
 	ctx := t.Context()
@@ -584,7 +584,7 @@ func TestDeployRelayRole(t *testing.T) {
 		t.Fatalf("unexpected server URL %s", ownerURL)
 	}
 	e := &env{t: t, dbURL: relayURL, db: owner}
-	if out, code := e.cli("migrate", "--database-url", ownerURL); code != 0 {
+	if out, code := e.cli("migrate", "--database-url", ownerURL, "--grant", "outboxrelay"); code != 0 {
 		t.Fatalf("migrate exited %d: %s", code, out)
 	}
 	t.Cleanup(func() {

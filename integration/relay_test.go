@@ -328,8 +328,9 @@ func TestWalLevelNotLogical(t *testing.T) {
 		t.Fatal(err)
 	}
 	e := &env{t: t, dbURL: srv.URL("outbox_test"), brokers: "127.0.0.1:1"}
+	// migrate creates the tables, then fails on the slot (TestMigrateWalLevelReplica).
 	out, code := e.cli("migrate", "--database-url", e.dbURL)
-	if code != 0 {
+	if code != 2 {
 		t.Fatalf("migrate: %d %s", code, out)
 	}
 	out, code = e.cli("run", "--config", e.config())

@@ -113,6 +113,7 @@ func Render(o Options) (string, error) {
 		"Partitioned":        o.Partitioned,
 		"DefaultPartition":   pgx.Identifier{schema, tname + "_default"}.Sanitize(),
 		"IndexLiteral":       literal(pgx.Identifier{schema, "outbox_created_at_idx"}.Sanitize()),
+		"TableLiteral":       literal(table),
 		"Coverage":           cover,
 		"Debezium":           o.Debezium,
 		"DebeziumTable":      dbz,
@@ -153,10 +154,13 @@ func Render(o Options) (string, error) {
 const LockTimeout = 5 * time.Second
 
 // Apply runs the migrations in one transaction, serialised with an advisory
-// lock so that concurrent runs do not race. Running it again changes nothing
-// and takes no lock stronger than ACCESS SHARE on the outbox and relay
-// tables. When a lock is not granted within LockTimeout it retries a few
-// times, then fails with an error that says what to do.
+// lock so that concurrent runs do not race, then, outside it, builds the
+// indexes an existing outbox table lacks with CREATE INDEX CONCURRENTLY,
+// which PostgreSQL refuses in a transaction and which does not block the
+// service's inserts. Running it again changes nothing and takes no lock
+// stronger than ACCESS SHARE on the outbox and relay tables. When a lock is
+// not granted within LockTimeout it retries a few times, then fails with an
+// error that says what to do.
 func Apply(ctx context.Context, conn *pgx.Conn, o Options) error {
 	sql, err := Render(o)
 	if err != nil {
@@ -166,7 +170,10 @@ func Apply(ctx context.Context, conn *pgx.Conn, o Options) error {
 		err = apply(ctx, conn, sql)
 		var pgErr *pgconn.PgError
 		if !errors.As(err, &pgErr) || pgErr.Code != "55P03" { // lock_not_available
-			return err
+			if err != nil {
+				return err
+			}
+			return retentionIndex(ctx, conn, o)
 		}
 		if attempt == 3 {
 			return fmt.Errorf("%w; another session holds a lock on a table the migration changes: retry when it is done (see pg_locks)", err)
@@ -196,4 +203,73 @@ func apply(ctx context.Context, conn *pgx.Conn, sql string) error {
 		return fmt.Errorf("apply migrations: %w", err)
 	}
 	return tx.Commit(ctx)
+}
+
+// ConcurrentSQL is the SQL that Apply runs after the migration transaction
+// when the outbox table already existed; `migrate --print` shows it.
+func ConcurrentSQL(o Options) (string, error) {
+	o.setDefaults()
+	table, err := qualified(o.Table)
+	if err != nil {
+		return "", err
+	}
+	schema, _, _ := split(o.Table)
+	return fmt.Sprintf(`-- Outside a transaction, on an outbox table that existed before: built without blocking
+-- inserts. An INVALID index that a failed concurrent build left behind is dropped first
+-- (DROP INDEX CONCURRENTLY %[1]s), then built again.
+CREATE INDEX CONCURRENTLY IF NOT EXISTS outbox_created_at_idx ON %[2]s (created_at);
+`, pgx.Identifier{schema, "outbox_created_at_idx"}.Sanitize(), table), nil
+}
+
+// retentionIndex builds the created_at index of an existing, unpartitioned
+// outbox table with CREATE INDEX CONCURRENTLY, outside any transaction. An
+// index that is already valid is left alone (no lock is taken); an INVALID
+// one, left by a concurrent build that failed or was cancelled, is dropped
+// concurrently and built again. A partitioned table is skipped: PostgreSQL
+// cannot build its index concurrently, and its retention drops partitions
+// instead of deleting rows.
+func retentionIndex(ctx context.Context, conn *pgx.Conn, o Options) error {
+	o.setDefaults()
+	table, err := qualified(o.Table)
+	if err != nil {
+		return err
+	}
+	schema, _, _ := split(o.Table)
+	index := pgx.Identifier{schema, "outbox_created_at_idx"}.Sanitize()
+	for {
+		var kind string
+		var valid *bool
+		var building bool
+		err := conn.QueryRow(ctx, `SELECT c.relkind::text, (SELECT i.indisvalid FROM pg_index i WHERE i.indexrelid = to_regclass($2)),
+				EXISTS (SELECT FROM pg_stat_progress_create_index p WHERE p.relid = c.oid)
+			FROM pg_class c WHERE c.oid = to_regclass($1)`, table, index).Scan(&kind, &valid, &building)
+		if errors.Is(err, pgx.ErrNoRows) || kind == "p" {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("look up index %s: %w", index, err)
+		}
+		switch {
+		case valid != nil && *valid:
+			return nil
+		case building:
+			// Another migrate is building it (INVALID until it is done).
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(time.Second):
+			}
+			continue
+		case valid != nil:
+			if _, err := conn.Exec(ctx, "DROP INDEX CONCURRENTLY IF EXISTS "+index); err != nil {
+				return fmt.Errorf("drop invalid index %s: %w", index, err)
+			}
+		}
+		_, err = conn.Exec(ctx, fmt.Sprintf("CREATE INDEX CONCURRENTLY IF NOT EXISTS outbox_created_at_idx ON %s (created_at)", table))
+		if err != nil {
+			return fmt.Errorf("create index %s concurrently: %w; run migrate again to retry (it drops the INVALID index this left)", index, err)
+		}
+		// IF NOT EXISTS also skips an index another migrate began building
+		// meanwhile: look again.
+	}
 }

@@ -26,10 +26,28 @@ const dlqUsage = `usage:
 
 func cmdDeadLetters(args []string, stdout io.Writer) error {
 	if len(args) == 0 {
-		return usageErr("dlq needs a subcommand\n%s", dlqUsage)
+		return usageErr("dlq needs a subcommand (list, replay or purge); see outboxrelay dlq --help")
 	}
 	sub := args[0]
-	fs := newFlags("dlq " + sub)
+	switch sub {
+	case "-h", "-help", "--help", "help":
+		fmt.Fprintf(stdout, "%s\n\nInspect, re-publish and purge dead letters; `outboxrelay dlq SUBCOMMAND --help` lists its flags.\n", dlqUsage)
+		return nil
+	case "list", "replay", "purge":
+	default:
+		return usageErr("unknown dlq subcommand %q; use list, replay or purge (see outboxrelay dlq --help)", sub)
+	}
+	about := map[string]string{
+		"list":   "List pending dead letters (with --all also the replayed ones).",
+		"replay": "Publish dead letters again through the configured sink, and mark them replayed.",
+		"purge":  "Delete dead letters created before a time or older than an age.",
+	}[sub]
+	synopsis := map[string]string{
+		"list":   "dlq list (--config FILE | --database-url URL [--slot NAME]) [--json] [--all]",
+		"replay": "dlq replay --config FILE (--id ID | --all)",
+		"purge":  "dlq purge (--config FILE | --database-url URL [--slot NAME]) --before TIME|AGE",
+	}[sub]
+	fs := newFlags("dlq "+sub, synopsis, about)
 	cfgPath := fs.String("config", "", "YAML configuration file")
 	dbURL := fs.String("database-url", "", "PostgreSQL URL (list and purge)")
 	slot := fs.String("slot", "outboxrelay", "replication slot whose dead letters to use")

@@ -67,8 +67,10 @@ func (d *durability) consumer(ctx context.Context) (*cdc.Guard, error) {
 	}
 	for _, t := range tables {
 		schema, name, _ := cdc.SplitTable(t)
+		// migrate registers its tables; looking first (coverage is readable
+		// by PUBLIC) spares the --print-role role an INSERT privilege.
 		var registered bool
-		err := d.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM outboxrelay.coverage WHERE publication = $1 AND schema_name = $2 AND table_name = $3)`,
+		err := d.pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM outboxrelay.coverage WHERE publication = $1 AND schema_name = $2 AND table_name = $3)`,
 			pg.Publication, schema, name).Scan(&registered)
 		if err == nil && !registered {
 			_, err = d.pool.Exec(ctx, `INSERT INTO outboxrelay.coverage (publication, schema_name, table_name) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING`, pg.Publication, schema, name)

@@ -29,11 +29,11 @@ const (
 const usage = `outboxrelay relays committed PostgreSQL outbox rows to Kafka, RabbitMQ, NATS JetStream or Redis Streams.
 
 Usage:
-  outboxrelay migrate --database-url URL [--print] [--table T] [--publication P] [--slot S] [--debezium] [--partitioned]
+  outboxrelay migrate (--database-url URL | --config FILE) [--print] [--grant ROLE] [--table T] [--publication P] [--slot S] [--debezium] [--partitioned]
   outboxrelay migrate --print-role [--role NAME] [--table T] [--publication P] [--debezium]
   outboxrelay run     --config FILE [--check-config] [--accept-config-change]
   outboxrelay maintain --config FILE                 create daily partitions ahead, drop those past postgres.retention
-  outboxrelay status  --database-url URL [--slot NAME] [--json] [--max-lag-bytes N]
+  outboxrelay status  --database-url URL [--slot NAME | --all] [--json | -o json|wide] [--max-lag-bytes N] [--watch]
   outboxrelay dlq     list|replay|purge ...
   outboxrelay verify  --config FILE --since T [--until T] [--aggregate-type A] [--id ID] [--rabbitmq-queue Q]
                                                     prove committed rows reached the broker; exit 1 listing missing ids
@@ -42,7 +42,10 @@ Usage:
   outboxrelay recover --config FILE [--since T] [--margin D] [--force]
                                                     re-create a lost or replaced slot and republish what it missed
   outboxrelay healthcheck [--url URL]               exit 0 when the relay's /healthz answers 200
+  outboxrelay completion bash|zsh|fish               print the shell completion script
   outboxrelay version
+
+outboxrelay COMMAND --help prints the command's flags, their defaults and the environment it reads.
 `
 
 // exitError carries an exit code and one user-facing line.
@@ -87,9 +90,14 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 		err = cmdRecover(args[1:], stdout, stderr)
 	case "healthcheck":
 		err = cmdHealthcheck(args[1:], stdout)
+	case "completion":
+		err = cmdCompletion(args[1:], stdout)
 	case "version", "--version", "-v":
 		fmt.Fprintln(stdout, "outboxrelay", version)
 	case "help", "-h", "--help":
+		if len(args) > 1 && args[1] != "help" && !strings.HasPrefix(args[1], "-") {
+			return runMain(append(args[1:], "--help"), stdout, stderr)
+		}
 		fmt.Fprint(stdout, usage)
 	default:
 		fmt.Fprintf(stderr, "outboxrelay: unknown command %q\n\n%s", args[0], usage)
@@ -103,7 +111,11 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 	if errors.As(err, &ee) {
 		code = ee.code
 	}
-	if !errors.Is(err, flag.ErrHelp) {
+	var help *helpRequest
+	if errors.As(err, &help) {
+		help.fs.SetOutput(stdout)
+		help.fs.Usage()
+	} else if !errors.Is(err, flag.ErrHelp) {
 		fmt.Fprintln(stderr, "outboxrelay:", oneLine(cdc.RedactURL(err.Error())))
 	}
 	return code
@@ -114,22 +126,58 @@ func oneLine(s string) string {
 	return strings.Join(strings.Fields(s), " ")
 }
 
-func newFlags(name string) *flag.FlagSet {
+// newFlags returns the flag set of one command. synopsis is its usage line
+// without the program name, about what it does; `--help` prints both with
+// every flag, its default and the environment the command reads.
+func newFlags(name, synopsis, about string) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
+	fs.SetOutput(io.Discard) // parse errors are one line, printed by runMain
+	fs.Usage = func() {
+		w := fs.Output()
+		fmt.Fprintf(w, "Usage:\n  outboxrelay %s\n\n%s\n\nFlags:\n", synopsis, about)
+		fs.VisitAll(func(f *flag.Flag) {
+			name, text := flag.UnquoteUsage(f)
+			dash := "--"
+			if len(f.Name) == 1 {
+				dash = "-"
+			}
+			fmt.Fprintf(w, "  %s%s\n      %s", dash, strings.TrimSpace(f.Name+" "+name), text)
+			if f.DefValue != "" && f.DefValue != "false" && f.DefValue != "0" {
+				fmt.Fprintf(w, " (default %q)", f.DefValue)
+			}
+			fmt.Fprintln(w)
+		})
+		fmt.Fprint(w, helpFooter)
+	}
 	return fs
 }
+
+const helpFooter = `
+Environment:
+  Every configuration key is also OUTBOXRELAY_<SECTION>_<KEY> (OUTBOXRELAY_POSTGRES_URL,
+  OUTBOXRELAY_SINK_KAFKA_BROKERS, ...) and wins over the file; a key ending in _FILE reads
+  the value from that file. Without --database-url or --config, the PostgreSQL URL comes
+  from OUTBOXRELAY_POSTGRES_URL, OUTBOXRELAY_POSTGRES_URL_FILE, then DATABASE_URL.
+
+Exit codes: 0 ok; 1 unhealthy; 2 bad usage, bad configuration, cannot connect, or
+could not finish (one line on stderr).
+`
+
+// helpRequest is --help for the command of fs: runMain prints its usage.
+type helpRequest struct{ fs *flag.FlagSet }
+
+func (h *helpRequest) Error() string { return flag.ErrHelp.Error() }
+func (h *helpRequest) Unwrap() error { return flag.ErrHelp }
 
 func parseFlags(fs *flag.FlagSet, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			fmt.Fprint(os.Stdout, usage)
-			return &exitError{code: exitOK, err: err}
+			return &exitError{code: exitOK, err: &helpRequest{fs}}
 		}
-		return usageErr("%s: %v", fs.Name(), err)
+		return usageErr("%s: %v; see outboxrelay %s --help", fs.Name(), err, fs.Name())
 	}
 	if fs.NArg() > 0 {
-		return usageErr("%s: unexpected argument %q", fs.Name(), fs.Arg(0))
+		return usageErr("%s: unexpected argument %q; see outboxrelay %s --help", fs.Name(), fs.Arg(0), fs.Name())
 	}
 	return nil
 }

@@ -2,10 +2,12 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -17,9 +19,16 @@ import (
 	"github.com/outboxrelay/outboxrelay/migrations"
 )
 
+// usualConfigs are where a relay's configuration usually is: the image's
+// default and the working directory. migrate without --config looks there
+// to warn when the slot it creates is not the one the relay reads.
+var usualConfigs = []string{"/etc/outboxrelay/config.yaml", "outboxrelay.yaml"}
+
 func cmdMigrate(args []string, stdout io.Writer) error {
-	fs := newFlags("migrate")
-	url := fs.String("database-url", "", "PostgreSQL URL")
+	fs := newFlags("migrate", "migrate --database-url URL | --config FILE [flags]",
+		"Create the outbox table, the outboxrelay schema, the publication and the replication slot. Idempotent: a rerun changes nothing and takes no lock.")
+	cfgPath := fs.String("config", "", "the relay's YAML configuration: migrate its postgres.tables, publication and slot (postgres.url unless --database-url)")
+	url := fs.String("database-url", "", "PostgreSQL URL of the tables' owner (env OUTBOXRELAY_POSTGRES_URL, OUTBOXRELAY_POSTGRES_URL_FILE, DATABASE_URL)")
 	print := fs.Bool("print", false, "print the SQL instead of running it")
 	var o migrations.Options
 	fs.StringVar(&o.Table, "table", "public.outbox", "outbox table to create")
@@ -30,8 +39,31 @@ func cmdMigrate(args []string, stdout io.Writer) error {
 	failoverSlot := fs.Bool("failover-slot", false, "create the slot as a failover slot (PostgreSQL 17+), as postgres.failover_slot does")
 	printRoleSQL := fs.Bool("print-role", false, "print the SQL that creates a least-privilege role for the relay, and exit")
 	role := fs.String("role", "outboxrelay", "role name for --print-role")
+	grant := fs.String("grant", "", "after migrating, grant this existing `role` (the relay's) what --print-role grants")
 	if err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	slotSetting := "--slot"
+	var extraTables []string
+	if *cfgPath != "" {
+		for _, name := range []string{"table", "publication", "slot"} {
+			if set[name] {
+				return usageErr("migrate: --%s and --config both name it; drop --%s and set it in the configuration", name, name)
+			}
+		}
+		cfg, err := config.Load(*cfgPath, os.LookupEnv)
+		if err != nil {
+			return usageErr("invalid configuration: %v", err)
+		}
+		pg := cfg.Postgres
+		o.Table, o.Publication, *slot, slotSetting = pg.Tables[0], pg.Publication, pg.Slot, "postgres.slot"
+		extraTables = pg.Tables[1:]
+		*failoverSlot = *failoverSlot || pg.FailoverSlot
+		if *url == "" { // config.Load has applied OUTBOXRELAY_POSTGRES_URL
+			*url = pg.URL
+		}
 	}
 	if *printRoleSQL {
 		return printRole(stdout, *role, o)
@@ -41,7 +73,11 @@ func cmdMigrate(args []string, stdout io.Writer) error {
 		return usageErr("migrate: %v", err)
 	}
 	if *print {
-		fmt.Fprint(stdout, sql)
+		concurrent, err := migrations.ConcurrentSQL(o)
+		if err != nil {
+			return usageErr("migrate: %v", err)
+		}
+		fmt.Fprint(stdout, sql, "\n", concurrent)
 		return nil
 	}
 	dbURL, err := databaseURL(*url)
@@ -58,7 +94,7 @@ func cmdMigrate(args []string, stdout io.Writer) error {
 	if err := migrations.Apply(ctx, conn, o); err != nil {
 		return usageErr("migrate: %v", err)
 	}
-	tables := []string{o.Table}
+	tables := append([]string{o.Table}, extraTables...)
 	if o.Debezium {
 		tables = append(tables, o.DebeziumTable)
 	}
@@ -75,29 +111,91 @@ func cmdMigrate(args []string, stdout io.Writer) error {
 	for _, c := range changed {
 		fmt.Fprintf(stdout, "%s\n", c)
 	}
-	fmt.Fprintf(stdout, "migrated: table %s, schema outboxrelay, publication %s\n", o.Table, o.Publication)
+	fmt.Fprintf(stdout, "migrated: table %s, schema outboxrelay, publication %s\n", strings.Join(tables, ", "), o.Publication)
 	if o.Partitioned {
 		if err := maintainOnce(ctx, dbURL, qualifiedTables([]string{o.Table}), 0, stdout); err != nil {
 			return err
 		}
 	}
-	var walLevel string
-	if err := conn.QueryRow(ctx, "SHOW wal_level").Scan(&walLevel); err != nil {
-		return usageErr("migrate: read wal_level: %v", err)
-	}
-	if *slot != "" && walLevel != "logical" {
-		fmt.Fprintf(stdout, "replication slot %s not created: wal_level is %s; set wal_level=logical, restart PostgreSQL and run migrate again\n", *slot, walLevel)
-		*slot = ""
-	}
-	if *slot != "" {
-		// The slot is created outside the migration transaction: PostgreSQL
-		// refuses to create one in a transaction that has written.
-		if err := cdc.EnsureSlot(ctx, conn, *slot, *failoverSlot); err != nil {
-			return usageErr("migrate: %v", err)
+	if *grant != "" {
+		if err := grantRole(ctx, conn, *grant, o); err != nil {
+			return err
 		}
-		fmt.Fprintf(stdout, "replication slot %s ready: outbox rows are kept for the relay from now on\n", *slot)
+		fmt.Fprintf(stdout, "granted role %s what `outboxrelay migrate --print-role` grants\n", *grant)
 	}
+	if *slot == "" {
+		return nil
+	}
+	return migrateSlot(ctx, conn, *slot, slotSetting, *failoverSlot, set["slot"], *cfgPath != "", stdout)
+}
+
+// migrateSlot creates the replication slot, so that outbox rows written
+// before the relay first runs are kept for it. It fails when wal_level
+// does not allow a slot, or when the slot was asked for by name and the
+// role cannot create it. A role without REPLICATION (the tables' owner is
+// often not the relay's role) leaves the slot to the relay's first start
+// and says so.
+func migrateSlot(ctx context.Context, conn *pgx.Conn, slot, setting string, failover, explicit, fromConfig bool, stdout io.Writer) error {
+	var walLevel, role string
+	var canReplicate bool
+	err := conn.QueryRow(ctx, `SELECT current_setting('wal_level'), current_user, rolreplication OR rolsuper
+		FROM pg_roles WHERE rolname = current_user`).Scan(&walLevel, &role, &canReplicate)
+	if err != nil {
+		return usageErr("migrate: read wal_level and role attributes: %v", err)
+	}
+	if walLevel != "logical" {
+		return usageErr("migrate: replication slot %s not created: wal_level is %s; set wal_level=logical, restart PostgreSQL and run migrate again", slot, walLevel)
+	}
+	exists, err := cdc.CheckSlot(ctx, conn, slot, setting, failover)
+	if err != nil {
+		return usageErr("migrate: %v", err)
+	}
+	if exists {
+		fmt.Fprintf(stdout, "replication slot %s ready: it already existed\n", slot)
+		return nil
+	}
+	if !canReplicate {
+		msg := fmt.Sprintf("replication slot %s not created: role %s has no REPLICATION attribute; the relay's role (LOGIN REPLICATION, see `outboxrelay migrate --print-role`) creates it when the relay first starts, and outbox rows written before then are not relayed; to keep them from now on, run migrate as a role with REPLICATION",
+			slot, role)
+		if explicit {
+			return usageErr("migrate: %s", msg)
+		}
+		fmt.Fprintln(stdout, msg)
+		return nil
+	}
+	created, err := cdc.EnsureSlot(ctx, conn, slot, setting, failover)
+	if err != nil {
+		return usageErr("migrate: %v", err)
+	}
+	if !created { // another migrate or relay created it meanwhile
+		fmt.Fprintf(stdout, "replication slot %s ready: it already existed\n", slot)
+		return nil
+	}
+	fmt.Fprintf(stdout, "replication slot %s created: outbox rows are kept for the relay from now on\n", slot)
+	if fromConfig {
+		return nil
+	}
+	if other := usualConfigSlot(); other != "" && other != slot {
+		fmt.Fprintf(stdout, "warning: replication slot %s is not the slot the relay's configuration names (postgres.slot: %s); run `outboxrelay migrate --config FILE`, and drop %s if no relay reads it: SELECT pg_drop_replication_slot('%s');\n",
+			slot, other, slot, slot)
+		return nil
+	}
+	fmt.Fprintf(stdout, "note: the slot keeps WAL until a relay with postgres.slot: %s reads it; if none will, drop it: SELECT pg_drop_replication_slot('%s');\n", slot, slot)
 	return nil
+}
+
+// usualConfigSlot returns the slot a configuration in one of the usual
+// places names, or "" when there is none or it cannot be read.
+func usualConfigSlot() string {
+	for _, path := range usualConfigs {
+		if _, err := os.Stat(path); err != nil {
+			continue
+		}
+		if cfg, err := config.Load(path, os.LookupEnv); err == nil {
+			return cfg.Postgres.Slot
+		}
+	}
+	return ""
 }
 
 // connect opens a regular connection, failing with one clear line.
@@ -119,7 +217,8 @@ func connect(ctx context.Context, url string) (*pgx.Conn, error) {
 // cmdMaintain creates the daily partitions of partitioned outbox tables
 // ahead of time and drops those past postgres.retention, once.
 func cmdMaintain(args []string, stdout io.Writer) error {
-	fs := newFlags("maintain")
+	fs := newFlags("maintain", "maintain --config FILE",
+		"Create the daily partitions of partitioned outbox tables ahead of time and drop those past postgres.retention, once.")
 	path := fs.String("config", "", "YAML configuration file")
 	if err := parseFlags(fs, args); err != nil {
 		return err

@@ -12,7 +12,8 @@ import (
 )
 
 func cmdRecover(args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("recover")
+	fs := newFlags("recover", "recover --config FILE [--since T] [--margin 10m] [--force] [--rate N]",
+		"Re-creates a lost or replaced replication slot and republishes the outbox rows it missed, then records the new slot's start so that the relay can run again.")
 	path := fs.String("config", "", "YAML configuration file")
 	sinceFlag := fs.String("since", "", "republish rows created at or after this time (default: the relay's last recorded position, minus --margin)")
 	margin := fs.Duration("margin", 10*time.Minute, "republish from this much before the last recorded position: rows are selected by creation time, which precedes the commit")

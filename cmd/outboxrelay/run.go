@@ -28,7 +28,8 @@ import (
 )
 
 func cmdRun(args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("run")
+	fs := newFlags("run", "run --config FILE [--check-config] [--accept-config-change]",
+		"Relay committed outbox rows to the configured sink until SIGTERM or SIGINT, then drain and exit 0.")
 	path := fs.String("config", "", "YAML configuration file")
 	check := fs.Bool("check-config", false, "validate the configuration and exit")
 	accept := fs.Bool("accept-config-change", false, "take over a slot that was consumed with another publication or other tables, or whose tables changed identity, and record the new configuration")
@@ -37,6 +38,9 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	}
 	cfg, err := config.Load(*path, os.LookupEnv)
 	if err != nil {
+		return usageErr("invalid configuration: %v", err)
+	}
+	if err := checkTemplates(cfg); err != nil {
 		return usageErr("invalid configuration: %v", err)
 	}
 	if *check {
@@ -109,10 +113,14 @@ func run(ctx context.Context, cfg config.Config, log *zap.Logger, acceptConfigCh
 		conn.Close(context.WithoutCancel(ctx))
 		return startErr(usageErr("cannot query PostgreSQL: %v", err))
 	}
+	defer conn.Close(context.WithoutCancel(ctx))
 	cdcCfg := cfg.CDC()
 	cdcCfg.Log = log
 	cdcCfg.AcceptConfigChange = acceptConfigChange
-	err = cdc.Setup(setupCtx, conn, cdcCfg, cfg.Postgres.Columns.Required())
+	// Everything is checked before the slot is created: a slot that no relay
+	// reads keeps WAL until the disk fills, so a start that fails must leave
+	// pg_replication_slots as it found it.
+	err = cdc.Prepare(setupCtx, conn, cdcCfg, cfg.Postgres.Columns.Required())
 	if err == nil {
 		p := cdc.Privileges{
 			DeadLetters: cfg.Relay.DeadLetters, Heartbeat: cfg.Postgres.HeartbeatInterval > 0,
@@ -123,17 +131,6 @@ func run(ctx context.Context, cfg config.Config, log *zap.Logger, acceptConfigCh
 		}
 		err = cdc.CheckPrivileges(setupCtx, conn, p)
 	}
-	conn.Close(context.WithoutCancel(ctx))
-	if err != nil {
-		return startErr(fmt.Errorf("prepare PostgreSQL: %w", err))
-	}
-
-	dur, err := openDurability(setupCtx, cfg, log)
-	if err != nil {
-		return startErr(err)
-	}
-	defer dur.close()
-	guard, err := dur.consumer(setupCtx)
 	if err != nil {
 		return startErr(fmt.Errorf("prepare PostgreSQL: %w", err))
 	}
@@ -145,6 +142,22 @@ func run(ctx context.Context, cfg config.Config, log *zap.Logger, acceptConfigCh
 	if err != nil {
 		_ = sink.Close()
 		return err
+	}
+	if err := stream.Ping(setupCtx); err != nil {
+		_ = sink.Close()
+		return startErr(fmt.Errorf("prepare PostgreSQL: %w", err))
+	}
+
+	dur, err := openDurability(setupCtx, cfg, log)
+	if err != nil {
+		_ = sink.Close()
+		return startErr(err)
+	}
+	defer dur.close()
+	guard, err := dur.consumer(setupCtx)
+	if err != nil {
+		_ = sink.Close()
+		return startErr(fmt.Errorf("prepare PostgreSQL: %w", err))
 	}
 	slot := cfg.Postgres.Slot
 	readStatus := func(ctx context.Context) (status.Status, error) { return status.Read(ctx, dur.pool, slot) }
@@ -206,6 +219,17 @@ func run(ctx context.Context, cfg config.Config, log *zap.Logger, acceptConfigCh
 			return usageErr("%v; choose a free address for http.listen", err)
 		}
 	}
+	createdSlot, err := cdc.EnsureSlot(setupCtx, conn, cfg.Postgres.Slot, "postgres.slot", cfg.Postgres.FailoverSlot)
+	if err != nil {
+		_ = sink.Close()
+		return startErr(fmt.Errorf("prepare PostgreSQL: %w", err))
+	}
+	conn.Close(context.WithoutCancel(ctx))
+	if createdSlot {
+		log.Info("created replication slot: it keeps WAL until a relay reads it; if no relay will, drop it with SELECT pg_drop_replication_slot('"+cfg.Postgres.Slot+"')",
+			zap.String("slot", cfg.Postgres.Slot))
+	}
+
 	stopLog := context.AfterFunc(relayCtx, func() { log.Info("shutting down") })
 	defer stopLog()
 

@@ -19,13 +19,29 @@ import (
 // slot is missing, has lost (or is about to lose) WAL, or lags more than
 // --max-lag-bytes. The status is printed in every case.
 func cmdStatus(args []string, stdout io.Writer) error {
-	fs := newFlags("status")
+	fs := newFlags("status", "status --database-url URL [--slot NAME | --all] [--json | -o json|wide] [--max-lag-bytes N] [--watch [--interval 2s]]",
+		"Print the checkpoint status of a replication slot, or with --all of every logical slot of the server. Exits 1 when the slot is missing, lost or over --max-lag-bytes, or (--all) when a slot is flagged: inactive and retaining WAL, or lost.")
 	url := fs.String("database-url", "", "PostgreSQL URL")
 	slot := fs.String("slot", envOr("OUTBOXRELAY_POSTGRES_SLOT", "outboxrelay"), "replication slot (or OUTBOXRELAY_POSTGRES_SLOT)")
 	asJSON := fs.Bool("json", false, "print one JSON object")
 	maxLag := fs.Int64("max-lag-bytes", 0, "unhealthy when the lag is over this many bytes (0: no limit)")
+	all := fs.Bool("all", false, "list every logical slot: active, inactive since, retained WAL, wal_status, relay checkpoint; flags inactive slots that retain WAL")
+	output := fs.String("o", "", "output format: json, or wide (--all: more columns)")
+	watch := fs.Bool("watch", false, "print again every --interval until interrupted: redrawn in place on a terminal, one line per interval otherwise")
+	interval := fs.Duration("interval", 2*time.Second, "how often --watch reads the status")
 	if err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	switch *output {
+	case "":
+	case "json":
+		*asJSON = true
+	case "wide":
+	default:
+		return usageErr("status: -o %q is unknown; use json or wide", *output)
+	}
+	if *interval <= 0 {
+		return usageErr("status: --interval must be above 0")
 	}
 	if *maxLag < 0 {
 		return usageErr("status: --max-lag-bytes must not be negative")
@@ -39,6 +55,10 @@ func cmdStatus(args []string, stdout io.Writer) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	if *watch || *all {
+		return statusAll(ctx, dbURL, statusView{all: *all, slot: *slot, json: *asJSON, wide: *output == "wide",
+			maxLag: *maxLag, watch: *watch, interval: *interval}, stdout)
+	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	conn, err := connect(ctx, dbURL)

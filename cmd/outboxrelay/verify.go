@@ -193,7 +193,8 @@ func noRows(cfg config.Config) error {
 }
 
 func cmdVerify(args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("verify")
+	fs := newFlags("verify", "verify --config FILE --since T [--until T] [--aggregate-type A] [--id ID] [--rabbitmq-queue Q]",
+		"Reconciles the outbox rows committed in the window, by message_id, with what the broker holds; prints the counts, lists the missing ids and exits 1 when any are missing.")
 	path := fs.String("config", "", "YAML configuration file")
 	queue := fs.String("rabbitmq-queue", "", "RabbitMQ: the verification queue bound to the exchange")
 	var w window
@@ -266,7 +267,8 @@ func printReport(w io.Writer, r verify.Report) {
 }
 
 func cmdReplay(args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("replay")
+	fs := newFlags("replay", "replay --config FILE --since T [--until T] [--aggregate-type A] [--id ID] [--missing] [--rate N]",
+		"Republishes outbox rows still in the table through the configured sink, with the same envelope and message_id, in commit order per aggregate.")
 	path := fs.String("config", "", "YAML configuration file")
 	missingOnly := fs.Bool("missing", false, "replay only the rows verify finds missing at the broker")
 	queue := fs.String("rabbitmq-queue", "", "RabbitMQ with --missing: the verification queue bound to the exchange")
