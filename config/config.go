@@ -250,7 +250,26 @@ type Relay struct {
 	// DeadLetters stores undeliverable messages in outboxrelay.dead_letters;
 	// when false such a message stops the relay instead.
 	DeadLetters bool `yaml:"dead_letters"`
+	// Schemas validates payloads against JSON Schemas.
+	Schemas Schemas `yaml:"schemas"`
 }
+
+// Schemas points the relay at a folder of JSON Schemas, one per event type
+// and schema version (see package schema).
+type Schemas struct {
+	// Dir is the folder; empty validates nothing.
+	Dir string `yaml:"dir"`
+	// Missing is what happens to a payload whose event type and version
+	// have no schema: SchemasAllow publishes it, SchemasDeadLetter
+	// dead-letters it.
+	Missing string `yaml:"missing"`
+}
+
+// The values of relay.schemas.missing.
+const (
+	SchemasAllow      = "allow"
+	SchemasDeadLetter = "deadletter"
+)
 
 // HTTP is the health, status and metrics endpoint.
 type HTTP struct {
@@ -288,7 +307,7 @@ func Default() Config {
 			Redis: Redis{URL: "redis://127.0.0.1:6379/0", Stream: "outbox:{aggregate_type}", BatchSize: 256, MaxPending: 10000},
 		},
 		Envelope: Envelope{Format: "envelope", Source: "outboxrelay"},
-		Relay:    Relay{MaxInFlight: 10000, MaxInFlightBytes: 64 << 20, MaxAttempts: 5, DrainTimeout: 30 * time.Second, DeadLetters: true},
+		Relay:    Relay{MaxInFlight: 10000, MaxInFlightBytes: 64 << 20, MaxAttempts: 5, DrainTimeout: 30 * time.Second, DeadLetters: true, Schemas: Schemas{Missing: SchemasAllow}},
 		HTTP:     HTTP{Listen: "127.0.0.1:9187"},
 		Log:      Log{Level: "info"},
 	}
@@ -687,6 +706,11 @@ func (c *Config) Validate() error {
 	}
 	if c.Relay.MaxAttempts < 1 {
 		errs = append(errs, errors.New("relay.max_attempts must be at least 1"))
+	}
+	switch c.Relay.Schemas.Missing {
+	case SchemasAllow, SchemasDeadLetter:
+	default:
+		errs = append(errs, fmt.Errorf("relay.schemas.missing %q is not one of allow, deadletter", c.Relay.Schemas.Missing))
 	}
 	if t := c.HTTP.Token; t != "" && strings.IndexFunc(t, func(r rune) bool { return r <= ' ' || r >= 0x7f }) >= 0 {
 		errs = append(errs, errors.New("http.token must be printable ASCII without spaces"))

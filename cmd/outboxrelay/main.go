@@ -36,6 +36,7 @@ Usage:
   outboxrelay status  --database-url URL [--slot NAME] [--json] [--max-lag-bytes N]
   outboxrelay dlq     list|replay|purge ...
   outboxrelay healthcheck [--url URL]               exit 0 when the relay's /healthz answers 200
+  outboxrelay schema check DIR                      exit 1 when a schema version is not backward compatible with the one before
   outboxrelay version
 `
 
@@ -75,6 +76,8 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 		err = cmdMaintain(args[1:], stdout)
 	case "healthcheck":
 		err = cmdHealthcheck(args[1:], stdout)
+	case "schema":
+		err = cmdSchema(args[1:], stdout)
 	case "version", "--version", "-v":
 		fmt.Fprintln(stdout, "outboxrelay", version)
 	case "help", "-h", "--help":
