@@ -128,7 +128,7 @@ type Config struct {
 	// row is: never published, with the error. Called from the stream
 	// goroutine; em must not be kept.
 	Validate func(em *envelope.Message) error
-	Hooks              Hooks
+	Hooks    Hooks
 }
 
 // Format is the body format of published messages.
