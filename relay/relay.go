@@ -122,13 +122,13 @@ type Config struct {
 	Verify     func(ctx context.Context, slotConfirmed cdc.LSN) error
 	// CheckpointInterval is how often a new position is recorded (default 1s).
 	CheckpointInterval time.Duration
+	Hooks              Hooks
 	// Validate, when set, checks each message's content (its payload
 	// against the schema of its event type and version, say) as the
 	// message is built. An error dead-letters the message as an invalid
 	// row is: never published, with the error. Called from the stream
 	// goroutine; em must not be kept.
 	Validate func(em *envelope.Message) error
-	Hooks    Hooks
 }
 
 // Format is the body format of published messages.
