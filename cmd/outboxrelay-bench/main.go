@@ -647,7 +647,7 @@ func (m *measurement) finish(w workload) {
 	m.CPUPer100k = per(m.consumerCPU)
 	m.WalsenderCPUPer100k = per(m.walsenderCPU)
 	switch m.Consumer {
-	case cRelayKafka:
+	case cRelayKafka, cRelayKafkaSchemas:
 		m.BrokerCPUPer100k = per(m.benchCPU)
 	case cRelayRabbit, cBareAMQP:
 		m.brokerCPU = max(m.brokerCPU, 0) // negative if the broker restarted
