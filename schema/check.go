@@ -24,6 +24,7 @@ type Violation struct {
 	Message string
 }
 
+// String is "file#pointer: message".
 func (v Violation) String() string { return v.File + "#" + v.Pointer + ": " + v.Message }
 
 // Check checks every schema in dir and, between consecutive versions of

@@ -47,6 +47,7 @@ type Key struct {
 	Version   int
 }
 
+// String is "order.created v2".
 func (k Key) String() string { return k.EventType + " v" + strconv.Itoa(k.Version) }
 
 // Set is the compiled schemas of one folder. It is immutable and safe for
@@ -208,6 +209,8 @@ type ValidationError struct {
 	More int
 }
 
+// Error is one line: the schema, the payload's JSON pointer, the rule as
+// file#pointer, and what is wrong.
 func (e *ValidationError) Error() string {
 	if e.Rule == "" && e.Pointer == "" {
 		return fmt.Sprintf("payload does not match schema %s (%s): %s", e.Key, e.File, e.Message)
