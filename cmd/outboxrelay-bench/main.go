@@ -868,9 +868,13 @@ func targets(res *results) []string {
 			case m.Consumer == cRelayKafka && m.RatioOf != "":
 				check(m.Ratio >= 0.8, "relay->kafka at %s: %.2f of pg_recvlogical (target >= 0.8)", w.Name, m.Ratio)
 			case m.Consumer == cRelayKafkaSchemas && m.RatioOf != "":
-				rate, cpu := pairedRatios(w.Runs, cRelayKafkaSchemas, cRelayKafka)
-				check(rate >= 0.9, "schema validation at %s: relay->kafka+schemas / relay->kafka, median of the %d repetitions' pairs: rows/s x%.2f, relay CPU per row x%.2f (median over median rows/s %.2f; target rows/s >= 0.90)",
-					w.Name, m.Reps, rate, cpu, m.Ratio)
+				rate, cpu, n := pairedRatios(w.Runs, cRelayKafkaSchemas, cRelayKafka)
+				if n == 0 {
+					out = append(out, fmt.Sprintf("n/a    schema validation at %s: no repetition ran with the rest of the machine under %.0f%% busy; run again on a quieter machine", w.Name, 100*quietPair))
+					continue
+				}
+				check(rate >= 0.9, "schema validation at %s: relay->kafka+schemas / relay->kafka, median of %d quiet repetition pairs (others busy < %.0f%%): rows/s x%.2f, relay CPU per row x%.2f (target rows/s >= 0.90)",
+					w.Name, n, 100*quietPair, rate, cpu)
 			case m.Consumer == cRelayRabbit && m.RatioOf != "":
 				check(m.Ratio >= 0.8, "relay->rabbitmq at %s: %.2f of the bare amqp091 publisher (target >= 0.8)", w.Name, m.Ratio)
 			}
@@ -885,21 +889,26 @@ func targets(res *results) []string {
 	return out
 }
 
+// quietPair is the most the rest of the machine may use, as a share of its
+// CPU, during both runs of a pair that pairedRatios counts.
+const quietPair = 0.25
+
 // pairedRatios compares consumer a with b run by run: the medians of
-// a/b rows/s and of a/b CPU per row over the repetitions where both ran.
-// Runs of one repetition follow each other, so a burst of load from
-// elsewhere hits both of a pair more often than two medians.
-func pairedRatios(runs []measurement, a, b string) (rate, cpu float64) {
+// a/b rows/s and of a/b CPU per row over the n repetitions where both ran
+// while the rest of the machine was quiet. On a shared machine a burst of
+// load from elsewhere moved one relay run from 110,000 to 9,000 rows/s:
+// such runs say nothing about the cost of a feature.
+func pairedRatios(runs []measurement, a, b string) (rate, cpu float64, n int) {
 	byRep := map[int]measurement{}
 	for _, m := range runs {
-		if m.Consumer == b && m.Seconds > 0 {
+		if m.Consumer == b && m.Seconds > 0 && m.OthersBusy < quietPair {
 			byRep[m.Rep] = m
 		}
 	}
 	var rates, cpus []float64
 	for _, m := range runs {
 		ref, ok := byRep[m.Rep]
-		if m.Consumer != a || m.Seconds == 0 || !ok || ref.RowsPerSec == 0 || ref.CPUPer100k == 0 {
+		if m.Consumer != a || m.Seconds == 0 || m.OthersBusy >= quietPair || !ok || ref.RowsPerSec == 0 || ref.CPUPer100k == 0 {
 			continue
 		}
 		rates = append(rates, m.RowsPerSec/ref.RowsPerSec)
@@ -912,7 +921,7 @@ func pairedRatios(runs []measurement, a, b string) (rate, cpu float64) {
 		slices.Sort(v)
 		return v[len(v)/2]
 	}
-	return median(rates), median(cpus)
+	return median(rates), median(cpus), len(rates)
 }
 
 // printReport prints the table and the latency.
