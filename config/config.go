@@ -238,7 +238,26 @@ type Relay struct {
 	// DeadLetterOrder is park (later messages of a dead letter's aggregate
 	// wait behind it in outboxrelay.parked) or pass (they are published).
 	DeadLetterOrder string `yaml:"dead_letter_order"`
+	// Schemas validates payloads against JSON Schemas.
+	Schemas Schemas `yaml:"schemas"`
 }
+
+// Schemas points the relay at a folder of JSON Schemas, one per event type
+// and schema version (see package schema).
+type Schemas struct {
+	// Dir is the folder; empty validates nothing.
+	Dir string `yaml:"dir"`
+	// Missing is what happens to a payload whose event type and version
+	// have no schema: SchemasAllow publishes it, SchemasDeadLetter
+	// dead-letters it.
+	Missing string `yaml:"missing"`
+}
+
+// The values of relay.schemas.missing.
+const (
+	SchemasAllow      = "allow"
+	SchemasDeadLetter = "deadletter"
+)
 
 // HTTP is the health, status and metrics endpoint.
 type HTTP struct {
@@ -265,7 +284,7 @@ func Default() Config {
 		Sink:     defaultSink("kafka"),
 		Envelope: Envelope{Format: "envelope", Source: "outboxrelay"},
 		Relay: Relay{MaxInFlight: 10000, MaxInFlightBytes: 64 << 20, MaxAttempts: 5, DrainTimeout: 30 * time.Second, DeadLetters: true,
-			DeadLetterOrder: string(relay.DeadLetterPark)},
+			DeadLetterOrder: string(relay.DeadLetterPark), Schemas: Schemas{Missing: SchemasAllow}},
 		HTTP: HTTP{Listen: "127.0.0.1:9187"},
 		Log:  Log{Level: "info"},
 	}
@@ -698,6 +717,11 @@ func (c *Config) Validate() error {
 	case relay.DeadLetterPark, relay.DeadLetterPass:
 	default:
 		errs = append(errs, fmt.Errorf("relay.dead_letter_order %q is not one of park, pass", c.Relay.DeadLetterOrder))
+	}
+	switch c.Relay.Schemas.Missing {
+	case SchemasAllow, SchemasDeadLetter:
+	default:
+		errs = append(errs, fmt.Errorf("relay.schemas.missing %q is not one of allow, deadletter", c.Relay.Schemas.Missing))
 	}
 	if t := c.HTTP.Token; t != "" && strings.IndexFunc(t, func(r rune) bool { return r <= ' ' || r >= 0x7f }) >= 0 {
 		errs = append(errs, errors.New("http.token must be printable ASCII without spaces"))

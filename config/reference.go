@@ -42,6 +42,8 @@ var descriptions = map[string]string{
 	"relay.drain_timeout":             "how long a shutdown waits for acknowledgements",
 	"relay.dead_letters":              "store undeliverable messages in `outboxrelay.dead_letters`; false stops the relay instead",
 	"relay.dead_letter_order":         "`park`: the later messages of a dead letter's aggregate wait behind it in `outboxrelay.parked` until `dlq replay` publishes the chain in order; `pass`: they are published, leaving a gap",
+	"relay.schemas.dir":               "folder of JSON Schemas, `EVENT_TYPE/vN.json`; a payload that does not match the schema of its event type and `schema_version` is dead-lettered. Empty: no validation",
+	"relay.schemas.missing":           "a payload whose event type and version have no schema: `allow` publishes it, `deadletter` dead-letters it",
 	"http.listen":                     "address of /healthz, /readyz, /status, /metrics; empty disables",
 	"http.token":                      "bearer token required by /status and /metrics; empty: open",
 	"http.token_file":                 "file holding `http.token`",

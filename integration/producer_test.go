@@ -23,6 +23,7 @@ import (
 
 	"github.com/outboxrelay/outboxrelay/outbox"
 	"github.com/outboxrelay/outboxrelay/outbox/outboxpgx"
+	"github.com/outboxrelay/outboxrelay/schema"
 )
 
 // The producer library (package outbox) writes what the relay publishes.
@@ -654,5 +655,60 @@ func TestProducerExamples(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second):
 		t.Errorf("consumer did not stop after SIGTERM")
+	}
+}
+
+// TestProducerSchemasKeepTransactionUsable: with outbox.Schemas, an event
+// whose payload breaks its schema is refused before any statement, and the
+// caller's transaction goes on: its business change and a valid event
+// commit.
+func TestProducerSchemasKeepTransactionUsable(t *testing.T) {
+	e := newEnv(t)
+	ctx := t.Context()
+	set, err := schema.Load("../schema/testdata/schemas")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := outbox.New(outbox.Schemas(set))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.exec("CREATE TABLE orders (id int PRIMARY KEY)")
+	tx, err := e.db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "INSERT INTO orders VALUES (42)"); err != nil {
+		t.Fatal(err)
+	}
+	bad := outbox.Event{AggregateType: "order", AggregateID: "42", EventType: "order.created",
+		Payload: json.RawMessage(`{"order_id": 42, "total": 99.9}`)}
+	var verr *schema.ValidationError
+	_, err = w.Write(ctx, outboxpgx.Tx(tx), bad)
+	if !errors.Is(err, outbox.ErrInvalidEvent) || !errors.As(err, &verr) {
+		t.Fatalf("Write(invalid payload) = %v, want ErrInvalidEvent with the schema error", err)
+	}
+	if !strings.Contains(err.Error(), `at "/total"`) {
+		t.Errorf("error %v does not name the failing pointer", err)
+	}
+	good := bad
+	good.Payload = json.RawMessage(`{"order_id": 42, "total": "99.90"}`)
+	id, err := w.Write(ctx, outboxpgx.Tx(tx), good)
+	if err != nil {
+		t.Fatalf("valid Write after the refused one: %v", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatalf("commit after a refused event: %v", err)
+	}
+	var n int
+	var got string
+	if err := e.db.QueryRow(ctx, "SELECT count(*), max(id::text) FROM outbox").Scan(&n, &got); err != nil {
+		t.Fatal(err)
+	}
+	if n != 1 || got != id.String() {
+		t.Fatalf("outbox has %d rows (%s), want only the valid event %s", n, got, id)
+	}
+	if err := e.db.QueryRow(ctx, "SELECT count(*) FROM orders").Scan(&n); err != nil || n != 1 {
+		t.Fatalf("business change: %d rows, %v", n, err)
 	}
 }

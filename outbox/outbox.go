@@ -25,8 +25,19 @@
 // usable. A database error, on the other hand, aborts a PostgreSQL
 // transaction, as any failed statement does.
 //
+// With the Schemas option, an event's payload must also match the JSON
+// Schema of its event type and version, the same folder the relay checks
+// (relay.schemas.dir):
+//
+//	set, err := schema.Load("schemas") // github.com/outboxrelay/outboxrelay/schema
+//	w, err := outbox.New(outbox.Schemas(set))
+//
+// A payload that does not match is refused like any invalid event, before
+// any SQL runs.
+//
 // The package depends only on the standard library, github.com/google/uuid
-// and the OpenTelemetry trace API; it pulls in no database driver.
+// and the OpenTelemetry trace API; it pulls in no database driver, and no
+// schema validator unless the caller passes one.
 package outbox
 
 import (
@@ -126,6 +137,7 @@ const (
 const maxParams = math.MaxUint16
 
 type config struct {
+	schemas           Validator
 	table             string
 	columns           *Columns
 	debezium          bool
@@ -164,6 +176,18 @@ func DeleteAfterInsert() Option { return func(c *config) { c.deleteAfterInsert =
 // equal the relay's postgres.message_prefix. Default "outboxrelay".
 func MessagePrefix(prefix string) Option { return func(c *config) { c.prefix = prefix } }
 
+// Validator checks a payload, JSON text, against the schema of its event
+// type and schema version. *schema.Set is one. It must be safe for
+// concurrent use.
+type Validator interface {
+	Validate(eventType string, schemaVersion int, payload []byte) error
+}
+
+// Schemas makes the Writer refuse an event whose payload v rejects (one
+// that does not match its schema, or has none, as v decides), with an
+// error wrapping ErrInvalidEvent and v's error, before any SQL runs.
+func Schemas(v Validator) Option { return func(c *config) { c.schemas = v } }
+
 // Writer writes outbox events. It is immutable and safe for concurrent use.
 type Writer struct {
 	table            string // quoted
@@ -176,6 +200,7 @@ type Writer struct {
 	prefix           string
 	deletePrefix     string // DELETE FROM t WHERE id IN (
 	maxRowsPerInsert int
+	schemas          Validator
 }
 
 // New returns a Writer. It fails when an option is invalid.
@@ -212,7 +237,7 @@ func New(opts ...Option) (*Writer, error) {
 	}
 	w := &Writer{
 		table: table, name: c.table, cols: cols, deleteAfter: c.deleteAfterInsert,
-		debeziumTracing: c.debezium, prefix: c.prefix,
+		debeziumTracing: c.debezium, prefix: c.prefix, schemas: c.schemas,
 	}
 	var names []string
 	for _, n := range []string{cols.ID, cols.AggregateType, cols.AggregateID, cols.EventType, cols.Payload,
@@ -279,7 +304,7 @@ func (w *Writer) WriteBatch(ctx context.Context, tx Execer, events []Event) ([]u
 	args := make([]any, 0, len(events)*w.rowParams)
 	ids := make([]uuid.UUID, len(events))
 	for i := range events {
-		v, err := validate(&events[i])
+		v, err := w.validate(&events[i])
 		if err != nil {
 			if len(events) > 1 {
 				return nil, fmt.Errorf("outbox: event %d: %w", i, err)
@@ -383,7 +408,7 @@ type emitted struct {
 // The database needs wal_level=logical. An invalid event returns an error
 // wrapping ErrInvalidEvent and sends nothing.
 func (w *Writer) Emit(ctx context.Context, tx Execer, e Event) (uuid.UUID, error) {
-	v, err := validate(&e)
+	v, err := w.validate(&e)
 	if err != nil {
 		return uuid.Nil, fmt.Errorf("outbox: %w", err)
 	}
@@ -415,9 +440,10 @@ type valid struct {
 	schemaVersion int
 }
 
-// validate checks e against what the database and the relay accept, so
-// that an event is refused before it can abort the caller's transaction.
-func validate(e *Event) (valid, error) {
+// validate checks e against what the database and the relay accept, and
+// its payload against its schema, so that an event is refused before it can
+// abort the caller's transaction.
+func (w *Writer) validate(e *Event) (valid, error) {
 	var v valid
 	for _, f := range []struct{ name, value string }{
 		{"aggregate type", e.AggregateType}, {"aggregate id", e.AggregateID}, {"event type", e.EventType},
@@ -440,6 +466,11 @@ func validate(e *Event) (valid, error) {
 	var err error
 	if v.payload, err = payloadJSON(e.Payload); err != nil {
 		return v, fmt.Errorf("%w: payload %w", ErrInvalidEvent, err)
+	}
+	if w.schemas != nil {
+		if err := w.schemas.Validate(e.EventType, v.schemaVersion, v.payload); err != nil {
+			return v, fmt.Errorf("%w: %w", ErrInvalidEvent, err)
+		}
 	}
 	for k, val := range e.Headers {
 		if !validText(k) || !validText(val) {

@@ -19,6 +19,7 @@ import (
 
 	"github.com/outboxrelay/outboxrelay/envelope"
 	"github.com/outboxrelay/outboxrelay/outbox"
+	"github.com/outboxrelay/outboxrelay/schema"
 )
 
 // recorder is an Execer that records statements instead of running them.
@@ -403,5 +404,47 @@ func TestDependencies(t *testing.T) {
 				t.Errorf("package outbox depends on %s", dep)
 			}
 		}
+	}
+}
+
+func TestSchemasRefuseBeforeSQL(t *testing.T) {
+	set, err := schema.Load("../schema/testdata/schemas")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := outbox.New(outbox.Schemas(set))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &recorder{}
+	bad := outbox.Event{AggregateType: "order", AggregateID: "42", EventType: "order.created",
+		Payload: map[string]any{"order_id": 42, "total": 99.9}}
+	for name, write := range map[string]func() error{
+		"Write": func() error { _, err := w.Write(t.Context(), rec, bad); return err },
+		"Emit":  func() error { _, err := w.Emit(t.Context(), rec, bad); return err },
+		"WriteBatch": func() error {
+			_, err := w.WriteBatch(t.Context(), rec, []outbox.Event{{AggregateType: "order", AggregateID: "1",
+				EventType: "order.created", Payload: json.RawMessage(`{"order_id": 1, "total": "1"}`)}, bad})
+			return err
+		},
+	} {
+		err := write()
+		var verr *schema.ValidationError
+		if !errors.Is(err, outbox.ErrInvalidEvent) || !errors.As(err, &verr) || verr.Pointer != "/total" {
+			t.Errorf("%s: error %v, want ErrInvalidEvent with a schema error at /total", name, err)
+		}
+	}
+	missing := outbox.Event{AggregateType: "order", AggregateID: "42", EventType: "order.created", SchemaVersion: 9,
+		Payload: json.RawMessage(`{}`)}
+	if _, err := w.Write(t.Context(), rec, missing); !errors.Is(err, schema.ErrNoSchema) {
+		t.Errorf("version without a schema: error %v, want ErrNoSchema", err)
+	}
+	if len(rec.calls) > 0 {
+		t.Fatalf("refused events sent %d statements: %v", len(rec.calls), rec.calls)
+	}
+	good := outbox.Event{AggregateType: "order", AggregateID: "42", EventType: "order.created", SchemaVersion: 2,
+		Payload: json.RawMessage(`{"order_id": 42, "total": "99.90", "currency": "USD"}`)}
+	if _, err := w.Write(t.Context(), rec, good); err != nil || len(rec.calls) != 1 {
+		t.Fatalf("valid event: %v, %d statements", err, len(rec.calls))
 	}
 }

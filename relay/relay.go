@@ -132,6 +132,12 @@ type Config struct {
 	// CheckpointInterval is how often a new position is recorded (default 1s).
 	CheckpointInterval time.Duration
 	Hooks              Hooks
+	// Validate, when set, checks each message's content (its payload
+	// against the schema of its event type and version, say) as the
+	// message is built. An error dead-letters the message as an invalid
+	// row is: never published, with the error. Called from the stream
+	// goroutine; em must not be kept.
+	Validate func(em *envelope.Message) error
 }
 
 // Format is the body format of published messages.
@@ -977,6 +983,11 @@ func (r *Relay) buildEmitted(lm *cdc.LogicalMessage) (*Message, error) {
 }
 
 func (r *Relay) finish(em *envelope.Message, table, traceparent string, lsn cdc.LSN, errs []error) (*Message, error) {
+	if len(errs) == 0 && r.cfg.Validate != nil {
+		if err := r.cfg.Validate(em); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	em.TraceID, em.Traceparent = envelope.Trace(traceparent, em.MessageID)
 	headers, err := envelope.ParseHeaders(em.Headers)
 	if err != nil {

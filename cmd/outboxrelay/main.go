@@ -43,6 +43,7 @@ Usage:
                                                     re-create a lost or replaced slot and republish what it missed
   outboxrelay healthcheck [--url URL]               exit 0 when the relay's /healthz answers 200
   outboxrelay completion bash|zsh|fish               print the shell completion script
+  outboxrelay schema check DIR                      exit 1 when a schema version is not backward compatible with the one before
   outboxrelay version
 
 outboxrelay COMMAND --help prints the command's flags, their defaults and the environment it reads.
@@ -92,6 +93,8 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 		err = cmdHealthcheck(args[1:], stdout)
 	case "completion":
 		err = cmdCompletion(args[1:], stdout)
+	case "schema":
+		err = cmdSchema(args[1:], stdout)
 	case "version", "--version", "-v":
 		fmt.Fprintln(stdout, "outboxrelay", version)
 	case "help", "-h", "--help":

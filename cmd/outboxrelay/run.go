@@ -44,6 +44,9 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 		return usageErr("invalid configuration: %v", err)
 	}
 	if *check {
+		if _, err := schemaValidator(cfg.Relay.Schemas); err != nil {
+			return err
+		}
 		// The effective configuration, defaults and environment applied,
 		// secrets hidden, as YAML: safe to paste into a ticket.
 		out, err := cfg.RedactedYAML()
@@ -100,6 +103,10 @@ func run(ctx context.Context, cfg config.Config, log *zap.Logger, acceptConfigCh
 			log.Info("stopped during startup", zap.String("error", err.Error()))
 			return nil
 		}
+		return err
+	}
+	validate, err := schemaValidator(cfg.Relay.Schemas)
+	if err != nil {
 		return err
 	}
 	setupCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -183,6 +190,7 @@ func run(ctx context.Context, cfg config.Config, log *zap.Logger, acceptConfigCh
 		Hooks:             joinHooks(relay.Hooks{Published: checkpoint.Published}, m.Hooks()),
 		Resolve:           guard.Resolve,
 	}
+	rc.Validate = validate
 	dur.apply(&rc)
 	r = relay.New(rc, sink, log)
 
