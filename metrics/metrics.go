@@ -36,11 +36,29 @@ var LatencyBuckets = []float64{
 type Config struct {
 	// Sink is the sink label: kafka, rabbitmq.
 	Sink string
+	// Slot is the slot label of the slot-scoped series.
+	Slot string
+	// Version and Revision are the labels of build_info.
+	Version, Revision string
+	// LagSince reports the commit time replication_lag_seconds counts from
+	// (relay.Relay.LagSince; zero while unknown); read on every scrape.
+	// While it is unknown the gauge shows the figure PostgreSQL computes
+	// from the last record (status.Status.LagSeconds), and before any
+	// record the time since New.
+	LagSince func() time.Time
+	// Standby reports whether this process waits as a standby
+	// (cdc.Stream.Standby); read on every scrape for role.
+	Standby func() bool
+	// Destinations are the destinations known at start (a topic template
+	// without placeholders): messages_published_total starts at 0 for them.
+	Destinations []string
+	// IgnoredTables start skipped_inserts_total at 0.
+	IgnoredTables []string
 	// Inflight reports the messages handed to the sink and not yet
 	// acknowledged (relay.Relay.Inflight); read on every scrape.
 	Inflight func() int
-	// Status reads the slot's status (status.Read) for
-	// replication_lag_bytes and slot_wal_status. Run calls it every
+	// Status reads the slot's status (status.Read) for the slot's series.
+	// Run calls it every
 	// PollInterval (default 5s), each call bounded by PollInterval.
 	Status       func(ctx context.Context) (status.Status, error)
 	PollInterval time.Duration
@@ -58,10 +76,16 @@ type Metrics struct {
 	deadLetters   prometheus.Counter
 	skipped       *prometheus.CounterVec
 	lag           prometheus.Gauge
+	retained      prometheus.Gauge
+	keepSize      prometheus.Gauge
 	walStatus     *prometheus.GaugeVec
 	latency       prometheus.Histogram
 	// lastPublished is the newest acknowledgement, in Unix nanoseconds.
 	lastPublished atomic.Int64
+	started       time.Time
+	// polledLag is the last lag_seconds PostgreSQL computed (math.Float64bits),
+	// polledAt when it was read (Unix nanoseconds, 0: never).
+	polledLag, polledAt atomic.Uint64
 }
 
 // New registers the collectors (with the Go runtime and process
@@ -73,7 +97,8 @@ func New(cfg Config) *Metrics {
 	if cfg.Log == nil {
 		cfg.Log = zap.NewNop()
 	}
-	m := &Metrics{cfg: cfg, log: cfg.Log.Named("metrics"), registry: prometheus.NewRegistry()}
+	m := &Metrics{cfg: cfg, log: cfg.Log.Named("metrics"), registry: prometheus.NewRegistry(), started: time.Now()}
+	slot := prometheus.Labels{"slot": cfg.Slot}
 	m.published = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: Namespace, Name: "messages_published_total",
 		Help: "Messages the broker acknowledged, by sink and destination (topic or routing key).",
@@ -91,13 +116,33 @@ func New(cfg Config) *Metrics {
 		Help: "Inserts into tables listed in postgres.ignore_tables, which the relay does not publish, by table.",
 	}, []string{"table"})
 	m.lag = prometheus.NewGauge(prometheus.GaugeOpts{
-		Namespace: Namespace, Name: "replication_lag_bytes",
+		Namespace: Namespace, Name: "replication_lag_bytes", ConstLabels: slot,
 		Help: "WAL bytes between the server's current position and the older of the slot's confirmed_flush_lsn and restart_lsn, refreshed every few seconds.",
 	})
+	lagSeconds := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: Namespace, Name: "replication_lag_seconds", ConstLabels: slot,
+		Help: "Age of the oldest committed outbox message the broker has not acknowledged; when none is pending, time since the newest transaction (heartbeat) the relay saw.",
+	}, m.lagSeconds)
+	m.retained = prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: Namespace, Name: "slot_retained_wal_bytes", ConstLabels: slot,
+		Help: "WAL the server keeps for the slot (current position minus restart_lsn), refreshed every few seconds.",
+	})
+	m.keepSize = prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: Namespace, Name: "max_slot_wal_keep_size_bytes", ConstLabels: slot,
+		Help: "The server's max_slot_wal_keep_size: past it the slot loses WAL (wal_status lost); -1 when unlimited.",
+	})
+	m.keepSize.Set(-1)
 	m.walStatus = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Namespace: Namespace, Name: "slot_wal_status",
+		Namespace: Namespace, Name: "slot_wal_status", ConstLabels: slot,
 		Help: "1 for the slot's current wal_status (reserved, extended, unreserved, lost), 0 for the others; all 0 while the slot is missing.",
 	}, []string{"status"})
+	buildInfo := prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: Namespace, Name: "build_info",
+		Help:        "Always 1; the labels say which build runs.",
+		ConstLabels: prometheus.Labels{"version": cfg.Version, "revision": cfg.Revision},
+	})
+	buildInfo.Set(1)
+	role := newRoleCollector(cfg.Standby)
 	for _, ws := range walStatuses {
 		m.walStatus.WithLabelValues(ws)
 	}
@@ -121,13 +166,63 @@ func New(cfg Config) *Metrics {
 	}, func() float64 {
 		return float64(m.lastPublished.Load()) / 1e9
 	})
-	m.registry.MustRegister(m.published, m.publishErrors, m.deadLetters, m.skipped, m.lag, m.walStatus, m.latency, inflight, last,
+	m.registry.MustRegister(m.published, m.publishErrors, m.deadLetters, m.skipped, m.lag, lagSeconds, m.retained, m.keepSize,
+		m.walStatus, m.latency, inflight, last, buildInfo, role,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	// Both error series exist from the start, so rate() and alerts see 0.
 	for _, reason := range []string{reasonRetryable, reasonPermanent} {
 		m.publishErrors.WithLabelValues(cfg.Sink, reason)
 	}
+	for _, d := range cfg.Destinations {
+		m.published.WithLabelValues(cfg.Sink, d)
+	}
+	for _, t := range cfg.IgnoredTables {
+		m.skipped.WithLabelValues(t)
+	}
 	return m
+}
+
+// lagSeconds is read on scrape: the running relay knows best; PostgreSQL's
+// figure is aged by the time since it was read, so it grows between polls
+// as it would in the view.
+func (m *Metrics) lagSeconds() float64 {
+	now := time.Now()
+	if m.cfg.LagSince != nil {
+		if since := m.cfg.LagSince(); !since.IsZero() {
+			return math.Max(0, now.Sub(since).Seconds())
+		}
+	}
+	if at := m.polledAt.Load(); at != 0 {
+		return math.Float64frombits(m.polledLag.Load()) + now.Sub(time.Unix(0, int64(at))).Seconds()
+	}
+	return now.Sub(m.started).Seconds()
+}
+
+// roleCollector reports role{role="active"} and role{role="standby"}, one of
+// them 1, read on scrape.
+type roleCollector struct {
+	desc    *prometheus.Desc
+	standby func() bool
+}
+
+func newRoleCollector(standby func() bool) *roleCollector {
+	return &roleCollector{
+		desc: prometheus.NewDesc(Namespace+"_role",
+			"1 for this process's role: active (holds or is taking the slot) or standby (waits while another process holds it).",
+			[]string{"role"}, nil),
+		standby: standby,
+	}
+}
+
+func (c *roleCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *roleCollector) Collect(ch chan<- prometheus.Metric) {
+	active, standby := 1.0, 0.0
+	if c.standby != nil && c.standby() {
+		active, standby = 0, 1
+	}
+	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, active, "active")
+	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, standby, "standby")
 }
 
 // Registry returns the registry holding every collector.
@@ -184,7 +279,9 @@ func (m *Metrics) observeFailed(_ *relay.Message, err error) {
 	m.publishErrors.WithLabelValues(m.cfg.Sink, Reason(err)).Inc()
 }
 
-// Run refreshes replication_lag_bytes and slot_wal_status from
+// Run refreshes the slot's series (replication_lag_bytes, slot_wal_status,
+// slot_retained_wal_bytes, and lag_seconds while the relay has no figure of
+// its own) from
 // Config.Status at once and then every PollInterval until ctx is cancelled,
 // and returns nil. A failed read is logged at debug level and leaves the
 // previous values. Without Config.Status it only waits for ctx.
@@ -220,6 +317,16 @@ func (m *Metrics) Run(ctx context.Context) error {
 func (m *Metrics) observeSlot(st status.Status) {
 	if st.LagKnown() {
 		m.lag.Set(float64(st.LagBytes))
+	}
+	if st.RetainedKnown() {
+		m.retained.Set(float64(st.RetainedWALBytes))
+	}
+	if st.MaxSlotWALKeepSize != 0 {
+		m.keepSize.Set(float64(st.MaxSlotWALKeepSize))
+	}
+	if st.LagSecondsKnown() {
+		m.polledLag.Store(math.Float64bits(st.LagSeconds))
+		m.polledAt.Store(uint64(time.Now().UnixNano()))
 	}
 	for _, ws := range walStatuses {
 		v := 0.0

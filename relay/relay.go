@@ -424,6 +424,14 @@ func (r *Relay) Start(ctx context.Context, slotConfirmed cdc.LSN) error {
 // acknowledged. Safe for concurrent use.
 func (r *Relay) Inflight() int { return r.window.inflight() }
 
+// LagSince returns the commit time that replication lag in seconds counts
+// from: that of the oldest committed message the broker has not
+// acknowledged, or, when nothing is pending, that of the newest transaction
+// the relay has seen (a heartbeat on an idle relay). Zero until the relay has
+// seen a transaction. It is the database server's clock. Safe for
+// concurrent use.
+func (r *Relay) LagSince() time.Time { return r.tracker.lagSince() }
+
 // Retrying reports whether some message is waiting to be published again
 // or to be stored as a dead letter. Safe for concurrent use.
 func (r *Relay) Retrying() bool { return r.retrying.Load() > 0 || r.storing.Load() > 0 }
@@ -470,7 +478,7 @@ func (r *Relay) Drain(ctx context.Context) error {
 // Begin implements cdc.Handler.
 func (r *Relay) Begin(_ context.Context, b cdc.Begin) error {
 	r.cur = b
-	r.tx = r.tracker.begin()
+	r.tx = r.tracker.beginAt(b.CommitTime)
 	return nil
 }
 

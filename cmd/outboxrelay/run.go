@@ -160,10 +160,17 @@ func run(ctx context.Context, cfg config.Config, log *zap.Logger, acceptConfigCh
 	// r is set below, before the HTTP endpoint can scrape the inflight gauge.
 	var r *relay.Relay
 	m := metrics.New(metrics.Config{
-		Sink:     cfg.Sink.Type,
-		Inflight: func() int { return r.Inflight() },
-		Status:   readStatus,
-		Log:      log,
+		Sink:          cfg.Sink.Type,
+		Slot:          slot,
+		Version:       version,
+		Revision:      revision(),
+		Inflight:      func() int { return r.Inflight() },
+		LagSince:      func() time.Time { return r.LagSince() },
+		Standby:       stream.Standby,
+		Destinations:  staticDestinations(cfg),
+		IgnoredTables: cfg.Postgres.IgnoreTables,
+		Status:        readStatus,
+		Log:           log,
 	})
 	rc := relay.Config{
 		Database:          database,
@@ -180,6 +187,7 @@ func run(ctx context.Context, cfg config.Config, log *zap.Logger, acceptConfigCh
 	}
 	dur.apply(&rc)
 	r = relay.New(rc, sink, log)
+	checkpoint.LagSince = r.LagSince
 
 	// relayCtx ends on SIGTERM/SIGINT, or when the HTTP endpoint fails. The
 	// parts that report on the relay (checkpoint, metrics, HTTP) outlive it
@@ -255,6 +263,41 @@ func run(ctx context.Context, cfg config.Config, log *zap.Logger, acceptConfigCh
 	stopRelay() // after a fatal error too: the heartbeat stops with it
 	stopReport()
 	return errors.Join(err, report.Wait())
+}
+
+// revision is the VCS revision the binary was built from, or "".
+func revision() string {
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, s := range bi.Settings {
+			if s.Key == "vcs.revision" {
+				return s.Value
+			}
+		}
+	}
+	return ""
+}
+
+// staticDestinations is the destination every message goes to when the
+// sink's template has no placeholder, so that messages_published_total
+// exists from the start.
+func staticDestinations(cfg config.Config) []string {
+	var d string
+	switch cfg.Sink.Type {
+	case "kafka":
+		d = cfg.Sink.Kafka.Topic
+	case "rabbitmq":
+		if !strings.Contains(cfg.Sink.RabbitMQ.RoutingKey, "{") {
+			return []string{cfg.Sink.RabbitMQ.Exchange + "/" + cfg.Sink.RabbitMQ.RoutingKey}
+		}
+	case "nats":
+		d = cfg.Sink.NATS.Subject
+	case "redis":
+		d = cfg.Sink.Redis.Stream
+	}
+	if d == "" || strings.Contains(d, "{") {
+		return nil
+	}
+	return []string{d}
 }
 
 // joinHooks returns hooks that call the set hooks of hs, in order.
