@@ -329,15 +329,23 @@ func TestMetricsDuringRun(t *testing.T) {
 	if v := metricValues(body, "outboxrelay_end_to_end_latency_seconds_bucket")[`{le="60"}`]; v != 50 {
 		t.Errorf("end_to_end_latency_seconds_bucket{le=60} = %v, want 50", v)
 	}
-	for _, name := range []string{"outboxrelay_inflight_messages", "outboxrelay_replication_lag_bytes", "outboxrelay_dead_letters_total"} {
+	for _, name := range []string{"outboxrelay_inflight_messages", "outboxrelay_dead_letters_total"} {
 		if _, ok := metricValues(body, name)["{"]; !ok {
 			t.Errorf("%s missing from /metrics", name)
 		}
 	}
+	for _, name := range []string{"outboxrelay_replication_lag_bytes", "outboxrelay_replication_lag_seconds", "outboxrelay_slot_retained_wal_bytes"} {
+		if _, ok := metricValues(body, name)[`{slot="outboxrelay"}`]; !ok {
+			t.Errorf("%s{slot=\"outboxrelay\"} missing from /metrics", name)
+		}
+	}
+	if v := metricValues(body, "outboxrelay_role"); v[`{role="active"}`] != 1 || v[`{role="standby"}`] != 0 {
+		t.Errorf("role = %v, want active", v)
+	}
 	if v := metricValues(body, "outboxrelay_last_published_timestamp_seconds")["{"]; time.Since(time.Unix(int64(v), 0)) > time.Minute {
 		t.Errorf("last_published_timestamp_seconds = %v", v)
 	}
-	if v := metricValues(body, "outboxrelay_slot_wal_status")[`{status="reserved"}`]; v != 1 {
+	if v := metricValues(body, "outboxrelay_slot_wal_status")[`{slot="outboxrelay",status="reserved"}`]; v != 1 {
 		t.Errorf("slot_wal_status{status=reserved} = %v, want 1", v)
 	}
 	if errs := metricValues(body, "outboxrelay_publish_errors_total"); len(errs) != 2 || sum(errs) != 0 {
