@@ -36,7 +36,7 @@ var LatencyBuckets = []float64{
 type Config struct {
 	// Sink is the sink label: kafka, rabbitmq.
 	Sink string
-	// Slot is the slot label of the slot-scoped series.
+	// Slot is the slot label of every outboxrelay_ series but build_info.
 	Slot string
 	// Version and Revision are the labels of build_info.
 	Version, Revision string
@@ -98,7 +98,6 @@ func New(cfg Config) *Metrics {
 		cfg.Log = zap.NewNop()
 	}
 	m := &Metrics{cfg: cfg, log: cfg.Log.Named("metrics"), registry: prometheus.NewRegistry(), started: time.Now()}
-	slot := prometheus.Labels{"slot": cfg.Slot}
 	m.published = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: Namespace, Name: "messages_published_total",
 		Help: "Messages the broker acknowledged, by sink and destination (topic or routing key).",
@@ -116,24 +115,24 @@ func New(cfg Config) *Metrics {
 		Help: "Inserts into tables listed in postgres.ignore_tables, which the relay does not publish, by table.",
 	}, []string{"table"})
 	m.lag = prometheus.NewGauge(prometheus.GaugeOpts{
-		Namespace: Namespace, Name: "replication_lag_bytes", ConstLabels: slot,
+		Namespace: Namespace, Name: "replication_lag_bytes",
 		Help: "WAL bytes between the server's current position and the older of the slot's confirmed_flush_lsn and restart_lsn, refreshed every few seconds.",
 	})
 	lagSeconds := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Namespace: Namespace, Name: "replication_lag_seconds", ConstLabels: slot,
+		Namespace: Namespace, Name: "replication_lag_seconds",
 		Help: "Age of the oldest committed outbox message the broker has not acknowledged; when none is pending, time since the newest transaction (heartbeat) the relay saw.",
 	}, m.lagSeconds)
 	m.retained = prometheus.NewGauge(prometheus.GaugeOpts{
-		Namespace: Namespace, Name: "slot_retained_wal_bytes", ConstLabels: slot,
+		Namespace: Namespace, Name: "slot_retained_wal_bytes",
 		Help: "WAL the server keeps for the slot (current position minus restart_lsn), refreshed every few seconds.",
 	})
 	m.keepSize = prometheus.NewGauge(prometheus.GaugeOpts{
-		Namespace: Namespace, Name: "max_slot_wal_keep_size_bytes", ConstLabels: slot,
+		Namespace: Namespace, Name: "max_slot_wal_keep_size_bytes",
 		Help: "The server's max_slot_wal_keep_size: past it the slot loses WAL (wal_status lost); -1 when unlimited.",
 	})
 	m.keepSize.Set(-1)
 	m.walStatus = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Namespace: Namespace, Name: "slot_wal_status", ConstLabels: slot,
+		Namespace: Namespace, Name: "slot_wal_status",
 		Help: "1 for the slot's current wal_status (reserved, extended, unreserved, lost), 0 for the others; all 0 while the slot is missing.",
 	}, []string{"status"})
 	buildInfo := prometheus.NewGauge(prometheus.GaugeOpts{
@@ -166,9 +165,14 @@ func New(cfg Config) *Metrics {
 	}, func() float64 {
 		return float64(m.lastPublished.Load()) / 1e9
 	})
-	m.registry.MustRegister(m.published, m.publishErrors, m.deadLetters, m.skipped, m.lag, lagSeconds, m.retained, m.keepSize,
-		m.walStatus, m.latency, inflight, last, buildInfo, role,
-		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	// A process relays one slot: every series of its pipeline is the slot's.
+	var perSlot prometheus.Registerer = m.registry
+	if cfg.Slot != "" {
+		perSlot = prometheus.WrapRegistererWith(prometheus.Labels{"slot": cfg.Slot}, m.registry)
+	}
+	perSlot.MustRegister(m.published, m.publishErrors, m.deadLetters, m.skipped, m.lag, lagSeconds, m.retained, m.keepSize,
+		m.walStatus, m.latency, inflight, last, role)
+	m.registry.MustRegister(buildInfo, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	// Both error series exist from the start, so rate() and alerts see 0.
 	for _, reason := range []string{reasonRetryable, reasonPermanent} {
 		m.publishErrors.WithLabelValues(cfg.Sink, reason)

@@ -109,20 +109,20 @@ func TestHandler(t *testing.T) {
 	m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
 	body, _ := io.ReadAll(rec.Body)
 	for _, want := range []string{
-		`outboxrelay_publish_errors_total{reason="permanent",sink="rabbitmq"} 0`,
-		`outboxrelay_messages_published_total{destination="outbox",sink="rabbitmq"} 0`,
-		`outboxrelay_skipped_inserts_total{table="public.audit"} 0`,
-		`outboxrelay_dead_letters_total 0`,
+		`outboxrelay_publish_errors_total{reason="permanent",sink="rabbitmq",slot="orders"} 0`,
+		`outboxrelay_messages_published_total{destination="outbox",sink="rabbitmq",slot="orders"} 0`,
+		`outboxrelay_skipped_inserts_total{slot="orders",table="public.audit"} 0`,
+		`outboxrelay_dead_letters_total{slot="orders"} 0`,
 		`outboxrelay_replication_lag_bytes{slot="orders"} 0`,
 		`outboxrelay_replication_lag_seconds{slot="orders"} `,
 		`outboxrelay_slot_retained_wal_bytes{slot="orders"} 0`,
 		`outboxrelay_max_slot_wal_keep_size_bytes{slot="orders"} -1`,
 		`outboxrelay_slot_wal_status{slot="orders",status="lost"} 0`,
 		`outboxrelay_build_info{revision="5424825",version="1.4.0"} 1`,
-		`outboxrelay_role{role="active"} 1`,
-		`outboxrelay_role{role="standby"} 0`,
-		"outboxrelay_inflight_messages 0",
-		"outboxrelay_end_to_end_latency_seconds_bucket{le=\"0.001\"} 0",
+		`outboxrelay_role{role="active",slot="orders"} 1`,
+		`outboxrelay_role{role="standby",slot="orders"} 0`,
+		`outboxrelay_inflight_messages{slot="orders"} 0`,
+		`outboxrelay_end_to_end_latency_seconds_bucket{slot="orders",le="0.001"} 0`,
 		"go_goroutines",
 	} {
 		if !strings.Contains(string(body), want) {
