@@ -329,7 +329,10 @@ func TestMetricsDuringRun(t *testing.T) {
 	if v := metricValues(body, "outboxrelay_end_to_end_latency_seconds_bucket")[`{slot="outboxrelay",le="60"}`]; v != 50 {
 		t.Errorf("end_to_end_latency_seconds_bucket{le=60} = %v, want 50", v)
 	}
-	for _, name := range []string{"outboxrelay_inflight_messages", "outboxrelay_dead_letters_total", "outboxrelay_replication_lag_bytes", "outboxrelay_replication_lag_seconds", "outboxrelay_slot_retained_wal_bytes"} {
+	if v := metricValues(body, "outboxrelay_dead_letters_total"); len(v) != 2 || sum(v) != 0 {
+		t.Errorf("dead_letters_total = %v, want two zero series", v)
+	}
+	for _, name := range []string{"outboxrelay_inflight_messages", "outboxrelay_replication_lag_bytes", "outboxrelay_replication_lag_seconds", "outboxrelay_slot_retained_wal_bytes"} {
 		if _, ok := metricValues(body, name)[`{slot="outboxrelay"}`]; !ok {
 			t.Errorf("%s{slot=\"outboxrelay\"} missing from /metrics", name)
 		}

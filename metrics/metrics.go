@@ -7,6 +7,7 @@ package metrics
 
 import (
 	"context"
+	"errors"
 	"math"
 	"net/http"
 	"sync/atomic"
@@ -73,7 +74,7 @@ type Metrics struct {
 
 	published     *prometheus.CounterVec
 	publishErrors *prometheus.CounterVec
-	deadLetters   prometheus.Counter
+	deadLetters   *prometheus.CounterVec
 	skipped       *prometheus.CounterVec
 	lag           prometheus.Gauge
 	retained      prometheus.Gauge
@@ -106,10 +107,10 @@ func New(cfg Config) *Metrics {
 		Namespace: Namespace, Name: "publish_errors_total",
 		Help: "Failed publish attempts, by sink and reason (retryable: retried without limit; permanent: dead-lettered after max_attempts).",
 	}, []string{"sink", "reason"})
-	m.deadLetters = prometheus.NewCounter(prometheus.CounterOpts{
+	m.deadLetters = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: Namespace, Name: "dead_letters_total",
-		Help: "Messages stored in outboxrelay.dead_letters by this process.",
-	})
+		Help: "Messages stored in outboxrelay.dead_letters by this process, by reason (permanent: the broker refused it max_attempts times; invalid: not a valid outbox message).",
+	}, []string{"reason"})
 	m.skipped = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: Namespace, Name: "skipped_inserts_total",
 		Help: "Inserts into tables listed in postgres.ignore_tables, which the relay does not publish, by table.",
@@ -173,9 +174,12 @@ func New(cfg Config) *Metrics {
 	perSlot.MustRegister(m.published, m.publishErrors, m.deadLetters, m.skipped, m.lag, lagSeconds, m.retained, m.keepSize,
 		m.walStatus, m.latency, inflight, last, role)
 	m.registry.MustRegister(buildInfo, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	// Both error series exist from the start, so rate() and alerts see 0.
+	// Every error series exists from the start, so rate() and alerts see 0.
 	for _, reason := range []string{reasonRetryable, reasonPermanent} {
 		m.publishErrors.WithLabelValues(cfg.Sink, reason)
+	}
+	for _, reason := range []string{reasonPermanent, reasonInvalid} {
+		m.deadLetters.WithLabelValues(reason)
 	}
 	for _, d := range cfg.Destinations {
 		m.published.WithLabelValues(cfg.Sink, d)
@@ -243,6 +247,7 @@ var walStatuses = []string{"reserved", "extended", "unreserved", "lost"}
 const (
 	reasonRetryable = "retryable"
 	reasonPermanent = "permanent"
+	reasonInvalid   = "invalid"
 )
 
 // Reason classifies a publish error for the reason label, with the relay's
@@ -259,7 +264,7 @@ func (m *Metrics) Hooks() relay.Hooks {
 	return relay.Hooks{
 		Published:     m.observePublished,
 		PublishFailed: m.observeFailed,
-		DeadLettered:  func(*relay.Message) { m.deadLetters.Inc() },
+		DeadLettered:  m.observeDeadLettered,
 		Skipped:       func(table string) { m.skipped.WithLabelValues(table).Inc() },
 	}
 }
@@ -277,6 +282,16 @@ func (m *Metrics) observePublished(msg *relay.Message, ackedAt time.Time) {
 			return
 		}
 	}
+}
+
+// A dead letter the broker never refused is one the relay could not build.
+func (m *Metrics) observeDeadLettered(msg *relay.Message) {
+	reason := reasonInvalid
+	var p *relay.PermanentError
+	if errors.As(msg.LastError, &p) {
+		reason = reasonPermanent
+	}
+	m.deadLetters.WithLabelValues(reason).Inc()
 }
 
 func (m *Metrics) observeFailed(_ *relay.Message, err error) {

@@ -60,7 +60,9 @@ func TestHooks(t *testing.T) {
 	h.PublishFailed(&relay.Message{}, errors.New("broker not available"))
 	h.PublishFailed(&relay.Message{}, relay.Permanent(errors.New("message too large")))
 	h.PublishFailed(&relay.Message{}, relay.Permanent(errors.New("message too large")))
-	h.DeadLettered(&relay.Message{})
+	h.DeadLettered(&relay.Message{LastError: relay.Permanent(errors.New("message too large"))})
+	h.DeadLettered(&relay.Message{LastError: errors.New("invalid outbox message: no id")})
+	h.DeadLettered(&relay.Message{LastError: relay.Permanent(errors.New("unroutable"))})
 
 	got := map[string]float64{}
 	for _, mt := range gather(t, m, "outboxrelay_messages_published_total") {
@@ -80,8 +82,12 @@ func TestHooks(t *testing.T) {
 	if errs["retryable"] != 1 || errs["permanent"] != 2 || len(errs) != 2 {
 		t.Errorf("publish_errors_total = %v", errs)
 	}
-	if v := gather(t, m, "outboxrelay_dead_letters_total")[0].GetCounter().GetValue(); v != 1 {
-		t.Errorf("dead_letters_total = %v", v)
+	dead := map[string]float64{}
+	for _, mt := range gather(t, m, "outboxrelay_dead_letters_total") {
+		dead[labels(mt)["reason"]] = mt.GetCounter().GetValue()
+	}
+	if dead["permanent"] != 2 || dead["invalid"] != 1 || len(dead) != 2 {
+		t.Errorf("dead_letters_total = %v", dead)
 	}
 	hist := gather(t, m, "outboxrelay_end_to_end_latency_seconds")[0].GetHistogram()
 	if hist.GetSampleCount() != 4 || hist.GetSampleSum() < 2.04 || hist.GetSampleSum() > 2.05 {
@@ -112,7 +118,8 @@ func TestHandler(t *testing.T) {
 		`outboxrelay_publish_errors_total{reason="permanent",sink="rabbitmq",slot="orders"} 0`,
 		`outboxrelay_messages_published_total{destination="outbox",sink="rabbitmq",slot="orders"} 0`,
 		`outboxrelay_skipped_inserts_total{slot="orders",table="public.audit"} 0`,
-		`outboxrelay_dead_letters_total{slot="orders"} 0`,
+		`outboxrelay_dead_letters_total{reason="invalid",slot="orders"} 0`,
+		`outboxrelay_dead_letters_total{reason="permanent",slot="orders"} 0`,
 		`outboxrelay_replication_lag_bytes{slot="orders"} 0`,
 		`outboxrelay_replication_lag_seconds{slot="orders"} `,
 		`outboxrelay_slot_retained_wal_bytes{slot="orders"} 0`,
