@@ -83,6 +83,9 @@ type Metrics struct {
 	latency       prometheus.Histogram
 	// lastPublished is the newest acknowledgement, in Unix nanoseconds.
 	lastPublished atomic.Int64
+	acknowledged  atomic.Uint64
+	// lagBytes is the last replication_lag_bytes, -1 while unknown.
+	lagBytes atomic.Int64
 	started       time.Time
 	// polledLag is the last lag_seconds PostgreSQL computed (math.Float64bits),
 	// polledAt when it was read (Unix nanoseconds, 0: never).
@@ -99,6 +102,7 @@ func New(cfg Config) *Metrics {
 		cfg.Log = zap.NewNop()
 	}
 	m := &Metrics{cfg: cfg, log: cfg.Log.Named("metrics"), registry: prometheus.NewRegistry(), started: time.Now()}
+	m.lagBytes.Store(-1)
 	m.published = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: Namespace, Name: "messages_published_total",
 		Help: "Messages the broker acknowledged, by sink and destination (topic or routing key).",
@@ -269,7 +273,23 @@ func (m *Metrics) Hooks() relay.Hooks {
 	}
 }
 
+// Acknowledged returns the number of messages the broker acknowledged
+// since New. Safe for concurrent use.
+func (m *Metrics) Acknowledged() uint64 { return m.acknowledged.Load() }
+
+// LagBytes returns the last replication_lag_bytes read, and false while it
+// is unknown. Safe for concurrent use.
+func (m *Metrics) LagBytes() (int64, bool) {
+	v := m.lagBytes.Load()
+	return v, v >= 0
+}
+
+// LagSeconds returns replication_lag_seconds as a scrape would. Safe for
+// concurrent use.
+func (m *Metrics) LagSeconds() float64 { return m.lagSeconds() }
+
 func (m *Metrics) observePublished(msg *relay.Message, ackedAt time.Time) {
+	m.acknowledged.Add(1)
 	m.published.WithLabelValues(m.cfg.Sink, msg.Destination).Inc()
 	if !msg.CommitTime.IsZero() {
 		// The commit time is the database server's clock: clamp skew.
@@ -336,6 +356,7 @@ func (m *Metrics) Run(ctx context.Context) error {
 func (m *Metrics) observeSlot(st status.Status) {
 	if st.LagKnown() {
 		m.lag.Set(float64(st.LagBytes))
+		m.lagBytes.Store(max(0, st.LagBytes))
 	}
 	if st.RetainedKnown() {
 		m.retained.Set(float64(st.RetainedWALBytes))

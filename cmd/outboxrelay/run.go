@@ -245,6 +245,12 @@ func run(ctx context.Context, cfg config.Config, log *zap.Logger, acceptConfigCh
 		return nil
 	})
 	report.Go(func() error { return dur.heartbeat(relayCtx) })
+	report.Go(func() error {
+		p := &progress{log: log, interval: 30 * time.Second, acknowledged: m.Acknowledged,
+			inflight: func() int { return r.Inflight() }, lagBytes: m.LagBytes, lagSeconds: m.LagSeconds}
+		p.run(relayCtx)
+		return nil
+	})
 	report.Go(func() error { return dur.retention(relayCtx) })
 
 	for _, w := range securityWarnings(cfg) {
