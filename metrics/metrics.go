@@ -86,7 +86,7 @@ type Metrics struct {
 	acknowledged  atomic.Uint64
 	// lagBytes is the last replication_lag_bytes, -1 while unknown.
 	lagBytes atomic.Int64
-	started       time.Time
+	started  time.Time
 	// polledLag is the last lag_seconds PostgreSQL computed (math.Float64bits),
 	// polledAt when it was read (Unix nanoseconds, 0: never).
 	polledLag, polledAt atomic.Uint64
