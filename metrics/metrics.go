@@ -41,6 +41,9 @@ type Config struct {
 	Slot string
 	// Version and Revision are the labels of build_info.
 	Version, Revision string
+	// Unanswered reports how long the sink has held messages without
+	// reporting any outcome (relay.Relay.Unanswered); read on every scrape.
+	Unanswered func() time.Duration
 	// LagSince reports the commit time replication_lag_seconds counts from
 	// (relay.Relay.LagSince; zero while unknown); read on every scrape.
 	// While it is unknown the gauge shows the figure PostgreSQL computes
@@ -140,6 +143,15 @@ func New(cfg Config) *Metrics {
 		Namespace: Namespace, Name: "slot_wal_status",
 		Help: "1 for the slot's current wal_status (reserved, extended, unreserved, lost), 0 for the others; all 0 while the slot is missing.",
 	}, []string{"status"})
+	unanswered := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: Namespace, Name: "sink_unanswered_seconds",
+		Help: "How long the broker has held messages without answering any (acknowledgement or error); 0 while it holds none.",
+	}, func() float64 {
+		if cfg.Unanswered == nil {
+			return 0
+		}
+		return cfg.Unanswered().Seconds()
+	})
 	buildInfo := prometheus.NewGauge(prometheus.GaugeOpts{
 		Namespace: Namespace, Name: "build_info",
 		Help:        "Always 1; the labels say which build runs.",
@@ -176,7 +188,7 @@ func New(cfg Config) *Metrics {
 		perSlot = prometheus.WrapRegistererWith(prometheus.Labels{"slot": cfg.Slot}, m.registry)
 	}
 	perSlot.MustRegister(m.published, m.publishErrors, m.deadLetters, m.skipped, m.lag, lagSeconds, m.retained, m.keepSize,
-		m.walStatus, m.latency, inflight, last, role)
+		m.walStatus, m.latency, inflight, last, unanswered, role)
 	m.registry.MustRegister(buildInfo, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	// Every error series exists from the start, so rate() and alerts see 0.
 	for _, reason := range []string{reasonRetryable, reasonPermanent} {

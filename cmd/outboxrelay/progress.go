@@ -92,3 +92,35 @@ func (p *progress) line(msg string, published uint64, over time.Duration, inflig
 	fields = append(fields, zap.Float64("lag_seconds", math.Round(lagSeconds*10)/10), zap.Int("inflight", inflight))
 	p.log.Info(msg, append(fields, extra...)...)
 }
+
+// brokerSilence is how long a broker may hold messages without answering
+// any before /readyz, the log and outboxrelay_sink_unanswered_seconds say
+// so. A healthy broker acknowledges within milliseconds; a publish timeout
+// (tens of seconds) would report it far too late.
+const brokerSilence = 5 * time.Second
+
+// watchBroker logs once when the broker has answered nothing for
+// brokerSilence while messages wait on it, and once when it answers again.
+// It checks every second until ctx is done.
+func watchBroker(ctx context.Context, log *zap.Logger, sink string, unanswered func() (time.Duration, int)) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	var silentSince time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			d, n := unanswered()
+			switch {
+			case d >= brokerSilence && silentSince.IsZero():
+				silentSince = now.Add(-d)
+				log.Warn("the broker accepts messages but answers none; publishing waits for it",
+					zap.String("sink", sink), zap.Int("unanswered", n), zap.Duration("for", d.Round(time.Second)))
+			case d < brokerSilence && !silentSince.IsZero():
+				log.Info("the broker answers again", zap.String("sink", sink), zap.Duration("silent_for", now.Sub(silentSince).Round(time.Second)))
+				silentSince = time.Time{}
+			}
+		}
+	}
+}

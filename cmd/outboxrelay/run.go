@@ -165,6 +165,7 @@ func run(ctx context.Context, cfg config.Config, log *zap.Logger, acceptConfigCh
 		Version:       version,
 		Revision:      revision(),
 		Inflight:      func() int { return r.Inflight() },
+		Unanswered:    func() time.Duration { d, _ := r.Unanswered(); return d },
 		LagSince:      func() time.Time { return r.LagSince() },
 		Standby:       stream.Standby,
 		Destinations:  staticDestinations(cfg),
@@ -209,6 +210,9 @@ func run(ctx context.Context, cfg config.Config, log *zap.Logger, acceptConfigCh
 				case r.Retrying():
 					return errors.New("retrying failed publishes")
 				}
+				if d, n := r.Unanswered(); d >= brokerSilence {
+					return fmt.Errorf("the %s broker has answered nothing for %s (%d messages waiting)", cfg.Sink.Type, d.Round(time.Second), n)
+				}
 				return nil
 			},
 			Standby: func() bool { return relayCtx.Err() == nil && stream.Standby() && sink.Ready() },
@@ -245,6 +249,10 @@ func run(ctx context.Context, cfg config.Config, log *zap.Logger, acceptConfigCh
 		return nil
 	})
 	report.Go(func() error { return dur.heartbeat(relayCtx) })
+	report.Go(func() error {
+		watchBroker(relayCtx, log, cfg.Sink.Type, r.Unanswered)
+		return nil
+	})
 	report.Go(func() error {
 		p := &progress{log: log, interval: 30 * time.Second, acknowledged: m.Acknowledged,
 			inflight: func() int { return r.Inflight() }, lagBytes: m.LagBytes, lagSeconds: m.LagSeconds}
