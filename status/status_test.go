@@ -236,3 +236,35 @@ func TestWriterRunFlushesAtStop(t *testing.T) {
 		t.Errorf("%d writes at stop, want 1", len(db.calls))
 	}
 }
+
+// TestWriterRecordsLagSince: lag_since is written when it moves, alone when
+// nothing was published (so that an earlier run's figures stay), and not
+// again while it stands still, as it does while the relay is stuck.
+func TestWriterRecordsLagSince(t *testing.T) {
+	db := &execRecorder{}
+	w := NewWriter(db, "outboxrelay", nil)
+	var since time.Time
+	w.LagSince = func() time.Time { return since }
+	ctx := context.Background()
+	if err := w.Flush(ctx); err != nil || len(db.calls) != 0 {
+		t.Fatalf("lag since unknown: %v, %d writes", err, len(db.calls))
+	}
+	since = now.Add(-time.Second)
+	if err := w.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if len(db.calls) != 1 || len(db.calls[0]) != 2 || !db.calls[0][1].(*time.Time).Equal(since) {
+		t.Fatalf("writes %v, want lag_since alone", db.calls)
+	}
+	if err := w.Flush(ctx); err != nil || len(db.calls) != 1 {
+		t.Fatalf("lag since unchanged: %v, %d writes, want no new write", err, len(db.calls))
+	}
+	since = now
+	w.Published(&relay.Message{ID: "a", LSN: 0x100}, now)
+	if err := w.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if args := db.calls[1]; len(db.calls) != 2 || args[2] != "a" || !args[5].(*time.Time).Equal(now) {
+		t.Errorf("write with a publish = %v, want the checkpoint and lag_since", db.calls[1:])
+	}
+}
