@@ -46,7 +46,7 @@ type Config struct {
 	Unanswered func() time.Duration
 	// LagSince reports the commit time replication_lag_seconds counts from
 	// (relay.Relay.LagSince; zero while unknown); read on every scrape.
-	// While it is unknown the gauge shows the figure PostgreSQL computes
+	// While it is unknown, and on a standby, the gauge shows the figure PostgreSQL computes
 	// from the last record (status.Status.LagSeconds), and before any
 	// record the time since New.
 	LagSince func() time.Time
@@ -211,7 +211,10 @@ func New(cfg Config) *Metrics {
 // as it would in the view.
 func (m *Metrics) lagSeconds() float64 {
 	now := time.Now()
-	if m.cfg.LagSince != nil {
+	// A standby's own figure is stale (from when it last held the slot, if
+	// ever): the active relay's record in PostgreSQL is the slot's.
+	standby := m.cfg.Standby != nil && m.cfg.Standby()
+	if m.cfg.LagSince != nil && !standby {
 		if since := m.cfg.LagSince(); !since.IsZero() {
 			return math.Max(0, now.Sub(since).Seconds())
 		}

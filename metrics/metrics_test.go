@@ -221,4 +221,12 @@ func TestLagSeconds(t *testing.T) {
 	if r := role(); r["active"] != 0 || r["standby"] != 1 {
 		t.Errorf("role of a standby: %v", r)
 	}
+	// A relay that lost the slot to another keeps its last figure, which
+	// stands still: the standby reports PostgreSQL's instead.
+	old := time.Now().Add(-time.Hour)
+	since.Store(&old)
+	m.observeSlot(status.Status{Exists: true, LagSeconds: 2, LagSince: time.Now().Add(-2 * time.Second)})
+	if v := lag(); v < 2 || v > 7 {
+		t.Errorf("standby: lag_seconds = %v, want PostgreSQL's 2, not its own stale hour", v)
+	}
 }
