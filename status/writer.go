@@ -52,7 +52,6 @@ type Writer struct {
 	// record stops moving when the relay stops or is stuck, lag_seconds
 	// goes on growing in PostgreSQL.
 	LagSince func() time.Time
-	since    time.Time // recorded in the last successful write
 
 	mu      sync.Mutex
 	changed bool
@@ -60,7 +59,8 @@ type Writer struct {
 	lsn     LSN
 	id      string
 	at      time.Time
-	failing bool // the last write failed; log recovery once
+	failing bool      // the last write failed; log recovery once
+	since   time.Time // lag_since recorded by the last successful write
 }
 
 // NewWriter returns a Writer for slot that writes through db. It starts nothing.
