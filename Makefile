@@ -1,7 +1,7 @@
 GO ?= go
 FUZZTIME ?= 10s
 
-.PHONY: tidy-check build test test-matrix test-short torture bench demo fuzz audit clean
+.PHONY: tidy-check build test test-matrix test-chart test-rules test-short torture bench demo fuzz audit clean
 
 build:
 	$(GO) build -o bin/outboxrelay ./cmd/outboxrelay
@@ -10,11 +10,15 @@ build:
 # 127.0.0.1:5672 (.ci/run makes sure of both).
 # Packages that disturb the shared RabbitMQ (closing connections, stop_app)
 # run one at a time, after the rest.
+# The integration package also runs the alert-rule unit tests (promtool)
+# and the dashboard test (a real Prometheus); deploy/helm, a module of its
+# own so that helm never becomes a dependency of the relay, renders the chart.
 SERIAL_PKGS := ./sinks/rabbitmq ./integration
 test: tidy-check
 	$(GO) vet ./...
 	$(GO) test -count=1 -timeout 15m -p 2 $$($(GO) list ./... | grep -v -e '/integration$$' -e '/sinks/rabbitmq$$')
 	$(GO) test -count=1 -timeout 20m -p 1 $(SERIAL_PKGS)
+	$(MAKE) --no-print-directory test-chart
 	$(MAKE) --no-print-directory test-matrix
 
 # The core end-to-end suite on every supported PostgreSQL version, one
@@ -45,6 +49,14 @@ DURATION ?= 10m
 TORTURE_TIMEOUT ?= 3h
 torture:
 	OUTBOXRELAY_NEMESIS_DURATION=$(DURATION) $(GO) test -count=1 -timeout $(TORTURE_TIMEOUT) -v -run '^TestNemesis' ./integration
+
+test-chart:
+	cd deploy/helm && $(GO) vet ./... && $(GO) test -count=1 -timeout 10m ./...
+
+# The alert rules' unit tests alone.
+test-rules:
+	promtool check rules deploy/prometheus/alerts.yaml
+	cd deploy/prometheus && promtool test rules alerts_test.yaml
 
 test-short:
 	$(GO) test -short -count=1 ./...

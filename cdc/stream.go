@@ -115,10 +115,13 @@ func (s *Stream) Standby() bool { return s.standby.Load() }
 // Handler to drain, reports the final confirmed position and returns nil.
 func (s *Stream) Run(ctx context.Context, h Handler) error {
 	backoff := s.cfg.ReconnectMin
+	var standby standbyLog
 	for {
 		started := time.Now()
 		err := s.session(ctx, h)
-		s.streaming.Store(false)
+		if s.streaming.Swap(false) {
+			standby = standbyLog{} // it held the slot: a new wait is news again
+		}
 		h.Reset()
 		if ctx.Err() != nil {
 			return nil
@@ -134,8 +137,9 @@ func (s *Stream) Run(ctx context.Context, h Handler) error {
 		if IsSlotInUse(err) {
 			// A standby polls quickly so that it takes over within seconds.
 			wait = jitter(s.cfg.StandbyPoll)
-			s.log.Info("slot is in use by another process; waiting as standby", zap.String("slot", s.cfg.Slot), zap.Duration("retry_in", wait))
+			standby.polled(s.log, s.cfg.Slot, s.cfg.StandbyPoll, time.Now())
 		} else {
+			standby = standbyLog{}
 			s.log.Warn("replication connection lost; reconnecting", zap.Error(err), zap.Duration("retry_in", wait))
 		}
 		select {
@@ -146,6 +150,28 @@ func (s *Stream) Run(ctx context.Context, h Handler) error {
 		if !IsSlotInUse(err) {
 			backoff = min(backoff*2, s.cfg.ReconnectMax)
 		}
+	}
+}
+
+// standbyRemind is how often a standby says it is still waiting.
+const standbyRemind = 5 * time.Minute
+
+// standbyLog keeps a standby's log short: one line when it starts waiting,
+// then one every standbyRemind, however often it polls.
+type standbyLog struct {
+	since, logged time.Time
+	polls         int
+}
+
+func (l *standbyLog) polled(log *zap.Logger, slot string, poll time.Duration, now time.Time) {
+	l.polls++
+	switch {
+	case l.since.IsZero():
+		l.since, l.logged = now, now
+		log.Info("slot is in use by another process; waiting as standby", zap.String("slot", slot), zap.Duration("poll", poll))
+	case now.Sub(l.logged) >= standbyRemind:
+		l.logged = now
+		log.Info("still waiting as standby", zap.String("slot", slot), zap.Duration("for", now.Sub(l.since).Round(time.Second)), zap.Int("polls", l.polls))
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 )
 
 // fixedHandler is a Handler whose confirmed position only moves when the
@@ -152,5 +153,27 @@ func TestWaitWatchNeedsRequestsInARow(t *testing.T) {
 		if w.observe(at(d), stuck) {
 			t.Fatalf("gave up at %s although the relay could confirm everything every 2s", d)
 		}
+	}
+}
+
+// TestStandbyLogsOnce: a standby polling every second logs that it waits
+// once, then once every standbyRemind, not once a poll.
+func TestStandbyLogsOnce(t *testing.T) {
+	core, logs := observer.New(zap.InfoLevel)
+	log := zap.New(core)
+	var l standbyLog
+	start := time.Date(2026, 12, 1, 8, 0, 0, 0, time.UTC)
+	for i := range 17 { // 17 polls in 13 s
+		l.polled(log, "outboxrelay", time.Second, start.Add(time.Duration(i)*780*time.Millisecond))
+	}
+	if n := logs.Len(); n != 1 {
+		t.Fatalf("17 polls in 13 s logged %d lines, want 1", n)
+	}
+	for i := range 600 { // ten more minutes at a poll a second
+		l.polled(log, "outboxrelay", time.Second, start.Add(13*time.Second+time.Duration(i)*time.Second))
+	}
+	entries := logs.AllUntimed()
+	if len(entries) != 3 || entries[1].Message != "still waiting as standby" {
+		t.Fatalf("ten minutes of polls logged %d lines, want 3 (one, then one every 5 minutes): %v", len(entries), entries)
 	}
 }

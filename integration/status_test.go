@@ -329,24 +329,30 @@ func TestMetricsDuringRun(t *testing.T) {
 		return code == 200 && sum(metricValues(body, "outboxrelay_messages_published_total")) == 50
 	})
 	published := metricValues(body, "outboxrelay_messages_published_total")
-	if published[`{destination="outbox.order",sink="kafka"}`] != 30 || published[`{destination="outbox.invoice",sink="kafka"}`] != 20 {
+	if published[`{destination="outbox.order",sink="kafka",slot="outboxrelay"}`] != 30 || published[`{destination="outbox.invoice",sink="kafka",slot="outboxrelay"}`] != 20 {
 		t.Errorf("messages_published_total by destination: %v", published)
 	}
-	if n := metricValues(body, "outboxrelay_end_to_end_latency_seconds_count")["{"]; n != 50 {
+	if n := metricValues(body, "outboxrelay_end_to_end_latency_seconds_count")[`{slot="outboxrelay"}`]; n != 50 {
 		t.Errorf("end_to_end_latency_seconds_count = %v, want 50", n)
 	}
-	if v := metricValues(body, "outboxrelay_end_to_end_latency_seconds_bucket")[`{le="60"}`]; v != 50 {
+	if v := metricValues(body, "outboxrelay_end_to_end_latency_seconds_bucket")[`{slot="outboxrelay",le="60"}`]; v != 50 {
 		t.Errorf("end_to_end_latency_seconds_bucket{le=60} = %v, want 50", v)
 	}
-	for _, name := range []string{"outboxrelay_inflight_messages", "outboxrelay_replication_lag_bytes", "outboxrelay_dead_letters_total"} {
-		if _, ok := metricValues(body, name)["{"]; !ok {
-			t.Errorf("%s missing from /metrics", name)
+	if v := metricValues(body, "outboxrelay_dead_letters_total"); len(v) != 2 || sum(v) != 0 {
+		t.Errorf("dead_letters_total = %v, want two zero series", v)
+	}
+	for _, name := range []string{"outboxrelay_inflight_messages", "outboxrelay_replication_lag_bytes", "outboxrelay_replication_lag_seconds", "outboxrelay_slot_retained_wal_bytes"} {
+		if _, ok := metricValues(body, name)[`{slot="outboxrelay"}`]; !ok {
+			t.Errorf("%s{slot=\"outboxrelay\"} missing from /metrics", name)
 		}
 	}
-	if v := metricValues(body, "outboxrelay_last_published_timestamp_seconds")["{"]; time.Since(time.Unix(int64(v), 0)) > time.Minute {
+	if v := metricValues(body, "outboxrelay_role"); v[`{role="active",slot="outboxrelay"}`] != 1 || v[`{role="standby",slot="outboxrelay"}`] != 0 {
+		t.Errorf("role = %v, want active", v)
+	}
+	if v := metricValues(body, "outboxrelay_last_published_timestamp_seconds")[`{slot="outboxrelay"}`]; time.Since(time.Unix(int64(v), 0)) > time.Minute {
 		t.Errorf("last_published_timestamp_seconds = %v", v)
 	}
-	if v := metricValues(body, "outboxrelay_slot_wal_status")[`{status="reserved"}`]; v != 1 {
+	if v := metricValues(body, "outboxrelay_slot_wal_status")[`{slot="outboxrelay",status="reserved"}`]; v != 1 {
 		t.Errorf("slot_wal_status{status=reserved} = %v, want 1", v)
 	}
 	if errs := metricValues(body, "outboxrelay_publish_errors_total"); len(errs) != 2 || sum(errs) != 0 {

@@ -7,6 +7,7 @@ package metrics
 
 import (
 	"context"
+	"errors"
 	"math"
 	"net/http"
 	"sync/atomic"
@@ -36,11 +37,32 @@ var LatencyBuckets = []float64{
 type Config struct {
 	// Sink is the sink label: kafka, rabbitmq.
 	Sink string
+	// Slot is the slot label of every outboxrelay_ series but build_info.
+	Slot string
+	// Version and Revision are the labels of build_info.
+	Version, Revision string
+	// Unanswered reports how long the sink has held messages without
+	// reporting any outcome (relay.Relay.Unanswered); read on every scrape.
+	Unanswered func() time.Duration
+	// LagSince reports the commit time replication_lag_seconds counts from
+	// (relay.Relay.LagSince; zero while unknown); read on every scrape.
+	// While it is unknown, and on a standby, the gauge shows the figure PostgreSQL computes
+	// from the last record (status.Status.LagSeconds), and before any
+	// record the time since New.
+	LagSince func() time.Time
+	// Standby reports whether this process waits as a standby
+	// (cdc.Stream.Standby); read on every scrape for role.
+	Standby func() bool
+	// Destinations are the destinations known at start (a topic template
+	// without placeholders): messages_published_total starts at 0 for them.
+	Destinations []string
+	// IgnoredTables start skipped_inserts_total at 0.
+	IgnoredTables []string
 	// Inflight reports the messages handed to the sink and not yet
 	// acknowledged (relay.Relay.Inflight); read on every scrape.
 	Inflight func() int
-	// Status reads the slot's status (status.Read) for
-	// replication_lag_bytes and slot_wal_status. Run calls it every
+	// Status reads the slot's status (status.Read) for the slot's series.
+	// Run calls it every
 	// PollInterval (default 5s), each call bounded by PollInterval.
 	Status       func(ctx context.Context) (status.Status, error)
 	PollInterval time.Duration
@@ -55,13 +77,22 @@ type Metrics struct {
 
 	published     *prometheus.CounterVec
 	publishErrors *prometheus.CounterVec
-	deadLetters   prometheus.Counter
+	deadLetters   *prometheus.CounterVec
 	skipped       *prometheus.CounterVec
 	lag           prometheus.Gauge
+	retained      prometheus.Gauge
+	keepSize      prometheus.Gauge
 	walStatus     *prometheus.GaugeVec
 	latency       prometheus.Histogram
 	// lastPublished is the newest acknowledgement, in Unix nanoseconds.
 	lastPublished atomic.Int64
+	acknowledged  atomic.Uint64
+	// lagBytes is the last replication_lag_bytes, -1 while unknown.
+	lagBytes atomic.Int64
+	started  time.Time
+	// polledLag is the last lag_seconds PostgreSQL computed (math.Float64bits),
+	// polledAt when it was read (Unix nanoseconds, 0: never).
+	polledLag, polledAt atomic.Uint64
 }
 
 // New registers the collectors (with the Go runtime and process
@@ -73,7 +104,8 @@ func New(cfg Config) *Metrics {
 	if cfg.Log == nil {
 		cfg.Log = zap.NewNop()
 	}
-	m := &Metrics{cfg: cfg, log: cfg.Log.Named("metrics"), registry: prometheus.NewRegistry()}
+	m := &Metrics{cfg: cfg, log: cfg.Log.Named("metrics"), registry: prometheus.NewRegistry(), started: time.Now()}
+	m.lagBytes.Store(-1)
 	m.published = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: Namespace, Name: "messages_published_total",
 		Help: "Messages the broker acknowledged, by sink and destination (topic or routing key).",
@@ -82,10 +114,10 @@ func New(cfg Config) *Metrics {
 		Namespace: Namespace, Name: "publish_errors_total",
 		Help: "Failed publish attempts, by sink and reason (retryable: retried without limit; permanent: dead-lettered after max_attempts).",
 	}, []string{"sink", "reason"})
-	m.deadLetters = prometheus.NewCounter(prometheus.CounterOpts{
+	m.deadLetters = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: Namespace, Name: "dead_letters_total",
-		Help: "Messages stored in outboxrelay.dead_letters by this process.",
-	})
+		Help: "Messages stored in outboxrelay.dead_letters by this process, by reason (permanent: the broker refused it max_attempts times; invalid: not a valid outbox message).",
+	}, []string{"reason"})
 	m.skipped = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: Namespace, Name: "skipped_inserts_total",
 		Help: "Inserts into tables listed in postgres.ignore_tables, which the relay does not publish, by table.",
@@ -94,10 +126,39 @@ func New(cfg Config) *Metrics {
 		Namespace: Namespace, Name: "replication_lag_bytes",
 		Help: "WAL bytes between the server's current position and the older of the slot's confirmed_flush_lsn and restart_lsn, refreshed every few seconds.",
 	})
+	lagSeconds := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: Namespace, Name: "replication_lag_seconds",
+		Help: "Age of the oldest committed outbox message the broker has not acknowledged; when none is pending, time since the newest transaction (heartbeat) the relay saw.",
+	}, m.lagSeconds)
+	m.retained = prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: Namespace, Name: "slot_retained_wal_bytes",
+		Help: "WAL the server keeps for the slot (current position minus restart_lsn), refreshed every few seconds.",
+	})
+	m.keepSize = prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: Namespace, Name: "max_slot_wal_keep_size_bytes",
+		Help: "The server's max_slot_wal_keep_size: past it the slot loses WAL (wal_status lost); -1 when unlimited.",
+	})
+	m.keepSize.Set(-1)
 	m.walStatus = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Namespace: Namespace, Name: "slot_wal_status",
 		Help: "1 for the slot's current wal_status (reserved, extended, unreserved, lost), 0 for the others; all 0 while the slot is missing.",
 	}, []string{"status"})
+	unanswered := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: Namespace, Name: "sink_unanswered_seconds",
+		Help: "How long the broker has held messages without answering any (acknowledgement or error); 0 while it holds none.",
+	}, func() float64 {
+		if cfg.Unanswered == nil {
+			return 0
+		}
+		return cfg.Unanswered().Seconds()
+	})
+	buildInfo := prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: Namespace, Name: "build_info",
+		Help:        "Always 1; the labels say which build runs.",
+		ConstLabels: prometheus.Labels{"version": cfg.Version, "revision": cfg.Revision},
+	})
+	buildInfo.Set(1)
+	role := newRoleCollector(cfg.Standby)
 	for _, ws := range walStatuses {
 		m.walStatus.WithLabelValues(ws)
 	}
@@ -121,13 +182,74 @@ func New(cfg Config) *Metrics {
 	}, func() float64 {
 		return float64(m.lastPublished.Load()) / 1e9
 	})
-	m.registry.MustRegister(m.published, m.publishErrors, m.deadLetters, m.skipped, m.lag, m.walStatus, m.latency, inflight, last,
-		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	// Both error series exist from the start, so rate() and alerts see 0.
+	// A process relays one slot: every series of its pipeline is the slot's.
+	var perSlot prometheus.Registerer = m.registry
+	if cfg.Slot != "" {
+		perSlot = prometheus.WrapRegistererWith(prometheus.Labels{"slot": cfg.Slot}, m.registry)
+	}
+	perSlot.MustRegister(m.published, m.publishErrors, m.deadLetters, m.skipped, m.lag, lagSeconds, m.retained, m.keepSize,
+		m.walStatus, m.latency, inflight, last, unanswered, role)
+	m.registry.MustRegister(buildInfo, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	// Every error series exists from the start, so rate() and alerts see 0.
 	for _, reason := range []string{reasonRetryable, reasonPermanent} {
 		m.publishErrors.WithLabelValues(cfg.Sink, reason)
 	}
+	for _, reason := range []string{reasonPermanent, reasonInvalid} {
+		m.deadLetters.WithLabelValues(reason)
+	}
+	for _, d := range cfg.Destinations {
+		m.published.WithLabelValues(cfg.Sink, d)
+	}
+	for _, t := range cfg.IgnoredTables {
+		m.skipped.WithLabelValues(t)
+	}
 	return m
+}
+
+// lagSeconds is read on scrape: the running relay knows best; PostgreSQL's
+// figure is aged by the time since it was read, so it grows between polls
+// as it would in the view.
+func (m *Metrics) lagSeconds() float64 {
+	now := time.Now()
+	// A standby's own figure is stale (from when it last held the slot, if
+	// ever): the active relay's record in PostgreSQL is the slot's.
+	standby := m.cfg.Standby != nil && m.cfg.Standby()
+	if m.cfg.LagSince != nil && !standby {
+		if since := m.cfg.LagSince(); !since.IsZero() {
+			return math.Max(0, now.Sub(since).Seconds())
+		}
+	}
+	if at := m.polledAt.Load(); at != 0 {
+		return math.Float64frombits(m.polledLag.Load()) + now.Sub(time.Unix(0, int64(at))).Seconds()
+	}
+	return now.Sub(m.started).Seconds()
+}
+
+// roleCollector reports role{role="active"} and role{role="standby"}, one of
+// them 1, read on scrape.
+type roleCollector struct {
+	desc    *prometheus.Desc
+	standby func() bool
+}
+
+func newRoleCollector(standby func() bool) *roleCollector {
+	return &roleCollector{
+		desc: prometheus.NewDesc(Namespace+"_role",
+			"1 for this process's role: active (holds or is taking the slot) or standby (waits while another process holds it).",
+			[]string{"role"}, nil),
+		standby: standby,
+	}
+}
+
+func (c *roleCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *roleCollector) Collect(ch chan<- prometheus.Metric) {
+	active, standby := 1.0, 0.0
+	if c.standby != nil && c.standby() {
+		active, standby = 0, 1
+	}
+	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, active, "active")
+	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, standby, "standby")
 }
 
 // Registry returns the registry holding every collector.
@@ -144,6 +266,7 @@ var walStatuses = []string{"reserved", "extended", "unreserved", "lost"}
 const (
 	reasonRetryable = "retryable"
 	reasonPermanent = "permanent"
+	reasonInvalid   = "invalid"
 )
 
 // Reason classifies a publish error for the reason label, with the relay's
@@ -160,12 +283,28 @@ func (m *Metrics) Hooks() relay.Hooks {
 	return relay.Hooks{
 		Published:     m.observePublished,
 		PublishFailed: m.observeFailed,
-		DeadLettered:  func(*relay.Message) { m.deadLetters.Inc() },
+		DeadLettered:  m.observeDeadLettered,
 		Skipped:       func(table string) { m.skipped.WithLabelValues(table).Inc() },
 	}
 }
 
+// Acknowledged returns the number of messages the broker acknowledged
+// since New. Safe for concurrent use.
+func (m *Metrics) Acknowledged() uint64 { return m.acknowledged.Load() }
+
+// LagBytes returns the last replication_lag_bytes read, and false while it
+// is unknown. Safe for concurrent use.
+func (m *Metrics) LagBytes() (int64, bool) {
+	v := m.lagBytes.Load()
+	return v, v >= 0
+}
+
+// LagSeconds returns replication_lag_seconds as a scrape would. Safe for
+// concurrent use.
+func (m *Metrics) LagSeconds() float64 { return m.lagSeconds() }
+
 func (m *Metrics) observePublished(msg *relay.Message, ackedAt time.Time) {
+	m.acknowledged.Add(1)
 	m.published.WithLabelValues(m.cfg.Sink, msg.Destination).Inc()
 	if !msg.CommitTime.IsZero() {
 		// The commit time is the database server's clock: clamp skew.
@@ -180,11 +319,23 @@ func (m *Metrics) observePublished(msg *relay.Message, ackedAt time.Time) {
 	}
 }
 
+// A dead letter the broker never refused is one the relay could not build.
+func (m *Metrics) observeDeadLettered(msg *relay.Message) {
+	reason := reasonInvalid
+	var p *relay.PermanentError
+	if errors.As(msg.LastError, &p) {
+		reason = reasonPermanent
+	}
+	m.deadLetters.WithLabelValues(reason).Inc()
+}
+
 func (m *Metrics) observeFailed(_ *relay.Message, err error) {
 	m.publishErrors.WithLabelValues(m.cfg.Sink, Reason(err)).Inc()
 }
 
-// Run refreshes replication_lag_bytes and slot_wal_status from
+// Run refreshes the slot's series (replication_lag_bytes, slot_wal_status,
+// slot_retained_wal_bytes, and lag_seconds while the relay has no figure of
+// its own) from
 // Config.Status at once and then every PollInterval until ctx is cancelled,
 // and returns nil. A failed read is logged at debug level and leaves the
 // previous values. Without Config.Status it only waits for ctx.
@@ -220,6 +371,17 @@ func (m *Metrics) Run(ctx context.Context) error {
 func (m *Metrics) observeSlot(st status.Status) {
 	if st.LagKnown() {
 		m.lag.Set(float64(st.LagBytes))
+		m.lagBytes.Store(max(0, st.LagBytes))
+	}
+	if st.RetainedKnown() {
+		m.retained.Set(float64(st.RetainedWALBytes))
+	}
+	if st.MaxSlotWALKeepSize != 0 {
+		m.keepSize.Set(float64(st.MaxSlotWALKeepSize))
+	}
+	if st.LagSecondsKnown() {
+		m.polledLag.Store(math.Float64bits(st.LagSeconds))
+		m.polledAt.Store(uint64(time.Now().UnixNano()))
 	}
 	for _, ws := range walStatuses {
 		v := 0.0

@@ -60,7 +60,9 @@ func TestHooks(t *testing.T) {
 	h.PublishFailed(&relay.Message{}, errors.New("broker not available"))
 	h.PublishFailed(&relay.Message{}, relay.Permanent(errors.New("message too large")))
 	h.PublishFailed(&relay.Message{}, relay.Permanent(errors.New("message too large")))
-	h.DeadLettered(&relay.Message{})
+	h.DeadLettered(&relay.Message{LastError: relay.Permanent(errors.New("message too large"))})
+	h.DeadLettered(&relay.Message{LastError: errors.New("invalid outbox message: no id")})
+	h.DeadLettered(&relay.Message{LastError: relay.Permanent(errors.New("unroutable"))})
 
 	got := map[string]float64{}
 	for _, mt := range gather(t, m, "outboxrelay_messages_published_total") {
@@ -80,8 +82,12 @@ func TestHooks(t *testing.T) {
 	if errs["retryable"] != 1 || errs["permanent"] != 2 || len(errs) != 2 {
 		t.Errorf("publish_errors_total = %v", errs)
 	}
-	if v := gather(t, m, "outboxrelay_dead_letters_total")[0].GetCounter().GetValue(); v != 1 {
-		t.Errorf("dead_letters_total = %v", v)
+	dead := map[string]float64{}
+	for _, mt := range gather(t, m, "outboxrelay_dead_letters_total") {
+		dead[labels(mt)["reason"]] = mt.GetCounter().GetValue()
+	}
+	if dead["permanent"] != 2 || dead["invalid"] != 1 || len(dead) != 2 {
+		t.Errorf("dead_letters_total = %v", dead)
 	}
 	hist := gather(t, m, "outboxrelay_end_to_end_latency_seconds")[0].GetHistogram()
 	if hist.GetSampleCount() != 4 || hist.GetSampleSum() < 2.04 || hist.GetSampleSum() > 2.05 {
@@ -103,15 +109,27 @@ func TestHooks(t *testing.T) {
 }
 
 func TestHandler(t *testing.T) {
-	m := New(Config{Sink: "rabbitmq"})
+	m := New(Config{Sink: "rabbitmq", Slot: "orders", Version: "1.4.0", Revision: "5424825",
+		Destinations: []string{"outbox"}, IgnoredTables: []string{"public.audit"}})
 	rec := httptest.NewRecorder()
 	m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
 	body, _ := io.ReadAll(rec.Body)
 	for _, want := range []string{
-		`outboxrelay_publish_errors_total{reason="permanent",sink="rabbitmq"} 0`,
-		"outboxrelay_replication_lag_bytes 0",
-		"outboxrelay_inflight_messages 0",
-		"outboxrelay_end_to_end_latency_seconds_bucket{le=\"0.001\"} 0",
+		`outboxrelay_publish_errors_total{reason="permanent",sink="rabbitmq",slot="orders"} 0`,
+		`outboxrelay_messages_published_total{destination="outbox",sink="rabbitmq",slot="orders"} 0`,
+		`outboxrelay_skipped_inserts_total{slot="orders",table="public.audit"} 0`,
+		`outboxrelay_dead_letters_total{reason="invalid",slot="orders"} 0`,
+		`outboxrelay_dead_letters_total{reason="permanent",slot="orders"} 0`,
+		`outboxrelay_replication_lag_bytes{slot="orders"} 0`,
+		`outboxrelay_replication_lag_seconds{slot="orders"} `,
+		`outboxrelay_slot_retained_wal_bytes{slot="orders"} 0`,
+		`outboxrelay_max_slot_wal_keep_size_bytes{slot="orders"} -1`,
+		`outboxrelay_slot_wal_status{slot="orders",status="lost"} 0`,
+		`outboxrelay_build_info{revision="5424825",version="1.4.0"} 1`,
+		`outboxrelay_role{role="active",slot="orders"} 1`,
+		`outboxrelay_role{role="standby",slot="orders"} 0`,
+		`outboxrelay_inflight_messages{slot="orders"} 0`,
+		`outboxrelay_end_to_end_latency_seconds_bucket{slot="orders",le="0.001"} 0`,
 		"go_goroutines",
 	} {
 		if !strings.Contains(string(body), want) {
@@ -152,5 +170,63 @@ func TestRunPollsSlot(t *testing.T) {
 	}
 	if len(ws) != 4 || ws["unreserved"] != 1 || ws["reserved"] != 0 || ws["lost"] != 0 {
 		t.Errorf("slot_wal_status = %v", ws)
+	}
+}
+
+func TestLagSeconds(t *testing.T) {
+	var since atomic.Pointer[time.Time]
+	zero := time.Time{}
+	since.Store(&zero)
+	var standby atomic.Bool
+	m := New(Config{
+		LagSince: func() time.Time { return *since.Load() },
+		Standby:  standby.Load,
+	})
+	lag := func() float64 { return gather(t, m, "outboxrelay_replication_lag_seconds")[0].GetGauge().GetValue() }
+
+	// Nothing known yet: the time since start, so that a relay stuck from
+	// the start still shows a growing lag.
+	if v := lag(); v < 0 || v > 5 {
+		t.Errorf("before anything is known: lag_seconds = %v, want the seconds since New", v)
+	}
+	// PostgreSQL's figure, aged since it was read.
+	m.observeSlot(status.Status{Exists: true, LagSeconds: 120, LagSince: time.Now().Add(-120 * time.Second)})
+	if v := lag(); v < 120 || v > 125 {
+		t.Errorf("from the status poll: lag_seconds = %v, want about 120", v)
+	}
+	// The relay's own figure wins.
+	s := time.Now().Add(-3 * time.Second)
+	since.Store(&s)
+	if v := lag(); v < 3 || v > 8 {
+		t.Errorf("from the relay: lag_seconds = %v, want about 3", v)
+	}
+	// A database clock ahead of ours never gives a negative lag.
+	s2 := time.Now().Add(time.Minute)
+	since.Store(&s2)
+	if v := lag(); v != 0 {
+		t.Errorf("commit time in the future: lag_seconds = %v, want 0", v)
+	}
+
+	role := func() map[string]float64 {
+		r := map[string]float64{}
+		for _, mt := range gather(t, m, "outboxrelay_role") {
+			r[labels(mt)["role"]] = mt.GetGauge().GetValue()
+		}
+		return r
+	}
+	if r := role(); r["active"] != 1 || r["standby"] != 0 {
+		t.Errorf("role of an active relay: %v", r)
+	}
+	standby.Store(true)
+	if r := role(); r["active"] != 0 || r["standby"] != 1 {
+		t.Errorf("role of a standby: %v", r)
+	}
+	// A relay that lost the slot to another keeps its last figure, which
+	// stands still: the standby reports PostgreSQL's instead.
+	old := time.Now().Add(-time.Hour)
+	since.Store(&old)
+	m.observeSlot(status.Status{Exists: true, LagSeconds: 2, LagSince: time.Now().Add(-2 * time.Second)})
+	if v := lag(); v < 2 || v > 7 {
+		t.Errorf("standby: lag_seconds = %v, want PostgreSQL's 2, not its own stale hour", v)
 	}
 }

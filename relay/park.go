@@ -87,7 +87,7 @@ func (r *Relay) send(ctx context.Context, m *Message) {
 		r.park(m)
 		return
 	}
-	r.sink.Publish(ctx, m, r.done)
+	r.publish(ctx, m)
 }
 
 // park stores m behind its aggregate's dead letter, then settles it, which

@@ -210,6 +210,8 @@ type Relay struct {
 	fatalErr   error
 	fatal      chan struct{}
 	retrying   atomic.Int64 // messages waiting for their next attempt
+	atSink     atomic.Int64 // handed to the sink, outcome not reported yet
+	answeredAt atomic.Int64 // Unix nanoseconds of the sink's last outcome, or of the start of a wait
 	storing    atomic.Int64 // dead letters being stored
 	order      *aggregates
 	// handoff carries messages released by their aggregate's previous one
@@ -447,6 +449,14 @@ func (r *Relay) Start(ctx context.Context, slotConfirmed cdc.LSN) error {
 // acknowledged. Safe for concurrent use.
 func (r *Relay) Inflight() int { return r.window.inflight() }
 
+// LagSince returns the commit time that replication lag in seconds counts
+// from: that of the oldest committed message the broker has not
+// acknowledged, or, when nothing is pending, that of the newest transaction
+// the relay has seen (a heartbeat on an idle relay). Zero until the relay has
+// seen a transaction. It is the database server's clock. Safe for
+// concurrent use.
+func (r *Relay) LagSince() time.Time { return r.tracker.lagSince() }
+
 // Retrying reports whether some message is waiting to be published again
 // or to be stored as a dead letter. Safe for concurrent use.
 func (r *Relay) Retrying() bool { return r.retrying.Load() > 0 || r.storing.Load() > 0 }
@@ -493,7 +503,7 @@ func (r *Relay) Drain(ctx context.Context) error {
 // Begin implements cdc.Handler.
 func (r *Relay) Begin(_ context.Context, b cdc.Begin) error {
 	r.cur = b
-	r.tx = r.tracker.begin()
+	r.tx = r.tracker.beginAt(b.CommitTime)
 	return nil
 }
 
@@ -572,15 +582,38 @@ func (r *Relay) dispatch(ctx context.Context, m *Message, buildErr error) error 
 		return nil
 	}
 	if r.unordered {
-		r.sink.Publish(ctx, m, r.done)
+		r.publish(ctx, m)
 	} else if r.order.admit(m) {
 		r.send(ctx, m)
 	}
 	return nil
 }
 
+// publish hands m to the sink, counting it as awaiting the broker's answer.
+func (r *Relay) publish(ctx context.Context, m *Message) {
+	if r.atSink.Add(1) == 1 {
+		r.answeredAt.Store(time.Now().UnixNano()) // the wait starts now
+	}
+	r.sink.Publish(ctx, m, r.done)
+}
+
+// Unanswered returns how long the sink has held messages without reporting
+// a single outcome (acknowledgement or failure), and how many it holds; 0
+// when it holds none. A broker that accepts connections but answers
+// nothing shows here within seconds, long before any publish times out.
+// Safe for concurrent use.
+func (r *Relay) Unanswered() (time.Duration, int) {
+	n := r.atSink.Load()
+	if n <= 0 {
+		return 0, 0
+	}
+	return max(0, time.Since(time.Unix(0, r.answeredAt.Load()))), int(n)
+}
+
 // onDone receives every publish outcome, from any goroutine.
 func (r *Relay) onDone(m *Message, err error) {
+	r.answeredAt.Store(time.Now().UnixNano())
+	r.atSink.Add(-1)
 	if err == nil {
 		if h := r.cfg.Hooks.Published; h != nil {
 			h(m, time.Now())
@@ -719,7 +752,7 @@ func (r *Relay) retryLoop(ctx context.Context) {
 		r.retryMu.Unlock()
 		for _, e := range due {
 			r.retrying.Add(-1)
-			r.sink.Publish(ctx, e.m, r.done)
+			r.publish(ctx, e.m)
 		}
 		if len(due) > 0 {
 			continue // publishing took time: look again

@@ -158,3 +158,84 @@ type okSink struct{}
 func (okSink) Publish(_ context.Context, m *Message, done func(*Message, error)) { done(m, nil) }
 func (okSink) Ready() bool                                                       { return true }
 func (okSink) Close() error                                                      { return nil }
+
+// holdingSink keeps every message until the test answers it.
+type holdingSink struct {
+	mu   sync.Mutex
+	held []*Message
+	done func(*Message, error)
+}
+
+func (s *holdingSink) Publish(_ context.Context, m *Message, done func(*Message, error)) {
+	s.mu.Lock()
+	s.held, s.done = append(s.held, m), done
+	s.mu.Unlock()
+}
+func (s *holdingSink) Ready() bool  { return true }
+func (s *holdingSink) Close() error { return nil }
+
+func (s *holdingSink) answerAll() {
+	s.mu.Lock()
+	held, done := s.held, s.done
+	s.held = nil
+	s.mu.Unlock()
+	for _, m := range held {
+		done(m, nil)
+	}
+}
+
+// TestUnansweredAndLagSince: a sink that holds messages shows in
+// Unanswered, and LagSince stays at the oldest unacknowledged commit until
+// the broker answers.
+func TestUnansweredAndLagSince(t *testing.T) {
+	sink := &holdingSink{}
+	r := New(Config{}, sink, nil)
+	ctx, cancel := context.WithCancel(t.Context())
+	stopped := make(chan error)
+	defer func() {
+		cancel()
+		if err := <-stopped; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	commit := time.Now().Add(-time.Minute)
+	go func() { stopped <- r.Run(ctx, blockSource{}) }()
+	time.Sleep(10 * time.Millisecond)
+	if d, n := r.Unanswered(); d != 0 || n != 0 {
+		t.Fatalf("nothing published: unanswered %s for %d", d, n)
+	}
+	_ = r.Begin(ctx, cdc.Begin{FinalLSN: 100, CommitTime: commit})
+	for i := range 3 {
+		c := fmt.Sprintf(`{"id":"m%d","aggregate_type":"order","aggregate_id":"%d","event_type":"x","payload":{}}`, i, i)
+		if err := r.Message(ctx, &cdc.LogicalMessage{Transactional: true, LSN: cdc.LSN(10 + i), Prefix: "outboxrelay", Content: []byte(c)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_ = r.Commit(ctx, cdc.Commit{EndLSN: 200})
+	time.Sleep(50 * time.Millisecond)
+	if d, n := r.Unanswered(); d < 50*time.Millisecond || n != 3 {
+		t.Errorf("sink holds 3: unanswered %s for %d, want >= 50ms for 3", d, n)
+	}
+	if got := r.LagSince(); !got.Equal(commit) {
+		t.Errorf("LagSince = %v, want the pending commit %v", got, commit)
+	}
+	sink.answerAll()
+	if d, n := r.Unanswered(); d != 0 || n != 0 {
+		t.Errorf("all answered: unanswered %s for %d", d, n)
+	}
+	if got := r.LagSince(); !got.Equal(commit) {
+		t.Errorf("nothing pending: LagSince = %v, want the newest commit seen %v", got, commit)
+	}
+}
+
+// blockSource starts the session and waits for cancellation; the test
+// drives the Handler itself.
+type blockSource struct{}
+
+func (blockSource) Run(ctx context.Context, h cdc.Handler) error {
+	if err := h.Start(ctx, 0); err != nil {
+		return err
+	}
+	<-ctx.Done()
+	return nil
+}

@@ -3,6 +3,7 @@ package relay
 import (
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/jackc/pglogrepl"
 )
@@ -14,6 +15,9 @@ type txn struct {
 	committed bool
 	// marker entries carry a keepalive position, not a transaction.
 	marker bool
+	// commitTime is the source transaction's commit time (zero for markers
+	// and for messages outside a transaction).
+	commitTime time.Time
 }
 
 // tracker computes the flushed position: the end LSN of the newest
@@ -27,6 +31,9 @@ type tracker struct {
 	pending   int    // messages not yet acknowledged, over all transactions
 	confirmed atomic.Uint64
 	drained   chan struct{} // closed and replaced when pending drops to 0
+	// lastCommit is the newest commit time of the transactions passed by
+	// the watermark: heartbeats keep it close to now on an idle relay.
+	lastCommit time.Time
 }
 
 func newTracker() *tracker {
@@ -36,8 +43,11 @@ func newTracker() *tracker {
 // Confirmed is safe for concurrent use.
 func (t *tracker) Confirmed() pglogrepl.LSN { return pglogrepl.LSN(t.confirmed.Load()) }
 
-func (t *tracker) begin() *txn {
-	tx := &txn{}
+func (t *tracker) begin() *txn { return t.beginAt(time.Time{}) }
+
+// beginAt opens a transaction that committed at commitTime.
+func (t *tracker) beginAt(commitTime time.Time) *txn {
+	tx := &txn{commitTime: commitTime}
 	t.mu.Lock()
 	t.queue = append(t.queue, tx)
 	t.open = tx
@@ -66,6 +76,9 @@ func (t *tracker) commit(end pglogrepl.LSN) {
 		if n := len(t.queue); tx.pending == 0 && n >= 2 && t.queue[n-1] == tx {
 			if prev := t.queue[n-2]; prev.committed && prev.pending == 0 {
 				prev.end = max(prev.end, end)
+				if tx.commitTime.After(prev.commitTime) {
+					prev.commitTime = tx.commitTime
+				}
 				prev.marker = true
 				t.queue[n-1] = nil
 				t.queue = t.queue[:n-1]
@@ -131,6 +144,11 @@ func (t *tracker) advanceLocked() {
 			break
 		}
 		t.raiseLocked(tx.end)
+		// An abandoned transaction (end 0) will be received again: it
+		// says nothing about what was delivered.
+		if tx.end != 0 && tx.commitTime.After(t.lastCommit) {
+			t.lastCommit = tx.commitTime
+		}
 	}
 	if i > 0 {
 		n := copy(t.queue, t.queue[i:])
@@ -151,4 +169,22 @@ func (t *tracker) inflight() (int, <-chan struct{}) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.pending, t.drained
+}
+
+// lagSince returns the commit time lag counts from: that of the oldest
+// transaction with a message the broker has not acknowledged or that is
+// still being received, or, when none is, the newest commit passed by the
+// watermark. Zero until the first transaction completes.
+func (t *tracker) lagSince() time.Time {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, tx := range t.queue {
+		if !tx.committed || tx.pending > 0 {
+			if !tx.commitTime.IsZero() {
+				return tx.commitTime
+			}
+			break
+		}
+	}
+	return t.lastCommit
 }

@@ -2,6 +2,7 @@ package relay
 
 import (
 	"testing"
+	"time"
 
 	"github.com/jackc/pglogrepl"
 )
@@ -98,5 +99,55 @@ func TestTrackerFoldsEmptyTransactionsBehindAStuckOne(t *testing.T) {
 	tr.ack(stuck)
 	if got := tr.Confirmed(); got != pglogrepl.LSN(200+99999) {
 		t.Fatalf("confirmed %v, want %v", got, pglogrepl.LSN(200+99999))
+	}
+}
+
+func TestTrackerLagSince(t *testing.T) {
+	tr := newTracker()
+	if got := tr.lagSince(); !got.IsZero() {
+		t.Fatalf("before any transaction: lag since %v, want zero", got)
+	}
+	t0 := time.Date(2026, 11, 29, 8, 0, 0, 0, time.UTC)
+	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+
+	hb := tr.beginAt(at(0)) // a heartbeat: no messages
+	_ = hb
+	tr.commit(100)
+	if got := tr.lagSince(); !got.Equal(at(0)) {
+		t.Fatalf("after a heartbeat: lag since %v, want its commit %v", got, at(0))
+	}
+	a := tr.beginAt(at(5))
+	tr.add(a)
+	tr.commit(200)
+	b := tr.beginAt(at(7))
+	tr.add(b)
+	tr.commit(300)
+	if got := tr.lagSince(); !got.Equal(at(5)) {
+		t.Fatalf("a and b pending: lag since %v, want a's commit %v", got, at(5))
+	}
+	tr.ack(b) // out of order: a is still the oldest unacknowledged
+	if got := tr.lagSince(); !got.Equal(at(5)) {
+		t.Fatalf("a pending: lag since %v, want a's commit %v", got, at(5))
+	}
+	c := tr.beginAt(at(9)) // still being received
+	if got := tr.lagSince(); !got.Equal(at(5)) {
+		t.Fatalf("a pending, c open: lag since %v, want %v", got, at(5))
+	}
+	tr.ack(a)
+	if got := tr.lagSince(); !got.Equal(at(9)) {
+		t.Fatalf("c open: lag since %v, want c's commit %v", got, at(9))
+	}
+	tr.add(c)
+	tr.commit(400)
+	tr.ack(c)
+	if got := tr.lagSince(); !got.Equal(at(9)) {
+		t.Fatalf("nothing pending: lag since %v, want the newest commit %v", got, at(9))
+	}
+	d := tr.beginAt(at(12))
+	tr.add(d)
+	tr.reset() // the session ended: d comes again, its message is still in flight
+	tr.ack(d)
+	if got := tr.lagSince(); !got.Equal(at(9)) {
+		t.Fatalf("after an abandoned transaction: lag since %v, want %v", got, at(9))
 	}
 }

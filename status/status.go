@@ -76,6 +76,16 @@ type Status struct {
 	// up to the last running-transactions record (PostgreSQL writes one
 	// about every 15 s while WAL is written). Valid only when LagKnown.
 	LagBytes int64 `json:"lag_bytes"`
+	// LagSeconds is the age of the oldest committed message the broker
+	// has not acknowledged or, when nothing is pending, of the newest
+	// transaction the relay saw (its heartbeat on an idle relay). It is
+	// computed by PostgreSQL from LagSince, which the relay records, so it
+	// keeps growing while the relay is stopped or stuck. Valid only when
+	// LagSecondsKnown.
+	LagSeconds float64 `json:"lag_seconds"`
+	// LagSince is the commit time LagSeconds counts from (the server's
+	// clock). Not a column of the view.
+	LagSince time.Time `json:"-"`
 	// RetainedWALBytes is how much WAL the slot keeps on the server:
 	// current_wal_lsn - restart_lsn. Valid only when RetainedKnown.
 	RetainedWALBytes int64 `json:"retained_wal_bytes"`
@@ -89,6 +99,9 @@ type Status struct {
 	PublishedTotal   int64     `json:"published_total"`
 	// DeadLetters counts dead letters of the slot not yet replayed.
 	DeadLetters int64 `json:"dead_letters"`
+	// MaxSlotWALKeepSize is the server's max_slot_wal_keep_size in bytes,
+	// -1 when unlimited (0: not read). Not in the JSON form nor the view.
+	MaxSlotWALKeepSize int64 `json:"-"`
 	// LastError is why the relay last stopped with an error, and when;
 	// cleared when a relay starts. Not a column of the view.
 	LastError   string    `json:"last_error,omitempty"`
@@ -114,6 +127,10 @@ func (s Status) LagKnown() bool {
 	return s.Exists && s.ConfirmedFlushLSN != 0 && s.CurrentWALLSN != 0
 }
 
+// LagSecondsKnown reports whether LagSeconds is meaningful: the slot exists
+// and a relay recorded where lag counts from.
+func (s Status) LagSecondsKnown() bool { return s.Exists && !s.LagSince.IsZero() }
+
 // RetainedKnown reports whether RetainedWALBytes is meaningful.
 func (s Status) RetainedKnown() bool {
 	return s.Exists && s.RestartLSN != 0 && s.CurrentWALLSN != 0
@@ -130,6 +147,7 @@ func (s Status) MarshalJSON() ([]byte, error) {
 		RestartLSN        LSN        `json:"restart_lsn"`
 		CurrentWALLSN     LSN        `json:"current_wal_lsn"`
 		LagBytes          *int64     `json:"lag_bytes"`
+		LagSeconds        *float64   `json:"lag_seconds"`
 		RetainedWALBytes  *int64     `json:"retained_wal_bytes"`
 		LastPublishedLSN  LSN        `json:"last_published_lsn"`
 		LastPublishedAt   *time.Time `json:"last_published_at"`
@@ -156,6 +174,9 @@ func (s Status) MarshalJSON() ([]byte, error) {
 	}
 	if s.LagKnown() {
 		n.LagBytes = &s.LagBytes
+	}
+	if s.LagSecondsKnown() {
+		n.LagSeconds = &s.LagSeconds
 	}
 	if s.RetainedKnown() {
 		n.RetainedWALBytes = &s.RetainedWALBytes
@@ -220,7 +241,8 @@ SELECT w.lsn::text,
        to_regclass('outboxrelay.checkpoint') IS NOT NULL,
        to_regclass('outboxrelay.dead_letters') IS NOT NULL,
        (to_jsonb(s) ->> 'failover')::bool,
-       (to_jsonb(s) ->> 'synced')::bool
+       (to_jsonb(s) ->> 'synced')::bool,
+       pg_size_bytes(current_setting('max_slot_wal_keep_size'))
 FROM (SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END AS lsn) w
 LEFT JOIN pg_replication_slots s ON s.slot_name = $1`
 
@@ -231,6 +253,11 @@ FROM outboxrelay.checkpoint WHERE slot = $1`
 const consumerQuery = `
 SELECT publication, coalesce(tables, '{}'), coalesce(error, ''), coalesce(error_at, 'epoch') FROM outboxrelay.checkpoint
 WHERE slot = $1`
+
+// The view computes lag_seconds the same way.
+const lagQuery = `
+SELECT lag_since, GREATEST(0, extract(epoch FROM clock_timestamp() - lag_since))::double precision
+FROM outboxrelay.checkpoint WHERE slot = $1 AND lag_since IS NOT NULL`
 
 const deadLettersQuery = `
 SELECT count(*) FROM outboxrelay.dead_letters WHERE slot = $1 AND replayed_at IS NULL`
@@ -248,7 +275,7 @@ func Read(ctx context.Context, q Querier, slot string) (Status, error) {
 		haveCheckpoint, haveDLQ     bool
 	)
 	err := q.QueryRow(ctx, slotQuery, slot).Scan(&current, &s.Exists, &s.Active, &s.WALStatus, &confirmed, &restart,
-		&plugin, &database, &currentDB, &haveCheckpoint, &haveDLQ, &s.Failover, &s.Synced)
+		&plugin, &database, &currentDB, &haveCheckpoint, &haveDLQ, &s.Failover, &s.Synced, &s.MaxSlotWALKeepSize)
 	if err != nil {
 		return s, fmt.Errorf("read replication slot %q: %w", slot, err)
 	}
@@ -326,6 +353,18 @@ func Read(ctx context.Context, q Querier, slot string) (Status, error) {
 			}
 			s.Coverage = cov.Problems()
 		}
+	}
+	if s.Exists {
+		err = q.QueryRow(ctx, lagQuery, slot).Scan(&s.LagSince, &s.LagSeconds)
+		var pgErr *pgconn.PgError
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+		case errors.As(err, &pgErr) && pgErr.Code == "42703": // undefined_column: schema from before lag_seconds
+			s.Warnings = append(s.Warnings, "schema outboxrelay is from an older version, so lag_seconds is unknown; run `outboxrelay migrate`")
+		case err != nil:
+			return s, fmt.Errorf("read lag: %w", err)
+		}
+		s.LagSince = s.LagSince.UTC()
 	}
 	if haveDLQ {
 		err = q.QueryRow(ctx, deadLettersQuery, slot).Scan(&s.DeadLetters)

@@ -22,7 +22,7 @@ func healthy() Status {
 	return Status{
 		Slot: "outboxrelay", Exists: true, Active: true, WALStatus: "reserved",
 		ConfirmedFlushLSN: 0x1A2B3C4, RestartLSN: 0x1A2B000, CurrentWALLSN: 0x1A2B3C4 + 3<<20,
-		LagBytes: 3 << 20, RetainedWALBytes: 0x3C4 + 3<<20,
+		LagBytes: 3 << 20, LagSeconds: 2.5, LagSince: now.Add(-2500 * time.Millisecond), RetainedWALBytes: 0x3C4 + 3<<20,
 		LastPublishedLSN: 0x1A2B300, LastPublishedAt: now.Add(-3 * time.Second),
 		LastMessageID: "0193a5b0-7d4e-7c1a-9f3e-2b8c1d0e4f5a", PublishedTotal: 1200, DeadLetters: 2,
 	}
@@ -41,6 +41,7 @@ confirmed_flush_lsn  0/1A2B3C4
 restart_lsn          0/1A2B000
 current_wal_lsn      0/1D2B3C4
 lag_bytes            3145728 (3.0 MiB)
+lag_seconds          2.5 (since 2026-11-29T08:00:07.5Z)
 retained_wal_bytes   3146692 (3.0 MiB)
 last_published_lsn   0/1A2B300
 last_published_at    2026-11-29T08:00:07Z (3s ago)
@@ -67,6 +68,7 @@ confirmed_flush_lsn  -
 restart_lsn          -
 current_wal_lsn      0/5000
 lag_bytes            -
+lag_seconds          -
 retained_wal_bytes   -
 last_published_lsn   -
 last_published_at    -
@@ -98,7 +100,7 @@ func TestJSON(t *testing.T) {
 	}
 	want := `{"slot":"outboxrelay","exists":true,"active":true,"wal_status":"reserved",` +
 		`"confirmed_flush_lsn":"0/1A2B3C4","restart_lsn":"0/1A2B000","current_wal_lsn":"0/1D2B3C4",` +
-		`"lag_bytes":3145728,"retained_wal_bytes":3146692,"last_published_lsn":"0/1A2B300",` +
+		`"lag_bytes":3145728,"lag_seconds":2.5,"retained_wal_bytes":3146692,"last_published_lsn":"0/1A2B300",` +
 		`"last_published_at":"2026-11-29T08:00:07Z","last_message_id":"0193a5b0-7d4e-7c1a-9f3e-2b8c1d0e4f5a",` +
 		`"published_total":1200,"dead_letters":2}`
 	if string(b) != want {
@@ -108,7 +110,7 @@ func TestJSON(t *testing.T) {
 	if err := json.Unmarshal(b, &back); err != nil {
 		t.Fatal(err)
 	}
-	if h := healthy(); back.ConfirmedFlushLSN != h.ConfirmedFlushLSN || !back.LastPublishedAt.Equal(h.LastPublishedAt) || back.LagBytes != h.LagBytes {
+	if h := healthy(); back.ConfirmedFlushLSN != h.ConfirmedFlushLSN || !back.LastPublishedAt.Equal(h.LastPublishedAt) || back.LagBytes != h.LagBytes || back.LagSeconds != h.LagSeconds {
 		t.Errorf("round trip: %+v", back)
 	}
 
@@ -117,7 +119,7 @@ func TestJSON(t *testing.T) {
 		t.Fatal(err)
 	}
 	want = `{"slot":"gone","exists":false,"active":null,"wal_status":null,"confirmed_flush_lsn":null,` +
-		`"restart_lsn":null,"current_wal_lsn":"0/5000","lag_bytes":null,"retained_wal_bytes":null,` +
+		`"restart_lsn":null,"current_wal_lsn":"0/5000","lag_bytes":null,"lag_seconds":null,"retained_wal_bytes":null,` +
 		`"last_published_lsn":null,"last_published_at":null,"last_message_id":null,"published_total":0,"dead_letters":0}`
 	if string(b) != want {
 		t.Errorf("missing slot:\ngot  %s\nwant %s", b, want)
@@ -232,5 +234,37 @@ func TestWriterRunFlushesAtStop(t *testing.T) {
 	}
 	if len(db.calls) != 1 {
 		t.Errorf("%d writes at stop, want 1", len(db.calls))
+	}
+}
+
+// TestWriterRecordsLagSince: lag_since is written when it moves, alone when
+// nothing was published (so that an earlier run's figures stay), and not
+// again while it stands still, as it does while the relay is stuck.
+func TestWriterRecordsLagSince(t *testing.T) {
+	db := &execRecorder{}
+	w := NewWriter(db, "outboxrelay", nil)
+	var since time.Time
+	w.LagSince = func() time.Time { return since }
+	ctx := context.Background()
+	if err := w.Flush(ctx); err != nil || len(db.calls) != 0 {
+		t.Fatalf("lag since unknown: %v, %d writes", err, len(db.calls))
+	}
+	since = now.Add(-time.Second)
+	if err := w.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if len(db.calls) != 1 || len(db.calls[0]) != 2 || !db.calls[0][1].(*time.Time).Equal(since) {
+		t.Fatalf("writes %v, want lag_since alone", db.calls)
+	}
+	if err := w.Flush(ctx); err != nil || len(db.calls) != 1 {
+		t.Fatalf("lag since unchanged: %v, %d writes, want no new write", err, len(db.calls))
+	}
+	since = now
+	w.Published(&relay.Message{ID: "a", LSN: 0x100}, now)
+	if err := w.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if args := db.calls[1]; len(db.calls) != 2 || args[2] != "a" || !args[5].(*time.Time).Equal(now) {
+		t.Errorf("write with a publish = %v, want the checkpoint and lag_since", db.calls[1:])
 	}
 }

@@ -39,6 +39,11 @@ func WriteText(w io.Writer, s Status, now time.Time) error {
 	} else {
 		row("lag_bytes", "-")
 	}
+	if s.LagSecondsKnown() {
+		row("lag_seconds", strconv.FormatFloat(s.LagSeconds, 'f', 1, 64)+" (since "+s.LagSince.UTC().Format(time.RFC3339Nano)+")")
+	} else {
+		row("lag_seconds", "-")
+	}
 	if s.RetainedKnown() {
 		row("retained_wal_bytes", byteSize(s.RetainedWALBytes))
 	} else {

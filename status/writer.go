@@ -20,24 +20,38 @@ type Execer interface {
 // published_total grows by the count since the previous write, so that
 // several runs of the relay (one after another) add up.
 const upsertCheckpoint = `
-INSERT INTO outboxrelay.checkpoint AS c (slot, last_lsn, last_message_id, last_published_at, published_total, updated_at)
-VALUES ($1, $2::text::pg_lsn, $3, $4, $5, now())
+INSERT INTO outboxrelay.checkpoint AS c (slot, last_lsn, last_message_id, last_published_at, published_total, lag_since, updated_at)
+VALUES ($1, $2::text::pg_lsn, $3, $4, $5, $6, now())
 ON CONFLICT (slot) DO UPDATE SET
     last_lsn          = EXCLUDED.last_lsn,
     last_message_id   = EXCLUDED.last_message_id,
     last_published_at = EXCLUDED.last_published_at,
     published_total   = c.published_total + EXCLUDED.published_total,
+    lag_since         = coalesce(EXCLUDED.lag_since, c.lag_since),
     updated_at        = now()`
 
+// Only lag_since: a relay that acknowledged nothing yet must not clear the
+// figures an earlier run recorded.
+const upsertLagSince = `
+INSERT INTO outboxrelay.checkpoint AS c (slot, lag_since, updated_at) VALUES ($1, $2, now())
+ON CONFLICT (slot) DO UPDATE SET lag_since = EXCLUDED.lag_since, updated_at = now()`
+
 // Writer keeps the relay's progress in outboxrelay.checkpoint: the furthest
-// message the broker acknowledged and the number acknowledged. Published
-// only records in memory; Run writes at most once per interval, and only
-// when something changed, so publishing never waits for PostgreSQL.
+// message the broker acknowledged, the number acknowledged and the commit
+// time lag_seconds counts from. Published only records in memory; Run
+// writes at most once per interval, and only when something changed, so
+// publishing never waits for PostgreSQL.
 type Writer struct {
 	db       Execer
 	slot     string
 	log      *zap.Logger
 	interval time.Duration
+	// LagSince, when set before Run, returns the commit time lag counts
+	// from (relay.Relay.LagSince; zero while unknown). Each write records
+	// it in lag_since, from which the view computes lag_seconds: since the
+	// record stops moving when the relay stops or is stuck, lag_seconds
+	// goes on growing in PostgreSQL.
+	LagSince func() time.Time
 
 	mu      sync.Mutex
 	changed bool
@@ -45,7 +59,8 @@ type Writer struct {
 	lsn     LSN
 	id      string
 	at      time.Time
-	failing bool // the last write failed; log recovery once
+	failing bool      // the last write failed; log recovery once
+	since   time.Time // lag_since recorded by the last successful write
 }
 
 // NewWriter returns a Writer for slot that writes through db. It starts nothing.
@@ -98,27 +113,46 @@ func (w *Writer) Run(ctx context.Context) error {
 // write. On failure the changes are kept for the next Flush. Run calls it;
 // it is safe for concurrent use, but concurrent Flushes may write out of order.
 func (w *Writer) Flush(ctx context.Context) error {
+	var since time.Time
+	if w.LagSince != nil {
+		since = w.LagSince()
+	}
 	w.mu.Lock()
-	if !w.changed {
+	sinceChanged := !since.IsZero() && !since.Equal(w.since)
+	if !w.changed && !sinceChanged {
 		w.mu.Unlock()
 		return nil
 	}
-	n, lsn, id, at := w.pending, w.lsn, w.id, w.at
+	changed, n, lsn, id, at := w.changed, w.pending, w.lsn, w.id, w.at
 	w.pending, w.changed = 0, false
 	w.mu.Unlock()
 
-	var lsnText *string
-	if lsn != 0 {
-		s := lsn.String()
-		lsnText = &s
+	var sinceArg *time.Time
+	if !since.IsZero() {
+		sinceArg = &since
 	}
-	_, err := w.db.Exec(ctx, upsertCheckpoint, w.slot, lsnText, id, at, n)
+	var err error
+	if changed {
+		var lsnText *string
+		if lsn != 0 {
+			s := lsn.String()
+			lsnText = &s
+		}
+		_, err = w.db.Exec(ctx, upsertCheckpoint, w.slot, lsnText, id, at, n, sinceArg)
+	} else {
+		_, err = w.db.Exec(ctx, upsertLagSince, w.slot, sinceArg)
+	}
 
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if err != nil {
+	if err == nil && sinceArg != nil {
+		w.since = since
+	}
+	if err != nil && changed {
 		w.pending += n
 		w.changed = true
+	}
+	if err != nil {
 		if !w.failing {
 			w.failing = true
 			w.log.Warn("write outboxrelay.checkpoint failed; retrying every second", zap.Error(err))

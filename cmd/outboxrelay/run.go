@@ -172,10 +172,18 @@ func run(ctx context.Context, cfg config.Config, log *zap.Logger, acceptConfigCh
 	// r is set below, before the HTTP endpoint can scrape the inflight gauge.
 	var r *relay.Relay
 	m := metrics.New(metrics.Config{
-		Sink:     cfg.Sink.Type,
-		Inflight: func() int { return r.Inflight() },
-		Status:   readStatus,
-		Log:      log,
+		Sink:          cfg.Sink.Type,
+		Slot:          slot,
+		Version:       version,
+		Revision:      revision(),
+		Inflight:      func() int { return r.Inflight() },
+		Unanswered:    func() time.Duration { d, _ := r.Unanswered(); return d },
+		LagSince:      func() time.Time { return r.LagSince() },
+		Standby:       stream.Standby,
+		Destinations:  staticDestinations(cfg),
+		IgnoredTables: cfg.Postgres.IgnoreTables,
+		Status:        readStatus,
+		Log:           log,
 	})
 	rc := relay.Config{
 		Database:          database,
@@ -193,6 +201,7 @@ func run(ctx context.Context, cfg config.Config, log *zap.Logger, acceptConfigCh
 	rc.Validate = validate
 	dur.apply(&rc)
 	r = relay.New(rc, sink, log)
+	checkpoint.LagSince = r.LagSince
 
 	// relayCtx ends on SIGTERM/SIGINT, or when the HTTP endpoint fails. The
 	// parts that report on the relay (checkpoint, metrics, HTTP) outlive it
@@ -213,6 +222,9 @@ func run(ctx context.Context, cfg config.Config, log *zap.Logger, acceptConfigCh
 					return fmt.Errorf("%s sink is not connected", cfg.Sink.Type)
 				case r.Retrying():
 					return errors.New("retrying failed publishes")
+				}
+				if d, n := r.Unanswered(); d >= brokerSilence {
+					return fmt.Errorf("the %s broker has answered nothing for %s (%d messages waiting)", cfg.Sink.Type, d.Round(time.Second), n)
 				}
 				return nil
 			},
@@ -261,6 +273,16 @@ func run(ctx context.Context, cfg config.Config, log *zap.Logger, acceptConfigCh
 		return nil
 	})
 	report.Go(func() error { return dur.heartbeat(relayCtx) })
+	report.Go(func() error {
+		watchBroker(relayCtx, log, cfg.Sink.Type, r.Unanswered)
+		return nil
+	})
+	report.Go(func() error {
+		p := &progressLog{log: log, interval: 30 * time.Second, acknowledged: m.Acknowledged,
+			inflight: func() int { return r.Inflight() }, lagBytes: m.LagBytes, lagSeconds: m.LagSeconds}
+		p.run(relayCtx)
+		return nil
+	})
 	report.Go(func() error { return dur.retention(relayCtx) })
 	report.Go(func() error {
 		cdc.RunMaintenance(relayCtx, dur.pool, cdc.MaintainConfig{Tables: qualifiedTables(cfg.Postgres.Tables), MaxAge: cfg.Postgres.Retention},
@@ -284,6 +306,28 @@ func run(ctx context.Context, cfg config.Config, log *zap.Logger, acceptConfigCh
 	stopRelay() // after a fatal error too: the heartbeat stops with it
 	stopReport()
 	return errors.Join(err, report.Wait())
+}
+
+// revision is the VCS revision the binary was built from, or "".
+func revision() string {
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, s := range bi.Settings {
+			if s.Key == "vcs.revision" {
+				return s.Value
+			}
+		}
+	}
+	return ""
+}
+
+// staticDestinations is the destination every message goes to when the
+// sink's template has no placeholder, so that messages_published_total
+// exists from the start.
+func staticDestinations(cfg config.Config) []string {
+	if d, ok := cfg.Sink.Settings().(interface{ StaticDestinations() []string }); ok {
+		return d.StaticDestinations()
+	}
+	return nil
 }
 
 // joinHooks returns hooks that call the set hooks of hs, in order.

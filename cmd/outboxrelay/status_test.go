@@ -62,7 +62,7 @@ func TestPrintStatus(t *testing.T) {
 	if err := json.Unmarshal(js.Bytes(), &m); err != nil {
 		t.Fatalf("--json output is not one object: %v\n%s", err, js.String())
 	}
-	if m["exists"] != false || m["lag_bytes"] != nil || len(m) != 14 {
+	if m["exists"] != false || m["lag_bytes"] != nil || m["lag_seconds"] != nil || len(m) != 15 {
 		t.Errorf("--json object: %v", m)
 	}
 }

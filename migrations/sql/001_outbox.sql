@@ -80,47 +80,13 @@ BEGIN
 END
 $outboxrelay$;
 
--- One row per pgoutput slot: where PostgreSQL is, where the relay is. The
--- columns are the fields of `outboxrelay status --json`, in the same order.
--- On a standby the current position is the replay position. lag_bytes counts
--- from the older of confirmed_flush_lsn and restart_lsn: keepalives move the
--- confirmed position through a transaction the server is still decoding,
--- while restart_lsn stays before it until it is delivered.
-DO $outboxrelay$
-BEGIN
-    -- CREATE OR REPLACE VIEW takes an ACCESS EXCLUSIVE lock, which would
-    -- queue every status reader behind it: replace it only when it changed.
-    IF obj_description(to_regclass('outboxrelay.status'), 'pg_class') IS DISTINCT FROM 'outboxrelay status, version 2' THEN
-CREATE OR REPLACE VIEW outboxrelay.status AS
-SELECT s.slot_name::text                                         AS slot,
-       true                                                      AS exists,
-       s.active,
-       s.wal_status,
-       s.confirmed_flush_lsn,
-       s.restart_lsn,
-       w.lsn                                                     AS current_wal_lsn,
-       pg_wal_lsn_diff(w.lsn, LEAST(s.confirmed_flush_lsn, s.restart_lsn))::bigint AS lag_bytes,
-       pg_wal_lsn_diff(w.lsn, s.restart_lsn)::bigint             AS retained_wal_bytes,
-       c.last_lsn                                                AS last_published_lsn,
-       c.last_published_at,
-       c.last_message_id,
-       coalesce(c.published_total, 0)                            AS published_total,
-       (SELECT count(*) FROM outboxrelay.dead_letters d
-         WHERE d.slot = s.slot_name AND d.replayed_at IS NULL)   AS dead_letters
-FROM pg_replication_slots s
-CROSS JOIN (SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn()
-                        ELSE pg_current_wal_lsn() END AS lsn) w
-LEFT JOIN outboxrelay.checkpoint c ON c.slot = s.slot_name
-WHERE s.plugin = 'pgoutput' AND s.database = current_database();
-        COMMENT ON VIEW outboxrelay.status IS 'outboxrelay status, version 2';
-    END IF;
-END
-$outboxrelay$;
+-- The view outboxrelay.status is created in 009_lag_seconds.sql: it reads
+-- checkpoint columns that later files add.
 
--- Any role may read the status (the view counts dead letters with its
--- owner's rights); dead letters themselves hold payloads and stay private.
+-- Any role may read the relay's progress (and the view outboxrelay.status,
+-- see 009); dead letters themselves hold payloads and stay private.
 GRANT USAGE ON SCHEMA outboxrelay TO PUBLIC;
-GRANT SELECT ON outboxrelay.status, outboxrelay.checkpoint TO PUBLIC;
+GRANT SELECT ON outboxrelay.checkpoint TO PUBLIC;
 
 DO $outboxrelay$
 BEGIN

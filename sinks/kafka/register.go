@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"syscall"
 
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -120,4 +121,14 @@ func (c *Config) ClientOpts() ([]kgo.Opt, error) {
 		opts = append(opts, kgo.SASL(m))
 	}
 	return opts, nil
+}
+
+// StaticDestinations is the destination of every message when the template
+// has no placeholder (so that per-destination metrics exist from the
+// start), else nothing.
+func (c *Config) StaticDestinations() []string {
+	if c.Topic == "" || strings.Contains(c.Topic, "{") {
+		return nil
+	}
+	return []string{c.Topic}
 }

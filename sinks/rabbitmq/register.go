@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.uber.org/zap"
@@ -70,4 +71,14 @@ func (c *Config) Warnings() []string {
 		return []string{"sink.rabbitmq.tls.insecure_skip_verify accepts any broker certificate; use sink.rabbitmq.tls.ca_file instead"}
 	}
 	return nil
+}
+
+// StaticDestinations is the destination of every message (exchange/key)
+// when the routing key template has no placeholder, so that
+// per-destination metrics exist from the start; else nothing.
+func (c *Config) StaticDestinations() []string {
+	if strings.Contains(c.RoutingKey, "{") {
+		return nil
+	}
+	return []string{c.Exchange + "/" + c.RoutingKey}
 }
