@@ -153,8 +153,8 @@ func refuseMissingSlot(ctx context.Context, conn *pgx.Conn, slot string) error {
 	}
 	return &SetupError{Msg: fmt.Sprintf(
 		"replication slot %s does not exist on this server, but the relay confirmed it up to %s here: after a failover the slot did not follow (PostgreSQL 14-16, or a slot without postgres.failover_slot), and rows committed since then may never have been relayed; "+
-			"republish them from the outbox table, then run: DELETE FROM outboxrelay.checkpoint WHERE slot = '%s' (the relay then creates a new slot)",
-		slot, *recorded, slot)}
+			"run `outboxrelay recover --config FILE` to create the slot and republish them from the outbox table",
+		slot, *recorded)}
 }
 
 // Mode says who prepares the publication: migrate repairs what it finds,

@@ -580,14 +580,18 @@ func (l *ledger) figures() string {
 	return s
 }
 
-// deadLetters counts the dead letters of each message id.
+// deadLetters counts the dead letters of each message id, and the
+// messages parked behind a dead letter of their aggregate
+// (relay.dead_letter_order: park), which are accounted for the same way.
 func deadLetters(ctx context.Context, url string) (map[string]int, error) {
 	conn, err := connectCtx(ctx, url, 5*time.Second)
 	if err != nil {
 		return nil, err
 	}
 	defer conn.Close(context.Background())
-	rows, err := conn.Query(ctx, "SELECT message_id, count(*) FROM outboxrelay.dead_letters GROUP BY message_id")
+	rows, err := conn.Query(ctx, `SELECT message_id, count(*) FROM (
+		SELECT message_id FROM outboxrelay.dead_letters UNION ALL SELECT message_id FROM outboxrelay.parked) d
+		GROUP BY message_id`)
 	if err != nil {
 		return nil, err
 	}
