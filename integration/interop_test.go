@@ -251,3 +251,60 @@ func TestKcatReads(t *testing.T) {
 	}
 	checkCommitOrder(t, ids, got)
 }
+
+// TestCloudEventsSDKReadsKafka: the CloudEvents JavaScript SDK's Kafka
+// binding decodes and validates what the relay publishes in both content
+// modes, from a row whose headers spoof the relay's own (it answered "No
+// CloudEvent detected" when the row's content-type was sent as a second
+// header).
+func TestCloudEventsSDKReadsKafka(t *testing.T) {
+	mods := interopNodeModules(t)
+	for _, format := range []string{"cloudevents", "cloudevents-binary"} {
+		t.Run(format, func(t *testing.T) {
+			e := newEnv(t)
+			p := e.start("OUTBOXRELAY_ENVELOPE_FORMAT="+format, "OUTBOXRELAY_ENVELOPE_SOURCE=/shop/orders")
+			p.waitLog(`"streaming"`, 30*time.Second)
+			ids := map[string]bool{}
+			for _, agg := range []string{"1", "2"} {
+				var id string
+				if err := e.db.QueryRow(t.Context(), `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, headers, traceparent)
+					VALUES ('order', $1, 'order.created', '{"order_id": 42}', $2, $3) RETURNING id::text`,
+					agg, spoofHeaders, spoofRowTraceparent).Scan(&id); err != nil {
+					t.Fatal(err)
+				}
+				ids[id] = true
+			}
+			recs, code := e.kafkajsRead(mods, "outbox.order", len(ids), "--cloudevents")
+			p.stop()
+			if code != 0 {
+				t.Fatalf("kafkajs crashed: %+v", recs)
+			}
+			wantCT := map[string]string{"cloudevents": "application/cloudevents+json", "cloudevents-binary": "application/json"}[format]
+			for _, r := range recs {
+				if r.CloudEventError != "" {
+					t.Fatalf("the CloudEvents SDK rejects the record: %s\nheaders %v\nvalue %s", r.CloudEventError, r.Headers, r.Value)
+				}
+				ev := r.CloudEvent
+				id, _ := ev["id"].(string)
+				if !ids[id] {
+					t.Errorf("event id %q is not a committed row", id)
+				}
+				delete(ids, id)
+				data, _ := ev["data"].(map[string]any)
+				if ev["specversion"] != "1.0" || ev["source"] != "/shop/orders" || ev["type"] != "order.created" ||
+					ev["subject"] != *r.Key || ev["traceparent"] != spoofRowTraceparent || data["order_id"] != float64(42) {
+					t.Errorf("event %v", ev)
+				}
+				if ct := one(t, r, "content-type"); ct != wantCT {
+					t.Errorf("event %s: content-type %q, want %q", id, ct, wantCT)
+				}
+				if one(t, r, "tenant") != "acme" {
+					t.Errorf("event %s: tenant %q", id, r.Headers["tenant"])
+				}
+			}
+			if len(ids) > 0 {
+				t.Errorf("events missing: %v", ids)
+			}
+		})
+	}
+}
