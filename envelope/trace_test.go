@@ -13,7 +13,7 @@ const msgID = "0193a5b0-7d4e-7c1a-9f3e-2b8c1d0e4f5a"
 func derived(id string) (string, string) {
 	sum := sha256.Sum256([]byte(id))
 	trace := hex.EncodeToString(sum[:16])
-	return trace, "00-" + trace + "-" + hex.EncodeToString(sum[16:24]) + "-01"
+	return trace, "00-" + trace + "-" + hex.EncodeToString(sum[16:24]) + "-00"
 }
 
 func TestTrace(t *testing.T) {
