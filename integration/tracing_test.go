@@ -14,6 +14,8 @@ import (
 	coltrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/outboxrelay/outboxrelay/envelope"
 )
 
 // otlpCollector is an OTLP/HTTP traces endpoint that decodes what it
@@ -153,6 +155,9 @@ func TestTraceparentFlags(t *testing.T) {
 		check(with, child)
 		if len(root.ParentSpanId) != 0 {
 			t.Errorf("span of a row without a traceparent has parent %x, want a root", root.ParentSpanId)
+		}
+		if derived, _ := envelope.Trace("", without); hex.EncodeToString(root.TraceId) != derived {
+			t.Errorf("root span in trace %x, want the one derived from the message id, %s", root.TraceId, derived)
 		}
 		if hex.EncodeToString(child.TraceId) != rowTP[3:35] || hex.EncodeToString(child.ParentSpanId) != rowTP[36:52] {
 			t.Errorf("span of a row with a traceparent: trace %x parent %x, want the row's", child.TraceId, child.ParentSpanId)

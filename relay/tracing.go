@@ -2,6 +2,8 @@ package relay
 
 import (
 	"context"
+	"encoding/binary"
+	"math/rand/v2"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -78,6 +80,9 @@ func (r *Relay) startSpan(m *Message, em *envelope.Message, fromRow bool) {
 		parent = trace.SpanContextFromContext(ctx)
 	} else {
 		opts = append(opts, trace.WithNewRoot())
+		if id, err := trace.TraceIDFromHex(em.TraceID); err == nil {
+			ctx = context.WithValue(ctx, derivedTraceKey{}, id)
+		}
 	}
 	_, span := r.cfg.Tracer.Start(ctx, "send", opts...)
 	sc := span.SpanContext()
@@ -128,4 +133,41 @@ func endSpan(m *Message, err error) {
 		span.SetStatus(codes.Error, err.Error())
 	}
 	span.End()
+}
+
+type derivedTraceKey struct{}
+
+// IDGenerator makes the ids of the relay's spans. A root span, the span of
+// a row without a valid traceparent, gets the trace id the envelope
+// derives from the message id, so that every delivery of the message,
+// replays included, is in one trace, as it is with tracing off; every
+// other id is random. Pass it to the tracer provider
+// (sdktrace.WithIDGenerator); it is safe for concurrent use.
+func IDGenerator() interface {
+	NewIDs(ctx context.Context) (trace.TraceID, trace.SpanID)
+	NewSpanID(ctx context.Context, traceID trace.TraceID) trace.SpanID
+} {
+	return idGenerator{}
+}
+
+type idGenerator struct{}
+
+func (idGenerator) NewIDs(ctx context.Context) (trace.TraceID, trace.SpanID) {
+	id, ok := ctx.Value(derivedTraceKey{}).(trace.TraceID)
+	for !ok || !id.IsValid() {
+		binary.BigEndian.PutUint64(id[:8], rand.Uint64())
+		binary.BigEndian.PutUint64(id[8:], rand.Uint64())
+		ok = true
+	}
+	return id, randomSpanID()
+}
+
+func (idGenerator) NewSpanID(context.Context, trace.TraceID) trace.SpanID { return randomSpanID() }
+
+func randomSpanID() trace.SpanID {
+	var id trace.SpanID
+	for !id.IsValid() {
+		binary.BigEndian.PutUint64(id[:], rand.Uint64())
+	}
+	return id
 }

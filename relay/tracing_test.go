@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outboxrelay/outboxrelay/cdc"
+	"github.com/outboxrelay/outboxrelay/envelope"
 )
 
 const (
@@ -125,7 +126,8 @@ func traceparentOf(sc trace.SpanContext) string {
 // the row's tracestate kept; failed attempts are events on that one span.
 func TestProducerSpans(t *testing.T) {
 	exp := tracetest.NewInMemoryExporter()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp), sdktrace.WithSampler(sdktrace.AlwaysSample()))
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp), sdktrace.WithSampler(sdktrace.AlwaysSample()),
+		sdktrace.WithIDGenerator(IDGenerator()))
 	defer tp.Shutdown(context.Background())
 	got := runTraced(t, tp.Tracer("test"))
 	spans := spansByID(t, exp)
@@ -157,6 +159,10 @@ func TestProducerSpans(t *testing.T) {
 		}
 		if !strings.HasSuffix(got[id].traceparent, "-01") {
 			t.Errorf("%s: traceparent %s of a sampled span is not flagged sampled", id, got[id].traceparent)
+		}
+		// Every delivery of the message is in one trace, as without tracing.
+		if derived, _ := envelope.Trace("", id); spans[id].SpanContext.TraceID().String() != derived {
+			t.Errorf("%s: root span in trace %s, want the derived %s", id, spans[id].SpanContext.TraceID(), derived)
 		}
 	}
 	if ev := spans["flaky"].Events; len(ev) != 1 || ev[0].Name != "publish failed" {

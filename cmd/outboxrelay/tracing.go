@@ -12,6 +12,8 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
+
+	"github.com/outboxrelay/outboxrelay/relay"
 )
 
 // tracing is the relay's OpenTelemetry tracer provider, or nothing.
@@ -92,5 +94,6 @@ func newTracing(ctx context.Context, lookup func(string) (string, bool), log *za
 		log.Warn("OpenTelemetry", zap.Error(err))
 	}))
 	log.Info("OpenTelemetry tracing on", zap.String("exporter", "otlp http/protobuf"))
-	return tracing{provider: sdktrace.NewTracerProvider(sdktrace.WithBatcher(exporter), sdktrace.WithResource(res))}, nil
+	return tracing{provider: sdktrace.NewTracerProvider(sdktrace.WithBatcher(exporter), sdktrace.WithResource(res),
+		sdktrace.WithIDGenerator(relay.IDGenerator()))}, nil
 }
