@@ -76,6 +76,7 @@ func TestTraceDeterministic(t *testing.T) {
 func mustDerived(id string) string { _, tp := derived(id); return tp }
 
 func TestTraceAllocs(t *testing.T) {
+	skipUnderRace(t)
 	if n := testing.AllocsPerRun(100, func() { Trace(validTP, msgID) }); n != 0 {
 		t.Errorf("Trace with a valid traceparent allocates %v times", n)
 	}

@@ -82,10 +82,3 @@ func (a *aggregates) next(m *Message) *Message {
 	a.held--
 	return n
 }
-
-// waiting returns the number of messages held behind an earlier one.
-func (a *aggregates) waiting() int {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.held
-}

@@ -57,7 +57,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return usageErr("log.level: %v", err)
 	}
-	defer log.Sync() //nolint:errcheck // best effort at exit
+	defer log.Sync() // best effort at exit
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
