@@ -143,7 +143,7 @@ func execLocked(ctx context.Context, pool *pgxpool.Pool, stmt string) error {
 	}
 	_, err = conn.Exec(ctx, stmt)
 	if _, rerr := conn.Exec(context.WithoutCancel(ctx), "RESET lock_timeout"); rerr != nil {
-		conn.Conn().Close(context.WithoutCancel(ctx)) //nolint:errcheck // the pool drops a closed connection
+		conn.Conn().Close(context.WithoutCancel(ctx)) // the pool drops a closed connection
 	}
 	return err
 }

@@ -350,9 +350,6 @@ func ReadSecretFile(path string) (string, error) {
 	return s, nil
 }
 
-// maxPEMFile bounds a certificate, key or CA bundle file.
-const maxPEMFile = 1 << 20
-
 // readFile reads a regular file of at most limit bytes, so that a
 // configuration naming a device or a pipe fails instead of hanging.
 func readFile(path string, limit int64) ([]byte, error) {

@@ -243,6 +243,7 @@ func TestCloudEventAppends(t *testing.T) {
 }
 
 func TestCloudEventAllocations(t *testing.T) {
+	skipUnderRace(t)
 	m := ceMessage()
 	buf := make([]byte, 0, 4096)
 	if n := testing.AllocsPerRun(100, func() { buf = m.AppendCloudEvent(buf[:0], ceSource) }); n != 0 {

@@ -288,6 +288,7 @@ func TestAppendJSONAppends(t *testing.T) {
 	if !bytes.HasPrefix(got, prefix) || !bytes.Equal(got[len(prefix):], m.AppendJSON(nil)) {
 		t.Errorf("AppendJSON(prefix) = %s", got)
 	}
+	skipUnderRace(t)
 	buf := make([]byte, 0, 4096)
 	if n := testing.AllocsPerRun(100, func() { buf = m.AppendJSON(buf[:0]) }); n != 0 {
 		t.Errorf("AppendJSON into a large enough buffer allocates %v times", n)

@@ -104,6 +104,7 @@ func TestParseHeadersErrors(t *testing.T) {
 }
 
 func TestParseHeadersAllocs(t *testing.T) {
+	skipUnderRace(t)
 	empty := []byte(" {} ")
 	if n := testing.AllocsPerRun(100, func() { ParseHeaders(empty) }); n != 0 {
 		t.Errorf("ParseHeaders({}) allocates %v times", n)

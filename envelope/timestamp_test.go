@@ -58,6 +58,7 @@ func TestParseTimestampErrors(t *testing.T) {
 }
 
 func TestParseTimestampAllocs(t *testing.T) {
+	skipUnderRace(t)
 	b := []byte("2026-11-29 08:00:00.123456+00")
 	if n := testing.AllocsPerRun(100, func() { ParseTimestamp(b) }); n != 0 {
 		t.Errorf("ParseTimestamp allocates %v times", n)

@@ -12,7 +12,10 @@ import "crypto/sha256"
 //
 // Otherwise Trace starts a new trace derived from messageID: the first 16
 // bytes of SHA-256(messageID) are the trace-id, the next 8 the span id, and
-// tp is "00-<trace-id>-<span-id>-01" (sampled). The derivation is
+// tp is "00-<trace-id>-<span-id>-00": not sampled, because no span with
+// that id was ever recorded, and a consumer that continued a sampled trace
+// from it would show a root that does not exist (the relay, when it records
+// spans, sends its own span's context instead). The derivation is
 // deterministic on purpose: delivery is at-least-once, so a row replayed
 // after a crash must produce the same envelope, byte for byte, and join the
 // same trace as its first delivery; a random id would split one message
@@ -42,7 +45,7 @@ func Trace(traceparent, messageID string) (traceID, tp string) {
 	hexEncode(b[3:35], sum[:16])
 	b[35] = '-'
 	hexEncode(b[36:52], sum[16:24])
-	b[52], b[53], b[54] = '-', '0', '1'
+	b[52], b[53], b[54] = '-', '0', '0'
 	tp = string(b[:])
 	return tp[3:35], tp
 }

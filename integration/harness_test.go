@@ -80,7 +80,6 @@ type env struct {
 	db      *pgx.Conn
 	kafka   *kfake.Cluster
 	brokers string
-	cfgPath string
 	extra   string // extra YAML appended to the config
 }
 

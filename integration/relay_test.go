@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"regexp"
-	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -151,9 +150,9 @@ func TestOnlyCommittedRowsArrive(t *testing.T) {
 	last := e.insert("outbox", "order", "3", 1)
 	want = append(want, last...)
 
-	recs := c.waitIDs(want, 60*time.Second)
+	c.waitIDs(want, 60*time.Second)
 	time.Sleep(500 * time.Millisecond) // a stray message would arrive by now
-	recs = c.records()
+	recs := c.records()
 	wantSet := map[string]bool{}
 	for _, id := range want {
 		wantSet[id] = true
@@ -340,13 +339,4 @@ func TestWalLevelNotLogical(t *testing.T) {
 	if n := strings.Count(strings.TrimSpace(out), "\n"); n > 1 {
 		t.Errorf("want one clear line, got %d lines:\n%s", n+1, out)
 	}
-}
-
-func sortedKeys(m map[string]bool) []string {
-	var k []string
-	for s := range m {
-		k = append(k, s)
-	}
-	sort.Strings(k)
-	return k
 }

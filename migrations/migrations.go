@@ -191,7 +191,7 @@ func apply(ctx context.Context, conn *pgx.Conn, sql string) error {
 	if err != nil {
 		return fmt.Errorf("begin: %w", err)
 	}
-	defer tx.Rollback(ctx) //nolint:errcheck // after Commit this is a no-op
+	defer tx.Rollback(ctx) // after Commit this is a no-op
 	if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL lock_timeout = %d; SET LOCAL outboxrelay.migrating = on", LockTimeout.Milliseconds())); err != nil {
 		return fmt.Errorf("set lock_timeout: %w", err)
 	}

@@ -3,7 +3,6 @@ package relay_test
 import (
 	"context"
 	"fmt"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,8 +16,7 @@ import (
 
 // streamSource hands the relay n messages over aggregates in transactions of 10.
 type streamSource struct {
-	contents  [][]byte
-	published *atomic.Int64
+	contents [][]byte
 }
 
 func newStreamSource(n, aggregates int) *streamSource {

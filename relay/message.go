@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outboxrelay/outboxrelay/envelope"
 )
@@ -23,10 +24,13 @@ type Message struct {
 	EventType     string
 	// Table is the source table as schema.name, or "" for a table-less message.
 	Table string
-	// Traceparent is the W3C traceparent of the envelope, always set.
+	// Traceparent is the W3C traceparent of the envelope, always set: the
+	// relay's producer span when it records one (Config.Tracer), else the
+	// row's, else one derived from ID and not flagged sampled.
 	Traceparent string
 	// Tracestate is the W3C tracestate that goes with Traceparent: the
-	// row's tracestate header when the traceparent is the row's, else "".
+	// row's tracestate header when the traceparent is the row's or its
+	// child span's, else "".
 	Tracestate string
 	// Headers are the row's headers, in the order they appear in the row,
 	// without those whose names the relay owns (envelope.Reserved).
@@ -56,9 +60,10 @@ type Message struct {
 	// LastError is the error of the latest failed attempt.
 	LastError error
 
-	tx     *txn   // set by the relay
-	seq    uint64 // publish order
-	pooled bool   // Envelope returns to the buffer pool once m is complete
+	tx     *txn       // set by the relay
+	seq    uint64     // publish order
+	pooled bool       // Envelope returns to the buffer pool once m is complete
+	span   trace.Span // the relay's producer span, when it records one
 }
 
 // PermanentError marks a publish failure that retrying will not fix: the

@@ -25,6 +25,7 @@ import (
 	"syscall"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
 
@@ -138,6 +139,16 @@ type Config struct {
 	// row is: never published, with the error. Called from the stream
 	// goroutine; em must not be kept.
 	Validate func(em *envelope.Message) error
+	// Tracer, when set, starts an OpenTelemetry producer span for every
+	// message, child of the row's traceparent when it is valid and a root
+	// otherwise, and the message carries that span's context (traceparent
+	// and tracestate) instead of the row's; see startSpan. Nil, or a tracer
+	// that records nothing: no spans, and messages carry the row's trace
+	// context, or a derived one that is not flagged sampled.
+	Tracer trace.Tracer
+	// MessagingSystem is the spans' messaging.system attribute: the sink's
+	// name (kafka, rabbitmq, nats, redis).
+	MessagingSystem string
 }
 
 // Format is the body format of published messages.
@@ -618,12 +629,14 @@ func (r *Relay) onDone(m *Message, err error) {
 		if h := r.cfg.Hooks.Published; h != nil {
 			h(m, time.Now())
 		}
+		endSpan(m, nil)
 		r.settle(m, true)
 		return
 	}
 	if r.sinkCtx.Err() != nil {
 		// Shutting down: the message stays unconfirmed and is delivered
 		// again after restart, and so do the ones held behind it.
+		endSpan(m, fmt.Errorf("not acknowledged before the relay stopped: %w", err))
 		return
 	}
 	now := time.Now()
@@ -636,6 +649,7 @@ func (r *Relay) onDone(m *Message, err error) {
 	if h := r.cfg.Hooks.PublishFailed; h != nil {
 		h(m, err)
 	}
+	spanFailed(m, err)
 	if !Retryable(err) && m.Attempts >= r.cfg.MaxAttempts {
 		r.deadLetter(m, true)
 		return
@@ -805,6 +819,7 @@ func (r *Relay) deadLetter(m *Message, gated bool) {
 		store = r.cfg.Parking.AddHead
 	}
 	if store == nil {
+		endSpan(m, m.LastError)
 		r.fail(fmt.Errorf("message %s to %q failed %d times and no dead-letter store is configured: %w", m.ID, m.Destination, m.Attempts, m.LastError))
 		return
 	}
@@ -839,6 +854,7 @@ func (r *Relay) deadLetter(m *Message, gated bool) {
 		if head {
 			r.order.park(keyOf(m))
 		}
+		endSpan(m, fmt.Errorf("dead-lettered after %d attempts: %w", m.Attempts, m.LastError))
 		r.settle(m, gated)
 	})
 }
@@ -1037,6 +1053,7 @@ func (r *Relay) finish(em *envelope.Message, table, traceparent string, lsn cdc.
 		CommitTime: r.cur.CommitTime, LSN: lsn, CommitLSN: r.cur.FinalLSN,
 	}
 	m.Headers, m.Tracestate = r.brokerHeaders(m, headers, traceparent)
+	r.startSpan(m, em, traceparent != "" && m.Traceparent == traceparent)
 	buf := getBuffer(len(em.Payload) + len(em.Headers) + 512)
 	switch r.cfg.Format {
 	case FormatCloudEvents:

@@ -21,6 +21,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/outboxrelay/outboxrelay/relay"
+	"github.com/outboxrelay/outboxrelay/sinks/route"
+	"github.com/outboxrelay/outboxrelay/verify"
 )
 
 // Settings is one sink's section of the configuration file, sink.<name>:
@@ -108,4 +110,35 @@ func Names() []string {
 		names = append(names, t.Name)
 	}
 	return names
+}
+
+// Verifiable is implemented by Settings whose broker `outboxrelay verify`
+// can read back. The command asks the configured sink's settings for it;
+// a sink without it cannot be verified, and verify says so.
+type Verifiable interface {
+	// VerifyReader returns a reader of the message ids the broker holds
+	// and, for readers that read per destination, how to render a
+	// message's destination as the sink does (nil: the reader reads one
+	// place, a stream or a queue, for every message). An error is one
+	// sentence naming the setting or the flag to fix.
+	VerifyReader(opts VerifyOptions) (verify.Reader, func(*relay.Message) (string, error), error)
+}
+
+// VerifyOptions are what the verify command knows beyond the settings.
+type VerifyOptions struct {
+	// Queue is the verification queue given with --rabbitmq-queue, for a
+	// broker that cannot be read without consuming (RabbitMQ): a queue
+	// bound to the sink's destination that holds a copy of every message.
+	Queue string
+}
+
+// Destinations returns how a sink whose destination is the template tmpl
+// (see package route) names a message's destination, unescaped, for a
+// Verifiable's reader.
+func Destinations(tmpl string) (func(*relay.Message) (string, error), error) {
+	t, err := route.Parse(tmpl)
+	if err != nil {
+		return nil, err
+	}
+	return func(m *relay.Message) (string, error) { return t.Render(m, nil), nil }, nil
 }

@@ -98,7 +98,7 @@ func runLatency(ctx context.Context, env *benchEnv, rate int, d time.Duration) (
 	if err != nil {
 		return nil, err
 	}
-	defer p.stop() //nolint:errcheck // reported by the measurement below when it matters
+	defer p.stop() // reported by the measurement below when it matters
 	if err := waitActive(ctx, url, slot, p); err != nil {
 		return nil, err
 	}

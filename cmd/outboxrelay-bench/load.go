@@ -223,7 +223,7 @@ func markEnd(ctx context.Context, conn *pgx.Conn) (pglogrepl.LSN, error) {
 	if err != nil {
 		return 0, err
 	}
-	defer tx.Rollback(ctx) //nolint:errcheck // no-op after Commit
+	defer tx.Rollback(ctx) // no-op after Commit
 	if _, err := tx.Exec(ctx, "SET LOCAL synchronous_commit = on"); err != nil {
 		return 0, err
 	}

@@ -483,7 +483,7 @@ func runRelayRabbit(ctx context.Context, env *benchEnv, w workload, rb *rabbit, 
 	if err := rb.purge(); err != nil {
 		return measurement{}, 0, err
 	}
-	defer rb.purge() //nolint:errcheck // the next run purges first too
+	defer rb.purge() // the next run purges first too
 	qd, err := rb.depth()
 	if err != nil {
 		return measurement{}, 0, err
@@ -505,7 +505,7 @@ func runBareAMQP(ctx context.Context, rb *rabbit, rows, body int) (measurement, 
 	if err := rb.purge(); err != nil {
 		return measurement{}, err
 	}
-	defer rb.purge() //nolint:errcheck // the next run purges first too
+	defer rb.purge() // the next run purges first too
 	busy0, cpu0, b0 := machineBusy(), selfCPU(), rb.serverCPU()
 	m := measurement{launched: time.Now(), inProcess: true, Note: fmt.Sprintf("%d B bodies, the size of the relay's envelopes", body)}
 	err := bareAMQP(ctx, rb.url, rows, body)

@@ -78,7 +78,7 @@ func placeOrder(ctx context.Context, db *pgx.Conn, sql string, args []any, event
 	if err != nil {
 		return nil, err
 	}
-	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a no-op after Commit
+	defer tx.Rollback(context.WithoutCancel(ctx)) // a no-op after Commit
 	if _, err := tx.Exec(ctx, sql, args...); err != nil {
 		return nil, err
 	}

@@ -64,7 +64,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return usageErr("log.level: %v", err)
 	}
-	defer log.Sync() //nolint:errcheck // best effort at exit
+	defer log.Sync() // best effort at exit
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
@@ -141,6 +141,18 @@ func run(ctx context.Context, cfg config.Config, log *zap.Logger, acceptConfigCh
 	if err != nil {
 		return startErr(fmt.Errorf("prepare PostgreSQL: %w", err))
 	}
+	traces, err := newTracing(setupCtx, os.LookupEnv, log)
+	if err != nil {
+		return startErr(err)
+	}
+	defer func() {
+		// After the relay has drained: every span it will end has ended.
+		flushCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if err := traces.Shutdown(flushCtx); err != nil {
+			log.Warn("OpenTelemetry spans not exported at shutdown", zap.Error(err))
+		}
+	}()
 	sink, err := openSink(setupCtx, cfg, log)
 	if err != nil {
 		return startErr(err)
@@ -197,6 +209,8 @@ func run(ctx context.Context, cfg config.Config, log *zap.Logger, acceptConfigCh
 		CloudEventsSource: cfg.Envelope.Source,
 		Hooks:             joinHooks(relay.Hooks{Published: checkpoint.Published}, m.Hooks()),
 		Resolve:           guard.Resolve,
+		Tracer:            traces.Tracer(),
+		MessagingSystem:   cfg.Sink.Type,
 	}
 	rc.Validate = validate
 	dur.apply(&rc)

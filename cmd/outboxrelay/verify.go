@@ -13,17 +13,12 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	goredis "github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
 	"github.com/outboxrelay/outboxrelay/config"
 	"github.com/outboxrelay/outboxrelay/relay"
 	rows "github.com/outboxrelay/outboxrelay/replay"
-	"github.com/outboxrelay/outboxrelay/sinks/kafka"
-	natssink "github.com/outboxrelay/outboxrelay/sinks/nats"
-	"github.com/outboxrelay/outboxrelay/sinks/rabbitmq"
-	redissink "github.com/outboxrelay/outboxrelay/sinks/redis"
-	"github.com/outboxrelay/outboxrelay/sinks/route"
+	"github.com/outboxrelay/outboxrelay/sinks"
 	"github.com/outboxrelay/outboxrelay/verify"
 )
 
@@ -137,50 +132,18 @@ func (o *opsEnv) close(ctx context.Context) {
 }
 
 // brokerReader returns the reader of the configured sink's broker and how
-// to render a row's destination for it.
+// to render a row's destination for it, from the sink's own settings
+// (sinks.Verifiable).
 func brokerReader(cfg config.Config, rabbitQueue string) (verify.Reader, func(*relay.Message) (string, error), error) {
-	render := func(tmpl string) (func(*relay.Message) (string, error), error) {
-		t, err := route.Parse(tmpl)
-		if err != nil {
-			return nil, err
-		}
-		return func(m *relay.Message) (string, error) { return t.Render(m, nil), nil }, nil
+	v, ok := cfg.Sink.Settings().(sinks.Verifiable)
+	if !ok {
+		return nil, nil, usageErr("sink.type %q cannot be verified: its sink does not read its broker back", cfg.Sink.Type)
 	}
-	switch cfg.Sink.Type {
-	case "kafka":
-		k := config.SinkAs[*kafka.Config](cfg.Sink)
-		opts, err := k.ClientOpts()
-		if err != nil {
-			return nil, nil, usageErr("%v", err)
-		}
-		dest, err := render(k.Topic)
-		if err != nil {
-			return nil, nil, usageErr("sink.kafka.topic: %v", err)
-		}
-		return verify.Kafka{Opts: opts}, dest, nil
-	case "nats":
-		n := config.SinkAs[*natssink.Config](cfg.Sink)
-		return verify.NATS{URL: n.URL, CredentialsFile: n.CredentialsFile, Stream: n.Stream}, nil, nil
-	case "redis":
-		rd := config.SinkAs[*redissink.Config](cfg.Sink)
-		opt, err := goredis.ParseURL(rd.URL)
-		if err != nil {
-			return nil, nil, usageErr("sink.redis.url: %v", err)
-		}
-		dest, err := render(rd.Stream)
-		if err != nil {
-			return nil, nil, usageErr("sink.redis.stream: %v", err)
-		}
-		return verify.Redis{Client: goredis.NewClient(opt)}, dest, nil
-	case "rabbitmq":
-		q := config.SinkAs[*rabbitmq.Config](cfg.Sink)
-		if rabbitQueue == "" {
-			return nil, nil, usageErr("RabbitMQ queues cannot be read without consuming them, so verify cannot see what reached the exchange; "+
-				"declare a verification queue bound to exchange %q with binding key \"#\" (it holds a copy of every message from then on) and pass it with --rabbitmq-queue NAME", q.Exchange)
-		}
-		return verify.RabbitMQ{URL: q.URL, Queue: rabbitQueue}, nil, nil
+	rd, dest, err := v.VerifyReader(sinks.VerifyOptions{Queue: rabbitQueue})
+	if err != nil {
+		return nil, nil, usageErr("%v", err)
 	}
-	return nil, nil, usageErr("sink.type %q cannot be verified", cfg.Sink.Type)
+	return rd, dest, nil
 }
 
 // noRows is the error for a window that selects no outbox row.

@@ -13,6 +13,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 )
 
 const (
@@ -118,7 +119,7 @@ func TestRunCommitsAfterProcessing(t *testing.T) {
 		}
 		defer cl.Close()
 		var out syncBuffer
-		h := &Handler{Seen: NewLRU(100), Tracer: trace.NewNoopTracerProvider().Tracer(""), Out: &out}
+		h := &Handler{Seen: NewLRU(100), Tracer: noop.NewTracerProvider().Tracer(""), Out: &out}
 		ctx, cancel := context.WithCancel(t.Context())
 		done := make(chan error, 1)
 		go func() { done <- Run(ctx, cl, h) }()

@@ -611,6 +611,7 @@ func (s *Sink) Close() error {
 	s.mu.Unlock()
 
 	s.runMu.Lock() // Run has returned, or was never called
+	//lint:ignore SA2001 a barrier, not a critical section: Run holds runMu while it runs
 	s.runMu.Unlock()
 	s.sendMu.Lock() // no send is in progress; later ones see closed
 	c := s.conn.Load()

@@ -183,7 +183,7 @@ func (c *Config) validate() error {
 	case t == "", t == amqp.ExchangeDirect, t == amqp.ExchangeFanout,
 		t == amqp.ExchangeTopic, t == amqp.ExchangeHeaders, strings.HasPrefix(t, "x-"):
 	default:
-		return fmt.Errorf("rabbitmq exchange type %q is unknown; use direct, fanout, topic, headers or a plugin type x-...", t)
+		return fmt.Errorf("rabbitmq exchange type %q is unknown; use direct, fanout, topic, headers or a plugin type whose name starts with x-", t)
 	}
 	if c.MaxInFlight < 0 {
 		return fmt.Errorf("rabbitmq max_in_flight is %d; use a positive number or 0 for the default %d", c.MaxInFlight, DefaultMaxInFlight)

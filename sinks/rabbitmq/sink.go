@@ -349,7 +349,7 @@ func (s *Sink) prepare(m *relay.Message, done func(*relay.Message, error)) (*pen
 	case key == "":
 		return nil, fmt.Errorf("routing key for message %s is empty; check the routing_key template %q", m.ID, s.cfg.RoutingKey)
 	case len(key) > maxShortstr:
-		return nil, fmt.Errorf("routing key for message %s is %d bytes, over the AMQP limit of 255: %.64q...", m.ID, len(key), key)
+		return nil, fmt.Errorf("routing key for message %s is %d bytes, over the AMQP limit of 255; it starts %.64q", m.ID, len(key), key)
 	case len(m.ID) > maxShortstr:
 		return nil, fmt.Errorf("message_id is %d bytes, over the AMQP limit of 255", len(m.ID))
 	case len(m.EventType) > maxShortstr:
@@ -364,7 +364,7 @@ func (s *Sink) prepare(m *relay.Message, done func(*relay.Message, error)) (*pen
 	headers := make(amqp.Table, len(hs)+1)
 	for _, h := range hs {
 		if len(h.Key) > maxShortstr {
-			return nil, fmt.Errorf("header name of message %s is %d bytes, over the AMQP limit of 255: %.64q...", m.ID, len(h.Key), h.Key)
+			return nil, fmt.Errorf("header name of message %s is %d bytes, over the AMQP limit of 255; it starts %.64q", m.ID, len(h.Key), h.Key)
 		}
 		headers[h.Key] = h.Value
 	}

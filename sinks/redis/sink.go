@@ -367,6 +367,7 @@ func (s *Sink) Close() error {
 	s.ready.Store(false)
 
 	s.runMu.Lock() // Run has returned, or was never called
+	//lint:ignore SA2001 a barrier, not a critical section: Run holds runMu while it runs
 	s.runMu.Unlock()
 	s.publishers.Wait()
 	for {
