@@ -203,8 +203,8 @@ func TestFailoverSlotFollowsPromotion(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := append(append(append([]string(nil), acked...), marker...), after...)
-	recs := c.waitIDs(want, 60*time.Second)
-	recs = c.waitIDs(onNewPrimary, 30*time.Second)
+	c.waitIDs(want, 60*time.Second)
+	recs := c.waitIDs(onNewPrimary, 30*time.Second)
 	relay.stop()
 	if st, code, out := e.statusJSON(); code != 0 || st.Failover == nil || !*st.Failover || st.Synced == nil || !*st.Synced {
 		t.Fatalf("status on the new primary: exit %d, want failover and synced true:\n%s", code, out)

@@ -43,7 +43,7 @@ func TestSchemaValidation(t *testing.T) {
 	after := e.insert("outbox", "order", "5", 5)
 	afterSame := e.insert("outbox", "order", "1", 5)
 	valid := append(append(before, after...), afterSame...)
-	recs := c.waitIDs(valid, 60*time.Second)
+	c.waitIDs(valid, 60*time.Second)
 
 	var letters []map[string]any
 	deadline := time.Now().Add(30 * time.Second)
@@ -81,7 +81,7 @@ func TestSchemaValidation(t *testing.T) {
 	// The ledger: every valid row once, in commit order per aggregate,
 	// and no invalid one published.
 	p.stop()
-	recs = c.records()
+	recs := c.records()
 	seen := map[string]int{}
 	for _, r := range recs {
 		seen[r.Headers["message_id"]]++

@@ -87,13 +87,6 @@ func (a *aggregates) next(m *Message) *Message {
 	return n
 }
 
-// waiting returns the number of messages held behind an earlier one.
-func (a *aggregates) waiting() int {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.held
-}
-
 // park marks k parked behind a dead letter.
 func (a *aggregates) park(k aggregateKey) {
 	a.mu.Lock()
