@@ -34,6 +34,7 @@ var regexpDocSep = regexp.MustCompile(`(?m)^---\s*$`)
 type objects struct {
 	deployments     []*appsv1.Deployment
 	configMaps      []*corev1.ConfigMap
+	hookConfigMaps  []*corev1.ConfigMap // created by a Helm hook (the migrate Job's copy)
 	secrets         []*corev1.Secret
 	services        []*corev1.Service
 	serviceAccounts []*corev1.ServiceAccount
@@ -93,6 +94,10 @@ func decode(t *testing.T, name string, data []byte, into *objects) {
 		}
 		if err := yaml.UnmarshalStrict(doc, target); err != nil {
 			t.Errorf("%s: %s: %v", name, meta.Kind, err)
+		}
+		if cm, ok := target.(*corev1.ConfigMap); ok && cm.Annotations["helm.sh/hook"] != "" {
+			into.configMaps = into.configMaps[:len(into.configMaps)-1]
+			into.hookConfigMaps = append(into.hookConfigMaps, cm)
 		}
 	}
 }
@@ -194,6 +199,12 @@ func checkConfig(t *testing.T, o objects) {
 	t.Helper()
 	if len(o.configMaps) != 1 || len(o.deployments) != 1 {
 		t.Fatalf("want one ConfigMap and one Deployment, have %d and %d", len(o.configMaps), len(o.deployments))
+	}
+	// The migrate hook reads the same configuration as the relay.
+	for _, h := range o.hookConfigMaps {
+		if h.Data["config.yaml"] != o.configMaps[0].Data["config.yaml"] {
+			t.Errorf("hook ConfigMap %s holds another config.yaml than the relay's", h.Name)
+		}
 	}
 	path := filepath.Join(t.TempDir(), "config.yaml")
 	if err := os.WriteFile(path, []byte(o.configMaps[0].Data["config.yaml"]), 0o600); err != nil {
@@ -419,7 +430,8 @@ func TestChartMatchesManifests(t *testing.T) {
 		t.Errorf("PodDisruptionBudget maxUnavailable differs")
 	}
 	pj, cj := plain.jobs[0].Spec.Template.Spec.Containers[0], chartObjs.jobs[0].Spec.Template.Spec.Containers[0]
-	if !reflect.DeepEqual(pj.Args, cj.Args) || !reflect.DeepEqual(pj.Resources, cj.Resources) || !reflect.DeepEqual(pj.SecurityContext, cj.SecurityContext) {
+	if !reflect.DeepEqual(pj.Args, cj.Args) || !reflect.DeepEqual(pj.Resources, cj.Resources) || !reflect.DeepEqual(pj.SecurityContext, cj.SecurityContext) ||
+		!reflect.DeepEqual(pj.VolumeMounts, cj.VolumeMounts) {
 		t.Errorf("migrate container differs")
 	}
 }
