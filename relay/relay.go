@@ -235,6 +235,17 @@ type Relay struct {
 	recorded     atomic.Uint64
 	checkpointMu sync.Mutex
 	unrecorded   atomic.Bool
+
+	// Exactly-once (txnSink set, see Transactional): txBuf holds the
+	// received messages of the open source transaction; skipTo is the
+	// position the broker holds, and skipping says the open transaction
+	// is at or below it. Stream goroutine only. deadLetters counts dead
+	// letters being stored: a transaction is ended only once they are.
+	txnSink     Transactional
+	txBuf       []*Message
+	skipTo      cdc.LSN
+	skipping    bool
+	deadLetters sync.WaitGroup
 }
 
 var _ cdc.Handler = (*Relay)(nil)
@@ -258,6 +269,7 @@ func New(cfg Config, sink Sink, log *zap.Logger) *Relay {
 		retryKick: make(chan struct{}, 1),
 	}
 	r.done = r.onDone
+	r.txnSink, _ = sink.(Transactional)
 	return r
 }
 
@@ -435,6 +447,11 @@ func (r *Relay) Start(ctx context.Context, slotConfirmed cdc.LSN) error {
 	if err := r.loadHeads(ctx); err != nil {
 		return err
 	}
+	if r.txnSink != nil {
+		if err := r.resumeFromSink(ctx); err != nil {
+			return err
+		}
+	}
 	r.tracker.idle(slotConfirmed)
 	// The slot's own position needs no recording: it is already confirmed.
 	r.checkpointMu.Lock()
@@ -442,6 +459,32 @@ func (r *Relay) Start(ctx context.Context, slotConfirmed cdc.LSN) error {
 		r.recorded.Store(uint64(slotConfirmed))
 	}
 	r.checkpointMu.Unlock()
+	return nil
+}
+
+// resumeFromSink waits until everything handed to the transactional sink
+// is settled (a session that ended leaves batches committing), then reads
+// the position the broker holds: what is at or below it is not sent again.
+func (r *Relay) resumeFromSink(ctx context.Context) error {
+	for {
+		n, drained := r.tracker.inflight()
+		if n == 0 {
+			break
+		}
+		select {
+		case <-drained:
+		case <-r.fatal:
+			return r.fatalErr
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	pos, err := r.txnSink.Position(ctx)
+	if err != nil {
+		return fmt.Errorf("read the position committed in the broker: %w", err)
+	}
+	r.skipTo = pos
+	r.log.Info("exactly-once: resuming after the position committed in the broker", zap.Stringer("position", pos))
 	return nil
 }
 
@@ -473,6 +516,14 @@ func (r *Relay) Idle(walEnd cdc.LSN) { r.tracker.idle(walEnd) }
 // Reset implements cdc.Handler.
 func (r *Relay) Reset() {
 	r.tracker.reset()
+	// The abandoned transaction's messages were never handed over: they
+	// will be received again.
+	for _, m := range r.txBuf {
+		r.complete(m)
+	}
+	clear(r.txBuf)
+	r.txBuf = r.txBuf[:0]
+	r.skipping = false
 	r.tx = nil
 	clear(r.mappings)
 }
@@ -504,11 +555,24 @@ func (r *Relay) Drain(ctx context.Context) error {
 func (r *Relay) Begin(_ context.Context, b cdc.Begin) error {
 	r.cur = b
 	r.tx = r.tracker.beginAt(b.CommitTime)
+	r.skipping = r.txnSink != nil && b.FinalLSN <= r.skipTo
 	return nil
 }
 
 // Commit implements cdc.Handler.
-func (r *Relay) Commit(_ context.Context, c cdc.Commit) error {
+func (r *Relay) Commit(ctx context.Context, c cdc.Commit) error {
+	if r.txnSink != nil && len(r.txBuf) > 0 {
+		for _, m := range r.txBuf {
+			r.publish(ctx, m)
+		}
+		clear(r.txBuf)
+		r.txBuf = r.txBuf[:0]
+		// A dead letter of this transaction must be stored before the
+		// broker's position passes it.
+		r.deadLetters.Wait()
+		r.txnSink.EndTxn(r.cur.FinalLSN)
+	}
+	r.skipping = false
 	r.tracker.commit(c.EndLSN)
 	r.tx = nil
 	return nil
@@ -566,6 +630,12 @@ func (r *Relay) dispatch(ctx context.Context, m *Message, buildErr error) error 
 	if r.tx == nil {
 		return errors.New("change outside a transaction")
 	}
+	if r.skipping {
+		return nil // committed in the broker already
+	}
+	if r.txnSink != nil && len(r.txBuf) >= r.cfg.MaxInFlight {
+		return fmt.Errorf("a transaction has more than %d outbox rows and exactly-once mode publishes whole transactions; raise relay.max_inflight above the largest transaction", r.cfg.MaxInFlight)
+	}
 	if err := r.window.acquire(ctx, len(m.Envelope)); err != nil {
 		return err
 	}
@@ -579,6 +649,10 @@ func (r *Relay) dispatch(ctx context.Context, m *Message, buildErr error) error 
 		m.LastFailure = m.FirstFailure
 		m.LastError = fmt.Errorf("invalid outbox message: %w", buildErr)
 		r.deadLetter(m, false)
+		return nil
+	}
+	if r.txnSink != nil {
+		r.txBuf = append(r.txBuf, m)
 		return nil
 	}
 	if r.unordered {
@@ -618,12 +692,23 @@ func (r *Relay) onDone(m *Message, err error) {
 		if h := r.cfg.Hooks.Published; h != nil {
 			h(m, time.Now())
 		}
-		r.settle(m, true)
+		r.settle(m, r.txnSink == nil)
 		return
 	}
 	if r.sinkCtx.Err() != nil {
 		// Shutting down: the message stays unconfirmed and is delivered
 		// again after restart, and so do the ones held behind it.
+		return
+	}
+	if r.txnSink != nil {
+		if Retryable(err) {
+			// A batch cannot be retried message by message: the next start
+			// resumes from the position the broker holds.
+			r.fail(fmt.Errorf("exactly-once publish of message %s: %w", m.ID, err))
+			return
+		}
+		m.Attempts, m.FirstFailure, m.LastFailure, m.LastError = 1, time.Now(), time.Now(), err
+		r.deadLetter(m, false)
 		return
 	}
 	now := time.Now()
@@ -808,7 +893,9 @@ func (r *Relay) deadLetter(m *Message, gated bool) {
 		r.fail(fmt.Errorf("message %s to %q failed %d times and no dead-letter store is configured: %w", m.ID, m.Destination, m.Attempts, m.LastError))
 		return
 	}
-	r.goBackground(func() {
+	r.deadLetters.Add(1)
+	started := r.goBackground(func() {
+		defer r.deadLetters.Done()
 		r.storing.Add(1) // /readyz shows a dead letter that cannot be stored yet
 		defer r.storing.Add(-1)
 		for attempt := 1; ; attempt++ {
@@ -841,6 +928,9 @@ func (r *Relay) deadLetter(m *Message, gated bool) {
 		}
 		r.settle(m, gated)
 	})
+	if !started {
+		r.deadLetters.Done()
+	}
 }
 
 // ServerGone reports whether err says that PostgreSQL is shutting down or
