@@ -241,11 +241,13 @@ type Relay struct {
 	// position the broker holds, and skipping says the open transaction
 	// is at or below it. Stream goroutine only. deadLetters counts dead
 	// letters being stored: a transaction is ended only once they are.
-	txnSink     Transactional
-	txBuf       []*Message
-	skipTo      cdc.LSN
-	skipping    bool
-	deadLetters sync.WaitGroup
+	txnSink  Transactional
+	txBuf    []*Message
+	skipTo   cdc.LSN
+	skipping bool
+	// positionKnown: skipTo was read in this session.
+	positionKnown bool
+	deadLetters   sync.WaitGroup
 }
 
 var _ cdc.Handler = (*Relay)(nil)
@@ -448,7 +450,7 @@ func (r *Relay) Start(ctx context.Context, slotConfirmed cdc.LSN) error {
 		return err
 	}
 	if r.txnSink != nil {
-		if err := r.resumeFromSink(ctx); err != nil {
+		if err := r.settleSink(ctx); err != nil {
 			return err
 		}
 	}
@@ -462,10 +464,10 @@ func (r *Relay) Start(ctx context.Context, slotConfirmed cdc.LSN) error {
 	return nil
 }
 
-// resumeFromSink waits until everything handed to the transactional sink
-// is settled (a session that ended leaves batches committing), then reads
-// the position the broker holds: what is at or below it is not sent again.
-func (r *Relay) resumeFromSink(ctx context.Context) error {
+// settleSink waits until everything handed to the transactional sink is
+// settled (a session that ended leaves batches committing), and has the
+// position read again before the first transaction of the session.
+func (r *Relay) settleSink(ctx context.Context) error {
 	for {
 		n, drained := r.tracker.inflight()
 		if n == 0 {
@@ -479,13 +481,32 @@ func (r *Relay) resumeFromSink(ctx context.Context) error {
 			return ctx.Err()
 		}
 	}
-	pos, err := r.txnSink.Position(ctx)
-	if err != nil {
-		return fmt.Errorf("read the position committed in the broker: %w", err)
-	}
-	r.skipTo = pos
-	r.log.Info("exactly-once: resuming after the position committed in the broker", zap.Stringer("position", pos))
+	r.positionKnown = false
 	return nil
+}
+
+// resumeFromSink reads the position the broker holds: what is at or below
+// it is not sent again. It runs at the session's first transaction, not in
+// Start: a standby calls Start before every attempt to take the slot, and
+// reading the position fences off the relay that holds it.
+func (r *Relay) resumeFromSink(ctx context.Context) error {
+	for attempt := 1; ; attempt++ {
+		pos, err := r.txnSink.Position(ctx)
+		if err == nil {
+			r.skipTo, r.positionKnown = pos, true
+			r.log.Info("exactly-once: resuming after the position committed in the broker", zap.Stringer("position", pos))
+			return nil
+		}
+		wait := r.backoff(attempt)
+		r.log.Warn("read the position committed in the broker; retrying", zap.Duration("retry_in", wait), zap.Error(err))
+		select {
+		case <-time.After(wait):
+		case <-r.fatal:
+			return r.fatalErr
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 }
 
 // Inflight returns the number of messages handed to the sink and not yet
@@ -552,7 +573,12 @@ func (r *Relay) Drain(ctx context.Context) error {
 }
 
 // Begin implements cdc.Handler.
-func (r *Relay) Begin(_ context.Context, b cdc.Begin) error {
+func (r *Relay) Begin(ctx context.Context, b cdc.Begin) error {
+	if r.txnSink != nil && !r.positionKnown {
+		if err := r.resumeFromSink(ctx); err != nil {
+			return err
+		}
+	}
 	r.cur = b
 	r.tx = r.tracker.beginAt(b.CommitTime)
 	r.skipping = r.txnSink != nil && b.FinalLSN <= r.skipTo
