@@ -4,10 +4,13 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
@@ -139,5 +142,56 @@ func TestTxnSinkNeedsID(t *testing.T) {
 	_, err := NewTxn(Config{Brokers: []string{"127.0.0.1:1"}}, nil)
 	if err == nil || !strings.Contains(err.Error(), "sink.kafka.transactional_id") {
 		t.Fatalf("NewTxn without an id = %v", err)
+	}
+}
+
+// TestTxnSinkRecommitsAfterFailedCommit: a commit the broker fails starts a
+// new producer session, which reads the position back and commits the batch
+// again: a read_committed consumer sees each record once.
+func TestTxnSinkRecommitsAfterFailedCommit(t *testing.T) {
+	c := newCluster(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s := newTxnSink(t, c, "outboxrelay-test")
+	if _, err := s.Position(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var failed atomic.Int32
+	c.ControlKey(int16(kmsg.EndTxn), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		if !req.(*kmsg.EndTxnRequest).Commit {
+			c.KeepControl()
+			return nil, nil, false
+		}
+		failed.Add(1)
+		resp := req.ResponseKind().(*kmsg.EndTxnResponse)
+		resp.ErrorCode = kerr.UnknownServerError.Code
+		return resp, nil, true
+	})
+	for _, err := range outcomes(t, publishTxn(s.TxnSink, "a", 3, 100), 3) {
+		if err != nil {
+			t.Fatalf("message failed: %v", err)
+		}
+	}
+	if failed.Load() != 1 {
+		t.Fatalf("the broker failed %d commits, want 1", failed.Load())
+	}
+	if pos, err := s.Position(ctx); err != nil || pos != 100 {
+		t.Fatalf("Position = %v, %v; want 0/64", pos, err)
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.ConsumeTopics("eo"),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.FetchMaxWait(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	var got []string
+	for len(got) < 3 && ctx.Err() == nil {
+		cl.PollFetches(ctx).EachRecord(func(r *kgo.Record) { got = append(got, string(r.Headers[0].Value)) })
+	}
+	short, stop := context.WithTimeout(ctx, time.Second)
+	defer stop()
+	cl.PollFetches(short).EachRecord(func(r *kgo.Record) { got = append(got, string(r.Headers[0].Value)) })
+	if want := "a-0 a-1 a-2"; strings.Join(got, " ") != want {
+		t.Fatalf("read_committed consumer got %v, want %s", got, want)
 	}
 }
