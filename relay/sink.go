@@ -1,6 +1,10 @@
 package relay
 
-import "context"
+import (
+	"context"
+
+	"github.com/outboxrelay/outboxrelay/cdc"
+)
 
 // Sink is the broker side of the relay. The relay hands it messages in
 // commit order and learns of each outcome through done. It hands over a
@@ -32,4 +36,32 @@ type Sink interface {
 // a redial loop). The relay runs it for as long as it relays.
 type Runner interface {
 	Run(ctx context.Context) error
+}
+
+// Transactional is implemented by sinks that write whole source
+// transactions to the broker atomically, together with the position they
+// reach (sinks/kafka with exactly_once). With such a sink the relay
+//   - asks for Position when a session starts, once every message handed
+//     over before has been settled, and skips every source transaction that
+//     committed at or below it, whatever the slot says;
+//   - hands a transaction's messages over only once it has been received in
+//     full, and then calls EndTxn;
+//   - publishes without the per-aggregate gate: nothing is retried message
+//     by message, so the order of Publish calls (commit order) is the order
+//     in the broker. A retryable failure reported through done stops the
+//     relay; a permanent one dead-letters the message without parking its
+//     aggregate.
+type Transactional interface {
+	Sink
+	// Position returns the commit LSN of the newest source transaction the
+	// broker holds committed, 0 when it holds none. It first fences off
+	// any earlier writer with the same identity, so that nothing that
+	// writer still had in flight can commit afterwards.
+	Position(ctx context.Context) (cdc.LSN, error)
+	// EndTxn says that every message of the source transaction that
+	// committed at commitLSN has been passed to Publish. The sink reports
+	// their outcomes only once they are committed in the broker together
+	// with a position of at least commitLSN. Called from the stream
+	// goroutine; it must not block.
+	EndTxn(commitLSN cdc.LSN)
 }

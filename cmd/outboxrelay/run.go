@@ -24,6 +24,7 @@ import (
 	"github.com/outboxrelay/outboxrelay/metrics"
 	"github.com/outboxrelay/outboxrelay/relay"
 	"github.com/outboxrelay/outboxrelay/sinks"
+	"github.com/outboxrelay/outboxrelay/sinks/kafka"
 	"github.com/outboxrelay/outboxrelay/status"
 )
 
@@ -153,7 +154,7 @@ func run(ctx context.Context, cfg config.Config, log *zap.Logger, acceptConfigCh
 			log.Warn("OpenTelemetry spans not exported at shutdown", zap.Error(err))
 		}
 	}()
-	sink, err := openSink(setupCtx, cfg, log)
+	sink, err := openRelaySink(setupCtx, cfg, log)
 	if err != nil {
 		return startErr(err)
 	}
@@ -394,9 +395,29 @@ func joinHooks(hs ...relay.Hooks) relay.Hooks {
 // so that an unreachable broker at start is one clear error. The sink's
 // package says how (sinks.Settings.Open).
 func openSink(ctx context.Context, cfg config.Config, log *zap.Logger) (relay.Sink, error) {
+	return openSinkFor(ctx, cfg, false, log)
+}
+
+// openRelaySink is openSink for `run`: the one command whose sink may be
+// transactional (sink.kafka.exactly_once). Other commands publish (dlq
+// replay) or read outside the relay's position, non-transactionally.
+func openRelaySink(ctx context.Context, cfg config.Config, log *zap.Logger) (relay.Sink, error) {
+	return openSinkFor(ctx, cfg, true, log)
+}
+
+func openSinkFor(ctx context.Context, cfg config.Config, forRelay bool, log *zap.Logger) (relay.Sink, error) {
 	set := cfg.Sink.Settings()
 	if set == nil {
 		return nil, usageErr("sink.type %q is not a registered sink", cfg.Sink.Type)
+	}
+	if k, ok := set.(*kafka.Config); ok && k.ExactlyOnce {
+		c := *k
+		if !forRelay {
+			c.ExactlyOnce = false
+		} else if c.TransactionalID == "" {
+			c.TransactionalID = kafka.TransactionalID(cfg.Postgres.Slot)
+		}
+		set = &c
 	}
 	s, err := set.Open(ctx, log)
 	if err != nil {

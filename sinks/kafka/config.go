@@ -50,6 +50,13 @@ const (
 	// JSON envelopes several times over. BenchmarkCompression measures its
 	// cost against the other codecs; the README lists the figures.
 	DefaultCompression = CompressionGzip
+
+	// DefaultPositionsTopic is the compacted topic of exactly-once mode's
+	// positions, one record per transactional.id and Kafka transaction.
+	DefaultPositionsTopic = "__outboxrelay_positions"
+
+	// DefaultMaxTxnRecords bounds a Kafka transaction of exactly-once mode.
+	DefaultMaxTxnRecords = 10_000
 )
 
 // Compression codecs of Config.Compression.
@@ -136,6 +143,26 @@ type Config struct {
 	// TLS, when set, makes every broker connection use TLS.
 	TLS *tls.Config `yaml:"-"`
 
+	// ExactlyOnce makes the sink transactional (see [TxnSink]): each Kafka
+	// transaction holds whole source transactions together with the
+	// position they reach, and a consumer with isolation.level
+	// read_committed sees every message once.
+	ExactlyOnce bool `yaml:"exactly_once"`
+
+	// TransactionalID is the Kafka transactional.id of exactly-once mode.
+	// Empty: the command derives it from postgres.slot ([TransactionalID]),
+	// so that relays on one slot share it and a standby that takes over
+	// fences off the relay it replaces.
+	TransactionalID string `yaml:"transactional_id"`
+
+	// PositionsTopic holds the positions of exactly-once mode, default
+	// [DefaultPositionsTopic].
+	PositionsTopic string `yaml:"-"`
+
+	// MaxTxnRecords bounds the records of one Kafka transaction, default
+	// [DefaultMaxTxnRecords]; a source transaction is never split.
+	MaxTxnRecords int `yaml:"-"`
+
 	// Opts are extra franz-go options, applied after the sink's own (SASL,
 	// for example). Options that disable idempotence, lower the acks or
 	// bound retries void the ordering and delivery guarantees of the sink.
@@ -161,6 +188,12 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Compression == "" {
 		c.Compression = DefaultCompression
+	}
+	if c.PositionsTopic == "" {
+		c.PositionsTopic = DefaultPositionsTopic
+	}
+	if c.MaxTxnRecords <= 0 {
+		c.MaxTxnRecords = DefaultMaxTxnRecords
 	}
 	return c
 }

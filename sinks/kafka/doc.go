@@ -17,5 +17,10 @@
 // the package's classification of broker errors) are wrapped with
 // relay.Permanent, everything else is retryable.
 //
+// A [TxnSink] (Config.ExactlyOnce) is the transactional form: it commits
+// whole source transactions per Kafka transaction together with the relay's
+// position in [DefaultPositionsTopic], so that a read_committed consumer sees
+// each message once across crashes, restarts and takeovers.
+//
 // Tests run against kfake, franz-go's in-process Kafka, over TCP.
 package kafka

@@ -35,6 +35,8 @@ func init() {
 			"tls.key_file":             "client key (mutual TLS)",
 			"tls.server_name":          "name to verify in the brokers' certificates",
 			"tls.insecure_skip_verify": "skip certificate verification (tests only)",
+			"exactly_once":             "transactional producer: each Kafka transaction holds whole source transactions and the relay's position; consumers read with `isolation.level=read_committed`",
+			"transactional_id":         "Kafka `transactional.id` of `exactly_once`; default `outboxrelay-` and postgres.slot",
 			"sasl.mechanism":           "`PLAIN`, `SCRAM-SHA-256` or `SCRAM-SHA-512`",
 			"sasl.username":            "SASL user",
 			"sasl.password":            "SASL password",
@@ -46,6 +48,17 @@ func init() {
 // Open creates the sink and pings the brokers; errors name the settings
 // to check (authentication, TLS) and are meant for the operator.
 func (c *Config) Open(ctx context.Context, log *zap.Logger) (relay.Sink, error) {
+	if c.ExactlyOnce {
+		s, err := NewTxn(*c, log)
+		if err != nil {
+			return nil, fmt.Errorf("sink.kafka: %w", err)
+		}
+		if err := s.Ping(ctx); err != nil {
+			_ = s.Close()
+			return nil, c.pingError(err)
+		}
+		return s, nil
+	}
 	s, err := New(*c, log)
 	if err != nil {
 		return nil, fmt.Errorf("sink.kafka: %w", err)

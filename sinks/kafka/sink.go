@@ -84,20 +84,34 @@ func New(cfg Config, log *zap.Logger) (*Sink, error) {
 	}
 	s.promise = s.produced
 
-	compression, err := codec(cfg.Compression)
+	opts, err := cfg.producerOpts(log, s.health)
+	if err != nil {
+		return nil, err
+	}
+	s.client, err = kgo.NewClient(opts...)
+	if err != nil {
+		return nil, fmt.Errorf("create kafka client: %w", err)
+	}
+	return s, nil
+}
+
+// producerOpts are the options of the producing client: cfg's settings,
+// then c.Opts.
+func (c Config) producerOpts(log *zap.Logger, h *health) ([]kgo.Opt, error) {
+	compression, err := codec(c.Compression)
 	if err != nil {
 		return nil, err // Validate has checked it
 	}
 	opts := []kgo.Opt{
-		kgo.SeedBrokers(cfg.Brokers...),
-		kgo.ClientID(cfg.ClientID),
-		kgo.DialTimeout(cfg.DialTimeout),
+		kgo.SeedBrokers(c.Brokers...),
+		kgo.ClientID(c.ClientID),
+		kgo.DialTimeout(c.DialTimeout),
 		kgo.WithLogger(kzap.New(log)),
-		kgo.WithHooks(s.health),
+		kgo.WithHooks(h),
 		kgo.RequiredAcks(kgo.AllISRAcks()),
-		kgo.ProducerLinger(cfg.Linger),
-		kgo.MaxBufferedRecords(cfg.MaxBufferedRecords),
-		kgo.ProducerBatchMaxBytes(int32(cfg.MaxMessageBytes)),
+		kgo.ProducerLinger(c.Linger),
+		kgo.MaxBufferedRecords(c.MaxBufferedRecords),
+		kgo.ProducerBatchMaxBytes(int32(c.MaxMessageBytes)),
 		// Uncompressed is the fallback for brokers that predate the
 		// codec's support in the protocol.
 		kgo.ProducerBatchCompression(compression, kgo.NoCompression()),
@@ -106,24 +120,20 @@ func New(cfg Config, log *zap.Logger) (*Sink, error) {
 		// created.
 		kgo.AllowAutoTopicCreation(),
 	}
-	if cfg.TLS == nil && cfg.TLSFiles.Enabled {
-		if cfg.TLS, err = cfg.TLSFiles.ClientConfig("sink.kafka.tls"); err != nil {
+	if c.TLS == nil && c.TLSFiles.Enabled {
+		if c.TLS, err = c.TLSFiles.ClientConfig("sink.kafka.tls"); err != nil {
 			return nil, err
 		}
 	}
-	if cfg.TLS != nil {
-		opts = append(opts, kgo.DialTLSConfig(cfg.TLS))
+	if c.TLS != nil {
+		opts = append(opts, kgo.DialTLSConfig(c.TLS))
 	}
-	if m := cfg.SASL.mechanism(); m != nil {
+	if m := c.SASL.mechanism(); m != nil {
 		opts = append(opts, kgo.SASL(m))
 	}
-	opts = append(opts, cfg.Opts...)
+	opts = append(opts, c.Opts...)
 
-	s.client, err = kgo.NewClient(opts...)
-	if err != nil {
-		return nil, fmt.Errorf("create kafka client: %w", err)
-	}
-	return s, nil
+	return opts, nil
 }
 
 // Ping checks that at least one broker answers a metadata request. ctx bounds
@@ -193,6 +203,13 @@ func (s *Sink) Publish(ctx context.Context, m *relay.Message, done func(*relay.M
 	s.inflight.Add(1)
 	s.mu.RUnlock()
 
+	p := newPending(ctx, m, done, t)
+	r := &p.rec
+	s.client.Produce(ctx, r, s.promise)
+}
+
+// newPending builds the record of m for the rendered topic t.
+func newPending(ctx context.Context, m *relay.Message, done func(*relay.Message, error), t topicResult) *pending {
 	// The record outlives the call: franz-go fails a buffered record whose
 	// context ends, and a relay shutting down (ctx cancelled) still wants
 	// what it handed over to be acknowledged while it drains. Close ends it.
@@ -213,7 +230,7 @@ func (s *Sink) Publish(ctx context.Context, m *relay.Message, done func(*relay.M
 	}
 	r.Headers = h
 
-	s.client.Produce(ctx, r, s.promise)
+	return p
 }
 
 // produced is the promise of every record.

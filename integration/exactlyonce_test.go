@@ -1,0 +1,146 @@
+package integration
+
+import (
+	"math/rand/v2"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// exactlyOnce is the environment of a relay in sink.kafka.exactly_once mode.
+var exactlyOnce = "OUTBOXRELAY_SINK_KAFKA_EXACTLY_ONCE=true"
+
+// consumeCommitted reads topics as a consumer with isolation.level=read_committed.
+func (e *env) consumeCommitted(topics ...string) *consumer {
+	e.t.Helper()
+	return e.consumeWith([]kgo.Opt{kgo.FetchIsolationLevel(kgo.ReadCommitted())}, topics...)
+}
+
+// checkExactlyOnce waits for every id, then a little longer for late
+// repeats, and fails on a duplicate or on an aggregate out of commit order.
+func checkExactlyOnce(t *testing.T, c *consumer, ids []string, what string) {
+	t.Helper()
+	c.waitIDs(ids, 120*time.Second)
+	time.Sleep(time.Second)
+	recs := c.records()
+	at := make(map[string]int, len(ids))
+	for i, id := range ids {
+		at[id] = i
+	}
+	last := map[string]int{}
+	disorder := 0
+	for _, r := range recs {
+		i, ok := at[r.Headers["message_id"]]
+		if !ok {
+			t.Errorf("%s: record %s is not in the ledger", what, r.Headers["message_id"])
+			continue
+		}
+		if prev, seen := last[r.Key]; seen && i < prev {
+			disorder++
+		}
+		last[r.Key] = i
+	}
+	d := duplicates(recs)
+	t.Logf("%s (exactly-once, read_committed): rows %d, records %d, lost 0, duplicates %d, out of order %d", what, len(ids), len(recs), d, disorder)
+	if d != 0 || len(recs) != len(ids) || disorder != 0 {
+		t.Errorf("%s: %d duplicates, %d records for %d rows, %d out of order; want every row exactly once in order", what, d, len(recs), len(ids), disorder)
+	}
+}
+
+// TestExactlyOnceKillNine crashes the relay ten times while 20,000 rows are
+// written: a read_committed consumer sees each row once.
+func TestExactlyOnceKillNine(t *testing.T) {
+	e := newEnv(t)
+	c := e.consumeCommitted("outbox.order")
+	wait := e.insertLoop(200, 100, 10*time.Millisecond)
+	for kills := 0; kills < 10; kills++ {
+		p := e.start(exactlyOnce)
+		time.Sleep(time.Duration(300+rand.IntN(900)) * time.Millisecond)
+		p.kill()
+	}
+	ids := wait()
+	p := e.start(exactlyOnce)
+	checkExactlyOnce(t, c, ids, "kill -9 x10")
+	p.stop()
+	if len(ids) != 20000 {
+		t.Fatalf("inserted %d rows, want 20000", len(ids))
+	}
+}
+
+// TestExactlyOnceKafkaOutage stops the broker mid-stream and starts it again
+// on the same port and data directory.
+func TestExactlyOnceKafkaOutage(t *testing.T) {
+	e := newEnv(t)
+	e.kafka.Close()
+	port := freePort(t)
+	dir := t.TempDir()
+	newCluster := func() *kfake.Cluster {
+		cl, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.Ports(port), kfake.DataDir(dir), kfake.SyncWrites(),
+			kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(4))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cl
+	}
+	cluster := newCluster()
+	e.brokers = cluster.ListenAddrs()[0]
+	p := e.start(exactlyOnce)
+	p.waitLog(`"streaming"`, 30*time.Second)
+	wait := e.insertLoop(100, 50, 10*time.Millisecond)
+	time.Sleep(300 * time.Millisecond)
+	cluster.Close()
+	time.Sleep(3 * time.Second)
+	cluster = newCluster()
+	t.Cleanup(cluster.Close)
+	ids := wait()
+	c := e.consumeCommitted("outbox.order")
+	checkExactlyOnce(t, c, ids, "kafka outage")
+	p.stop()
+}
+
+// TestExactlyOncePostgresRestart restarts PostgreSQL while rows are written.
+func TestExactlyOncePostgresRestart(t *testing.T) {
+	e := newEnv(t)
+	c := e.consumeCommitted("outbox.order")
+	p := e.start(exactlyOnce)
+	p.waitLog(`"streaming"`, 30*time.Second)
+	wait := e.insertLoop(100, 50, 10*time.Millisecond)
+	time.Sleep(300 * time.Millisecond)
+	if err := pg.Restart(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	ids := wait()
+	checkExactlyOnce(t, c, ids, "postgres restart")
+	p.waitLog("reconnecting", time.Second)
+	p.stop()
+}
+
+// TestExactlyOnceStandbyZombie freezes the active relay, lets the standby
+// take over, then wakes the frozen one up: it is fenced off, and nothing it
+// still held reaches consumers.
+func TestExactlyOnceStandbyZombie(t *testing.T) {
+	e := newEnv(t)
+	c := e.consumeCommitted("outbox.order")
+	a := e.start(exactlyOnce)
+	a.waitLog(`"streaming"`, 30*time.Second)
+	b := e.start(exactlyOnce)
+	b.waitLog("waiting as standby", 30*time.Second)
+	wait := e.insertLoop(100, 50, 10*time.Millisecond)
+	time.Sleep(500 * time.Millisecond)
+	if err := a.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	// The frozen relay's connection is cut, as a network partition would.
+	e.exec(`SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = 'outboxrelay'`)
+	b.waitLog(`"streaming"`, 30*time.Second)
+	time.Sleep(time.Second)
+	if err := a.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	ids := wait()
+	checkExactlyOnce(t, c, ids, "standby takeover, zombie woken")
+	b.stop()
+}
