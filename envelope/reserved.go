@@ -4,7 +4,7 @@ import "strings"
 
 // reservedNames are the header names the relay sets itself on some broker.
 var reservedNames = []string{
-	"message_id", "event_type", "aggregate_id", "aggregate_type",
+	"id", "message_id", "event_type", "aggregate_id", "aggregate_type",
 	"traceparent", "tracestate", "content-type", "content_type",
 }
 
@@ -14,9 +14,10 @@ var reservedNames = []string{
 var reservedPrefixes = []string{"ce_", "ce-", "cloudevents:", "cloudevents_"}
 
 // Reserved reports whether a row header named name would repeat or
-// override a header the relay owns: message_id, event_type, aggregate_id,
-// aggregate_type, traceparent, tracestate, content-type (or content_type),
-// or a name starting with ce_, ce-, cloudEvents: or cloudEvents_. Names
+// override a header the relay owns: id (the debezium format's event id),
+// message_id, event_type, aggregate_id, aggregate_type, traceparent,
+// tracestate, content-type (or content_type), or a name starting with ce_,
+// ce-, cloudEvents: or cloudEvents_. Names
 // compare case-insensitively, as HTTP-style headers do, so Content-Type is
 // reserved too. A reserved name is reserved on every broker and in every
 // format, whether or not that broker carries the header, so that one rule

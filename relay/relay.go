@@ -98,7 +98,7 @@ type Config struct {
 	Resolve func(ctx context.Context, rel *cdc.Relation) (string, error)
 	Columns Columns
 	// Format is FormatEnvelope (default), FormatCloudEvents (structured
-	// content mode) or FormatCloudEventsBinary.
+	// content mode), FormatCloudEventsBinary or FormatDebezium.
 	Format Format
 	// CloudEventsSource is the CloudEvents source attribute.
 	CloudEventsSource string
@@ -159,6 +159,10 @@ const (
 	FormatEnvelope          Format = "envelope"
 	FormatCloudEvents       Format = "cloudevents"
 	FormatCloudEventsBinary Format = "cloudevents-binary"
+	// FormatDebezium is the output of Debezium's outbox event router with
+	// its defaults and expand-JSON: the payload as the body and an id
+	// header (envelope.Debezium), for consumers written for Debezium.
+	FormatDebezium Format = "debezium"
 )
 
 func (c *Config) setDefaults() {
@@ -1049,7 +1053,7 @@ func (r *Relay) finish(em *envelope.Message, table, traceparent string, lsn cdc.
 	}
 	m := &Message{
 		ID: em.MessageID, AggregateType: em.AggregateType, AggregateID: em.AggregateID, EventType: em.EventType,
-		Table: table, Traceparent: em.Traceparent,
+		Table: table, Traceparent: em.Traceparent, Format: r.cfg.Format,
 		CommitTime: r.cur.CommitTime, LSN: lsn, CommitLSN: r.cur.FinalLSN,
 	}
 	m.Headers, m.Tracestate = r.brokerHeaders(m, headers, traceparent)
@@ -1065,6 +1069,11 @@ func (r *Relay) finish(em *envelope.Message, table, traceparent string, lsn cdc.
 		m.Envelope = append(buf[:0:0], body...)
 		m.ContentType = ct
 		m.Attributes = em.CloudEventAttributes(r.cfg.CloudEventsSource)
+	case FormatDebezium:
+		d := em.Debezium()
+		m.Envelope = append(buf, d.Value...)
+		m.pooled = true
+		m.ContentType = d.ContentType
 	default:
 		m.Envelope = em.AppendJSON(buf)
 		m.pooled = true
