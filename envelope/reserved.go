@@ -23,17 +23,35 @@ var reservedPrefixes = []string{"ce_", "ce-", "cloudevents:", "cloudevents_"}
 // format, whether or not that broker carries the header, so that one rule
 // holds for all consumers.
 func Reserved(name string) bool {
+	return ReservedAs(name) != ""
+}
+
+// ReservedAs returns the reserved name or prefix that makes name reserved
+// (see Reserved), in lower case, a prefix followed by "*": "content-type"
+// for Content-Type, "ce_*" for ce_id. It returns "" when name is not
+// reserved. The result is one of ReservedForms, a small fixed set, so it
+// can label a metric whatever names rows use.
+func ReservedAs(name string) string {
 	for _, r := range reservedNames {
 		if strings.EqualFold(name, r) {
-			return true
+			return r
 		}
 	}
 	for _, p := range reservedPrefixes {
 		if len(name) >= len(p) && strings.EqualFold(name[:len(p)], p) {
-			return true
+			return p + "*"
 		}
 	}
-	return false
+	return ""
+}
+
+// ReservedForms returns every value ReservedAs can return, in a new slice.
+func ReservedForms() []string {
+	out := append([]string(nil), reservedNames...)
+	for _, p := range reservedPrefixes {
+		out = append(out, p+"*")
+	}
+	return out
 }
 
 // WithoutReserved returns hs without its reserved headers (see Reserved),

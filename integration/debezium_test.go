@@ -17,7 +17,8 @@ import (
 // router emits it by default with expand-JSON: key = aggregate id, value =
 // the payload document itself (an object, not a JSON string), exactly one
 // id header holding the message id. A row header named id cannot spoof it;
-// the row's other headers pass. Checked against the ledger of committed
+// the row's other headers pass, and each dropped one is counted in
+// outboxrelay_reserved_headers_dropped_total{header="id"}. Checked against the ledger of committed
 // rows: none lost, per-aggregate commit order.
 func TestDebeziumFormatKafka(t *testing.T) {
 	e := newEnv(t)
@@ -58,7 +59,11 @@ func TestDebeziumFormatKafka(t *testing.T) {
 	for len(recs) < len(seqOf) && ctx.Err() == nil {
 		cl.PollFetches(ctx).EachRecord(func(r *kgo.Record) { recs = append(recs, r) })
 	}
+	_, metrics := get(t, "http://"+p.httpAddr()+"/metrics")
 	p.stop()
+	if v := metricValues(metrics, "outboxrelay_reserved_headers_dropped_total")[`{header="id",slot="outboxrelay"}`]; v != float64(len(seqOf)) {
+		t.Errorf("reserved_headers_dropped_total{header=\"id\"} = %v, want %d (one per row with an id header)", v, len(seqOf))
+	}
 
 	var got []delivered
 	for _, r := range recs {

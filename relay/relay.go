@@ -80,6 +80,11 @@ type Hooks struct {
 	// Skipped is called for every insert into a table the operator chose
 	// not to relay (Config.Resolve returned "").
 	Skipped func(table string)
+	// ReservedHeaderDropped is called once for every row header the relay
+	// drops from m because its name is reserved; reserved is the reserved
+	// name or prefix it matched (envelope.ReservedAs), not the row's
+	// spelling. Called from the stream goroutine.
+	ReservedHeaderDropped func(m *Message, reserved string)
 }
 
 // Config configures the pipeline.
