@@ -78,7 +78,8 @@ type Postgres struct {
 type Envelope struct {
 	// Format is "envelope" (outboxrelay's envelope, version 1),
 	// "cloudevents" (CloudEvents 1.0, structured content mode) or
-	// "cloudevents-binary" (binary content mode).
+	// "cloudevents-binary" (binary content mode) or "debezium" (what
+	// Debezium's outbox event router emits by default).
 	Format string `yaml:"format"`
 	// Source is the CloudEvents source attribute (a URI reference).
 	Source string `yaml:"source"`
@@ -690,13 +691,13 @@ func (c *Config) Validate() error {
 		errs = append(errs, splitJoined(err)...)
 	}
 	switch c.Envelope.Format {
-	case "envelope":
+	case "envelope", "debezium":
 	case "cloudevents", "cloudevents-binary":
 		if c.Envelope.Source == "" {
 			errs = append(errs, errors.New("envelope.source must be a URI reference for CloudEvents"))
 		}
 	default:
-		errs = append(errs, fmt.Errorf("envelope.format %q is not one of envelope, cloudevents, cloudevents-binary", c.Envelope.Format))
+		errs = append(errs, fmt.Errorf("envelope.format %q is not one of envelope, cloudevents, cloudevents-binary, debezium", c.Envelope.Format))
 	}
 	if c.Postgres.Retention < 0 {
 		errs = append(errs, fmt.Errorf("postgres.retention %s must not be negative", c.Postgres.Retention))

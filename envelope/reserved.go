@@ -4,7 +4,7 @@ import "strings"
 
 // reservedNames are the header names the relay sets itself on some broker.
 var reservedNames = []string{
-	"message_id", "event_type", "aggregate_id", "aggregate_type",
+	"id", "message_id", "event_type", "aggregate_id", "aggregate_type",
 	"traceparent", "tracestate", "content-type", "content_type",
 }
 
@@ -14,25 +14,44 @@ var reservedNames = []string{
 var reservedPrefixes = []string{"ce_", "ce-", "cloudevents:", "cloudevents_"}
 
 // Reserved reports whether a row header named name would repeat or
-// override a header the relay owns: message_id, event_type, aggregate_id,
-// aggregate_type, traceparent, tracestate, content-type (or content_type),
-// or a name starting with ce_, ce-, cloudEvents: or cloudEvents_. Names
+// override a header the relay owns: id (the debezium format's event id),
+// message_id, event_type, aggregate_id, aggregate_type, traceparent,
+// tracestate, content-type (or content_type), or a name starting with ce_,
+// ce-, cloudEvents: or cloudEvents_. Names
 // compare case-insensitively, as HTTP-style headers do, so Content-Type is
 // reserved too. A reserved name is reserved on every broker and in every
 // format, whether or not that broker carries the header, so that one rule
 // holds for all consumers.
 func Reserved(name string) bool {
+	return ReservedAs(name) != ""
+}
+
+// ReservedAs returns the reserved name or prefix that makes name reserved
+// (see Reserved), in lower case, a prefix followed by "*": "content-type"
+// for Content-Type, "ce_*" for ce_id. It returns "" when name is not
+// reserved. The result is one of ReservedForms, a small fixed set, so it
+// can label a metric whatever names rows use.
+func ReservedAs(name string) string {
 	for _, r := range reservedNames {
 		if strings.EqualFold(name, r) {
-			return true
+			return r
 		}
 	}
 	for _, p := range reservedPrefixes {
 		if len(name) >= len(p) && strings.EqualFold(name[:len(p)], p) {
-			return true
+			return p + "*"
 		}
 	}
-	return false
+	return ""
+}
+
+// ReservedForms returns every value ReservedAs can return, in a new slice.
+func ReservedForms() []string {
+	out := append([]string(nil), reservedNames...)
+	for _, p := range reservedPrefixes {
+		out = append(out, p+"*")
+	}
+	return out
 }
 
 // WithoutReserved returns hs without its reserved headers (see Reserved),

@@ -20,7 +20,7 @@ import (
 // is named like one the relay owns.
 const (
 	spoofHeaders = `{"message_id":"SPOOFED","traceparent":"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",` +
-		`"content-type":"text/evil","ce_id":"x","tenant":"acme"}`
+		`"content-type":"text/evil","ce_id":"x","id":"SPOOFED","tenant":"acme"}`
 	spoofRowTraceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 )
 
@@ -190,14 +190,14 @@ func readKafkaRaw(t *testing.T, brokers, topic string, n int) []wireMessage {
 }
 
 // TestReservedHeadersEveryBroker: a row whose headers spoof the relay's own
-// (message_id, traceparent, content-type, a CloudEvents attribute) reaches
+// (message_id, traceparent, content-type, a CloudEvents attribute, id) reaches
 // each of the four brokers through the relay binary with exactly one of
 // each relay-owned header, carrying the relay's value, and with its other
 // headers (tenant) passed on; in cloudevents-binary format the attributes
 // travel once each with the binding's prefix, and the content type is the
-// payload's.
+// payload's; in debezium format the id header is the relay's message id.
 func TestReservedHeadersEveryBroker(t *testing.T) {
-	for _, format := range []string{"envelope", "cloudevents-binary"} {
+	for _, format := range []string{"envelope", "cloudevents-binary", "debezium"} {
 		for _, b := range reservedBrokers() {
 			t.Run(b.name+"/"+format, func(t *testing.T) {
 				e := newEnv(t)
@@ -256,6 +256,9 @@ func checkReserved(t *testing.T, b reservedBroker, format string, w wireMessage,
 	}
 	if b.name != "kafka" { // Kafka carries the aggregate id as the record key
 		want["aggregate_id"], want["aggregate_type"] = agg, "order"
+	}
+	if format == "debezium" {
+		want["id"] = id
 	}
 	if format == "cloudevents-binary" {
 		for k, v := range map[string]string{"id": id, "source": "/shop/orders", "type": "order.created",

@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
 
+	"github.com/outboxrelay/outboxrelay/envelope"
 	"github.com/outboxrelay/outboxrelay/relay"
 	"github.com/outboxrelay/outboxrelay/status"
 )
@@ -79,6 +80,7 @@ type Metrics struct {
 	publishErrors *prometheus.CounterVec
 	deadLetters   *prometheus.CounterVec
 	skipped       *prometheus.CounterVec
+	reserved      *prometheus.CounterVec
 	lag           prometheus.Gauge
 	retained      prometheus.Gauge
 	keepSize      prometheus.Gauge
@@ -122,6 +124,10 @@ func New(cfg Config) *Metrics {
 		Namespace: Namespace, Name: "skipped_inserts_total",
 		Help: "Inserts into tables listed in postgres.ignore_tables, which the relay does not publish, by table.",
 	}, []string{"table"})
+	m.reserved = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Name: "reserved_headers_dropped_total",
+		Help: "Row headers dropped because their name is one the relay owns, by the reserved name or prefix (ce_*) they matched; rename them in the producer.",
+	}, []string{"header"})
 	m.lag = prometheus.NewGauge(prometheus.GaugeOpts{
 		Namespace: Namespace, Name: "replication_lag_bytes",
 		Help: "WAL bytes between the server's current position and the older of the slot's confirmed_flush_lsn and restart_lsn, refreshed every few seconds.",
@@ -187,7 +193,7 @@ func New(cfg Config) *Metrics {
 	if cfg.Slot != "" {
 		perSlot = prometheus.WrapRegistererWith(prometheus.Labels{"slot": cfg.Slot}, m.registry)
 	}
-	perSlot.MustRegister(m.published, m.publishErrors, m.deadLetters, m.skipped, m.lag, lagSeconds, m.retained, m.keepSize,
+	perSlot.MustRegister(m.published, m.publishErrors, m.deadLetters, m.skipped, m.reserved, m.lag, lagSeconds, m.retained, m.keepSize,
 		m.walStatus, m.latency, inflight, last, unanswered, role)
 	m.registry.MustRegister(buildInfo, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	// Every error series exists from the start, so rate() and alerts see 0.
@@ -202,6 +208,9 @@ func New(cfg Config) *Metrics {
 	}
 	for _, t := range cfg.IgnoredTables {
 		m.skipped.WithLabelValues(t)
+	}
+	for _, h := range envelope.ReservedForms() {
+		m.reserved.WithLabelValues(h)
 	}
 	return m
 }
@@ -285,6 +294,9 @@ func (m *Metrics) Hooks() relay.Hooks {
 		PublishFailed: m.observeFailed,
 		DeadLettered:  m.observeDeadLettered,
 		Skipped:       func(table string) { m.skipped.WithLabelValues(table).Inc() },
+		ReservedHeaderDropped: func(_ *relay.Message, reserved string) {
+			m.reserved.WithLabelValues(reserved).Inc()
+		},
 	}
 }
 

@@ -230,3 +230,23 @@ func TestLagSeconds(t *testing.T) {
 		t.Errorf("standby: lag_seconds = %v, want PostgreSQL's 2, not its own stale hour", v)
 	}
 }
+
+// TestReservedHeadersDropped: every reserved name and prefix has a series
+// from the start, and the hook counts under the label it is given.
+func TestReservedHeadersDropped(t *testing.T) {
+	m := New(Config{Sink: "kafka"})
+	h := m.Hooks()
+	h.ReservedHeaderDropped(&relay.Message{ID: "a"}, "message_id")
+	h.ReservedHeaderDropped(&relay.Message{ID: "a"}, "ce_*")
+	h.ReservedHeaderDropped(&relay.Message{ID: "b"}, "ce_*")
+	got := map[string]float64{}
+	for _, mt := range gather(t, m, "outboxrelay_reserved_headers_dropped_total") {
+		got[labels(mt)["header"]] = mt.GetCounter().GetValue()
+	}
+	if got["message_id"] != 1 || got["ce_*"] != 2 || len(got) != 13 {
+		t.Errorf("reserved_headers_dropped_total = %v", got)
+	}
+	if v, ok := got["id"]; !ok || v != 0 {
+		t.Errorf("no zero series for id: %v", got)
+	}
+}

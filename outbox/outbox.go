@@ -477,6 +477,9 @@ func (w *Writer) validate(e *Event) (valid, error) {
 			return v, fmt.Errorf("%w: header %q is not valid UTF-8 text without NUL bytes", ErrInvalidEvent, k)
 		}
 	}
+	if k := firstReserved(e.Headers); k != "" {
+		return v, fmt.Errorf("%w: header %q is a name the relay sets itself (it would drop the header); rename it, for example to x-%s", ErrInvalidEvent, k, k)
+	}
 	if len(e.Headers) == 0 {
 		v.headers = []byte("{}")
 	} else if v.headers, err = marshal(e.Headers); err != nil {
@@ -595,4 +598,47 @@ func quoteTable(t string) (string, error) {
 		return "", fmt.Errorf("outbox: table %q must be schema.table or table", t)
 	}
 	return quoteIdent(schema) + "." + quoteIdent(name), nil
+}
+
+// reservedNames and reservedPrefixes are the header names the relay owns,
+// as envelope.Reserved defines them, but tracestate (see ReservedHeader);
+// this package depends on no relay package, and a test checks that the two
+// rules agree.
+var (
+	reservedNames    = []string{"id", "message_id", "event_type", "aggregate_id", "aggregate_type", "traceparent", "content-type", "content_type"}
+	reservedPrefixes = []string{"ce_", "ce-", "cloudevents:", "cloudevents_"}
+)
+
+// ReservedHeader reports whether a header named name is one the relay sets
+// itself: a row header with such a name is dropped by the relay, so Write,
+// WriteBatch and Emit refuse it: id, message_id, event_type, aggregate_id,
+// aggregate_type, traceparent, content-type, content_type, and names
+// starting with ce_, ce-, cloudEvents: or cloudEvents_, in any case. The
+// traceparent travels in its own column. A tracestate header is allowed:
+// the relay sends it with the row's traceparent (and drops it when the
+// row has none).
+func ReservedHeader(name string) bool {
+	for _, r := range reservedNames {
+		if strings.EqualFold(name, r) {
+			return true
+		}
+	}
+	for _, p := range reservedPrefixes {
+		if len(name) >= len(p) && strings.EqualFold(name[:len(p)], p) {
+			return true
+		}
+	}
+	return false
+}
+
+// firstReserved returns the reserved header name of hs that sorts first,
+// so that the error names the same header every time, or "".
+func firstReserved(hs map[string]string) string {
+	var first string
+	for k := range hs {
+		if ReservedHeader(k) && (first == "" || k < first) {
+			first = k
+		}
+	}
+	return first
 }

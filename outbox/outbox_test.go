@@ -78,6 +78,10 @@ func TestValidationSendsNothing(t *testing.T) {
 		{"negative schema version", func(e *outbox.Event) { e.SchemaVersion = -1 }, "schema version -1"},
 		{"huge schema version", func(e *outbox.Event) { e.SchemaVersion = 1 << 31 }, "schema version 2147483648"},
 		{"NUL in header", func(e *outbox.Event) { e.Headers = map[string]string{"tenant": "a\x00"} }, `header "tenant"`},
+		{"reserved header", func(e *outbox.Event) { e.Headers = map[string]string{"tenant": "acme", "message_id": "SPOOFED"} }, `header "message_id" is a name the relay sets itself`},
+		{"reserved header any case", func(e *outbox.Event) { e.Headers = map[string]string{"Content-Type": "text/evil"} }, `header "Content-Type"`},
+		{"reserved prefix", func(e *outbox.Event) { e.Headers = map[string]string{"ce_id": "x", "CE-type": "y"} }, `header "CE-type"`},
+		{"debezium id header", func(e *outbox.Event) { e.Headers = map[string]string{"id": "x"} }, `header "id"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := valid()
@@ -446,5 +450,22 @@ func TestSchemasRefuseBeforeSQL(t *testing.T) {
 		Payload: json.RawMessage(`{"order_id": 42, "total": "99.90", "currency": "USD"}`)}
 	if _, err := w.Write(t.Context(), rec, good); err != nil || len(rec.calls) != 1 {
 		t.Fatalf("valid event: %v, %d statements", err, len(rec.calls))
+	}
+}
+
+// TestReservedHeaderAgreesWithRelay: the library refuses exactly the names
+// the relay drops (envelope.Reserved), but tracestate, which the relay
+// sends with the row's traceparent.
+func TestReservedHeaderAgreesWithRelay(t *testing.T) {
+	names := []string{"tenant", "x-id", "ids", "messageid", "ce", "cex", "cloudevents", "Tracestate", "tracestate"}
+	for _, f := range envelope.ReservedForms() {
+		base := strings.TrimSuffix(f, "*")
+		names = append(names, base, strings.ToUpper(base), base+"x")
+	}
+	for _, n := range names {
+		want := envelope.Reserved(n) && !strings.EqualFold(n, "tracestate")
+		if got := outbox.ReservedHeader(n); got != want {
+			t.Errorf("ReservedHeader(%q) = %v, the relay's rule says %v", n, got, want)
+		}
 	}
 }

@@ -11,8 +11,8 @@ import (
 // brokerHeaders returns the row headers m carries to the broker and the
 // tracestate to send with its traceparent.
 //
-// A row header whose name the relay owns (envelope.Reserved) is dropped and
-// logged: it would otherwise repeat or override the relay's own header, and
+// A row header whose name the relay owns (envelope.Reserved) is dropped,
+// logged and counted (Hooks.ReservedHeaderDropped): it would otherwise repeat or override the relay's own header, and
 // consumers that take the first or the last value would see different
 // messages. The exception is tracestate: it belongs with the row's
 // traceparent, so when the row's traceparent is the one the message
@@ -33,6 +33,11 @@ func (r *Relay) brokerHeaders(m *Message, headers []envelope.Header, rowTracepar
 		}
 		if tracestate != "" {
 			dropped = slices.DeleteFunc(dropped, func(k string) bool { return k == "tracestate" })
+		}
+	}
+	if h := r.cfg.Hooks.ReservedHeaderDropped; h != nil {
+		for _, name := range dropped {
+			h(m, envelope.ReservedAs(name))
 		}
 	}
 	if len(dropped) > 0 {

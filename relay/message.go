@@ -45,6 +45,10 @@ type Message struct {
 	// without prefix: a sink adds its protocol binding's prefix (ce_ for
 	// Kafka, cloudEvents: for AMQP). Empty in the other formats.
 	Attributes []envelope.Header
+	// Format is the body format the message was built in. The sinks'
+	// header mapping adds the headers a format defines (the id header of
+	// FormatDebezium).
+	Format Format
 	// CommitTime is the commit time of the source transaction.
 	CommitTime time.Time
 	// LSN is the WAL position of the row; CommitLSN that of its transaction's commit.

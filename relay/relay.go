@@ -80,6 +80,11 @@ type Hooks struct {
 	// Skipped is called for every insert into a table the operator chose
 	// not to relay (Config.Resolve returned "").
 	Skipped func(table string)
+	// ReservedHeaderDropped is called once for every row header the relay
+	// drops from m because its name is reserved; reserved is the reserved
+	// name or prefix it matched (envelope.ReservedAs), not the row's
+	// spelling. Called from the stream goroutine.
+	ReservedHeaderDropped func(m *Message, reserved string)
 }
 
 // Config configures the pipeline.
@@ -98,7 +103,7 @@ type Config struct {
 	Resolve func(ctx context.Context, rel *cdc.Relation) (string, error)
 	Columns Columns
 	// Format is FormatEnvelope (default), FormatCloudEvents (structured
-	// content mode) or FormatCloudEventsBinary.
+	// content mode), FormatCloudEventsBinary or FormatDebezium.
 	Format Format
 	// CloudEventsSource is the CloudEvents source attribute.
 	CloudEventsSource string
@@ -163,6 +168,10 @@ const (
 	FormatEnvelope          Format = "envelope"
 	FormatCloudEvents       Format = "cloudevents"
 	FormatCloudEventsBinary Format = "cloudevents-binary"
+	// FormatDebezium is the output of Debezium's outbox event router with
+	// its defaults and expand-JSON: the payload as the body and an id
+	// header (envelope.Debezium), for consumers written for Debezium.
+	FormatDebezium Format = "debezium"
 )
 
 func (c *Config) setDefaults() {
@@ -1169,7 +1178,7 @@ func (r *Relay) finish(em *envelope.Message, table, traceparent string, lsn cdc.
 	}
 	m := &Message{
 		ID: em.MessageID, AggregateType: em.AggregateType, AggregateID: em.AggregateID, EventType: em.EventType,
-		Table: table, Traceparent: em.Traceparent,
+		Table: table, Traceparent: em.Traceparent, Format: r.cfg.Format,
 		CommitTime: r.cur.CommitTime, LSN: lsn, CommitLSN: r.cur.FinalLSN,
 	}
 	m.Headers, m.Tracestate = r.brokerHeaders(m, headers, traceparent)
@@ -1185,6 +1194,11 @@ func (r *Relay) finish(em *envelope.Message, table, traceparent string, lsn cdc.
 		m.Envelope = append(buf[:0:0], body...)
 		m.ContentType = ct
 		m.Attributes = em.CloudEventAttributes(r.cfg.CloudEventsSource)
+	case FormatDebezium:
+		d := em.Debezium()
+		m.Envelope = append(buf, d.Value...)
+		m.pooled = true
+		m.ContentType = d.ContentType
 	default:
 		m.Envelope = em.AppendJSON(buf)
 		m.pooled = true

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -238,4 +239,44 @@ func (blockSource) Run(ctx context.Context, h cdc.Handler) error {
 	}
 	<-ctx.Done()
 	return nil
+}
+
+// headerSource hands the relay one table-less message whose headers spoof
+// reserved names in several spellings.
+type headerSource struct{}
+
+func (headerSource) Run(ctx context.Context, h cdc.Handler) error {
+	if err := h.Start(ctx, 0); err != nil {
+		return err
+	}
+	_ = h.Begin(ctx, cdc.Begin{FinalLSN: 100})
+	c := `{"id":"m1","aggregate_type":"order","aggregate_id":"42","event_type":"x","payload":{},
+		"headers":{"Message_ID":"SPOOFED","tenant":"acme","ce_id":"x","CE_type":"y","id":"z"}}`
+	if err := h.Message(ctx, &cdc.LogicalMessage{Transactional: true, LSN: 10, Prefix: "outboxrelay", Content: []byte(c)}); err != nil {
+		return err
+	}
+	_ = h.Commit(ctx, cdc.Commit{EndLSN: 200})
+	return h.Drain(ctx)
+}
+
+// TestReservedHeaderDroppedHook: every dropped row header is reported once,
+// under the reserved name or prefix it matched, and the kept ones are not.
+func TestReservedHeaderDroppedHook(t *testing.T) {
+	var mu sync.Mutex
+	var got []string
+	r := New(Config{Hooks: Hooks{ReservedHeaderDropped: func(m *Message, reserved string) {
+		mu.Lock()
+		defer mu.Unlock()
+		got = append(got, m.ID+":"+reserved)
+	}}}, okSink{}, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := r.Run(ctx, headerSource{}); err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(got)
+	want := []string{"m1:ce_*", "m1:ce_*", "m1:id", "m1:message_id"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("hook saw %v, want %v", got, want)
+	}
 }

@@ -14,6 +14,9 @@ const (
 	HeaderTraceparent   = "traceparent"
 	HeaderTracestate    = "tracestate"
 	HeaderContentType   = "content-type"
+	// HeaderID carries the message id in the debezium format, under the
+	// name Debezium's outbox event router gives it.
+	HeaderID = envelope.DebeziumIDHeader
 )
 
 // Binding is how one broker protocol carries a message's metadata: which
@@ -58,6 +61,8 @@ func ContentType(m *relay.Message) string {
 // returns the extended slice and how many of its new entries are
 // relay-owned:
 //
+//  0. in the debezium format, id: the message id, as Debezium's outbox
+//     event router sends it (on every binding, AMQP too);
 //  1. message_id, event_type (unless Properties);
 //  2. aggregate_id, aggregate_type (when Aggregate);
 //  3. traceparent, tracestate (each when set);
@@ -76,6 +81,9 @@ func ContentType(m *relay.Message) string {
 // Every name appears at most once. Headers does not modify m.
 func (b Binding) Headers(dst []envelope.Header, m *relay.Message) ([]envelope.Header, int) {
 	start := len(dst)
+	if m.Format == relay.FormatDebezium {
+		dst = append(dst, envelope.Header{Key: HeaderID, Value: m.ID})
+	}
 	if !b.Properties {
 		dst = append(dst,
 			envelope.Header{Key: HeaderMessageID, Value: m.ID},

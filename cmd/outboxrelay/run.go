@@ -352,6 +352,7 @@ func joinHooks(hs ...relay.Hooks) relay.Hooks {
 		failed    []func(*relay.Message, error)
 		dead      []func(*relay.Message)
 		skipped   []func(string)
+		reserved  []func(*relay.Message, string)
 	)
 	for _, h := range hs {
 		if h.Published != nil {
@@ -365,6 +366,9 @@ func joinHooks(hs ...relay.Hooks) relay.Hooks {
 		}
 		if h.Skipped != nil {
 			skipped = append(skipped, h.Skipped)
+		}
+		if h.ReservedHeaderDropped != nil {
+			reserved = append(reserved, h.ReservedHeaderDropped)
 		}
 	}
 	return relay.Hooks{
@@ -386,6 +390,11 @@ func joinHooks(hs ...relay.Hooks) relay.Hooks {
 		Skipped: func(table string) {
 			for _, f := range skipped {
 				f(table)
+			}
+		},
+		ReservedHeaderDropped: func(m *relay.Message, name string) {
+			for _, f := range reserved {
+				f(m, name)
 			}
 		},
 	}
