@@ -16,9 +16,6 @@ import (
 	"github.com/outboxrelay/outboxrelay/config"
 )
 
-// version is set at build time with -ldflags "-X main.version=...".
-var version = "dev"
-
 // Exit codes, as SPEC.md defines them.
 const (
 	exitOK        = 0
@@ -44,7 +41,7 @@ Usage:
   outboxrelay healthcheck [--url URL]               exit 0 when the relay's /healthz answers 200
   outboxrelay completion bash|zsh|fish               print the shell completion script
   outboxrelay schema check DIR                      exit 1 when a schema version is not backward compatible with the one before
-  outboxrelay version
+  outboxrelay version [--json]
 
 outboxrelay COMMAND --help prints the command's flags, their defaults and the environment it reads.
 `
@@ -96,7 +93,7 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 	case "schema":
 		err = cmdSchema(args[1:], stdout)
 	case "version", "--version", "-v":
-		fmt.Fprintln(stdout, "outboxrelay", version)
+		err = cmdVersion(args[1:], stdout)
 	case "help", "-h", "--help":
 		if len(args) > 1 && args[1] != "help" && !strings.HasPrefix(args[1], "-") {
 			return runMain(append(args[1:], "--help"), stdout, stderr)
