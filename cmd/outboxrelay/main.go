@@ -31,7 +31,7 @@ Usage:
   outboxrelay run     --config FILE [--check-config] [--accept-config-change]
   outboxrelay maintain --config FILE                 create daily partitions ahead, drop those past postgres.retention
   outboxrelay status  --database-url URL [--slot NAME | --all] [--json | -o json|wide] [--max-lag-bytes N] [--watch]
-  outboxrelay dlq     list|replay|purge ...
+  outboxrelay dlq     list|show|replay|purge ...
   outboxrelay verify  --config FILE --since T [--until T] [--aggregate-type A] [--id ID] [--rabbitmq-queue Q]
                                                     prove committed rows reached the broker; exit 1 listing missing ids
   outboxrelay replay  --config FILE --since T [--until T] [--aggregate-type A] [--id ID] [--missing] [--rate N]
@@ -77,7 +77,7 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 	case "status":
 		err = cmdStatus(args[1:], stdout)
 	case "dlq":
-		err = cmdDeadLetters(args[1:], stdout)
+		err = cmdDeadLetters(args[1:], stdout, stderr)
 	case "maintain":
 		err = cmdMaintain(args[1:], stdout)
 	case "verify":
