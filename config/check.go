@@ -89,6 +89,12 @@ func checkSection(n *yaml.Node, t reflect.Type, path string, keys []string) erro
 	}
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k, v := n.Content[i], n.Content[i+1]
+		if k.Tag == "!!merge" { // <<: *defaults merges a mapping (or a list of them) into this one
+			if err := checkMerge(v, t, path, keys); err != nil {
+				return err
+			}
+			continue
+		}
 		f, ok := fieldByKey(t, k.Value)
 		if !ok {
 			return unknownKey(k, path, keys)
@@ -98,6 +104,21 @@ func checkSection(n *yaml.Node, t reflect.Type, path string, keys []string) erro
 		}
 	}
 	return nil
+}
+
+func checkMerge(v *yaml.Node, t reflect.Type, path string, keys []string) error {
+	if v.Kind == yaml.AliasNode {
+		v = v.Alias
+	}
+	if v.Kind == yaml.SequenceNode {
+		for _, m := range v.Content {
+			if err := checkMerge(m, t, path, keys); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	return checkSection(v, t, path, keys)
 }
 
 // checkSink checks sink: its type and the section of each registered sink.

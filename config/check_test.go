@@ -5,6 +5,22 @@ import (
 	"testing"
 )
 
+// A merge key (<<: *anchor) is checked as the keys it merges.
+func TestConfigMergeKey(t *testing.T) {
+	body := "postgres:\n  url: postgres://relay@127.0.0.1:5432/shop\n  <<: {slot: orders}\nrelay:\n  <<: [{max_attempts: 3}]\nsink:\n  kafka:\n    brokers: [127.0.0.1:9092]\n"
+	cfg, err := Load(writeTemp(t, "relay.yaml", body), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Postgres.Slot != "orders" || cfg.Relay.MaxAttempts != 3 {
+		t.Fatalf("merged keys not applied: slot %q, max_attempts %d", cfg.Postgres.Slot, cfg.Relay.MaxAttempts)
+	}
+	_, err = Load(writeTemp(t, "relay.yaml", "postgres:\n  url: postgres://relay@127.0.0.1:5432/shop\n  <<: {slott: orders}\n"), nil)
+	if err == nil || !strings.Contains(err.Error(), "line 3: postgres.slott is not a configuration key") {
+		t.Fatalf("a typo inside a merged mapping: %v", err)
+	}
+}
+
 // A wrong key or value in the file is reported by its YAML key and line,
 // never by the Go type it would be decoded into.
 func TestConfigErrorsNameKeyAndLine(t *testing.T) {
@@ -29,6 +45,7 @@ func TestConfigErrorsNameKeyAndLine(t *testing.T) {
 		{"kafka nested wrong type", head + "sink:\n  type: kafka\n  kafka:\n    tls: true\n",
 			[]string{"line 6", "sink.kafka.tls must be a mapping of keys"}},
 		{"unknown sink section", head + "sink:\n  type: kafka\n  kafak: {}\n", []string{"line 5", "sink.kafak is not a configuration key", "did you mean sink.kafka?"}},
+		{"merged mapping", head + "defaults: &d\n  max_attempts: many\nrelay:\n  <<: *d\n", []string{"line 3", "defaults is not a configuration key"}},
 		{"rabbitmq wrong type", head + "sink:\n  type: rabbitmq\n  rabbitmq:\n    exchange: [a]\n",
 			[]string{"line 6", "sink.rabbitmq.exchange must be a string"}},
 	} {
