@@ -3,8 +3,13 @@ FUZZTIME ?= 10s
 
 .PHONY: tidy-check lint build test test-matrix test-chart test-rules test-short torture bench demo fuzz audit clean
 
+# make build stamps the version (git describe) and the commit into the
+# binary: `outboxrelay version --json` and the build_info metric show them.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)
+BIN ?= bin/outboxrelay
 build:
-	$(GO) build -o bin/outboxrelay ./cmd/outboxrelay
+	$(GO) build -ldflags "-X main.version=$(VERSION) -X main.commit=$(REVISION)" -o $(BIN) ./cmd/outboxrelay
 
 # The end-to-end tests start PostgreSQL themselves and need RabbitMQ on
 # 127.0.0.1:5672 (.ci/run makes sure of both).

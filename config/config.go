@@ -311,6 +311,9 @@ func Load(path string, lookup func(string) (string, bool)) (Config, error) {
 func load(data []byte, name string, lookup func(string) (string, bool)) (Config, error) {
 	cfg := Default()
 	if len(data) > 0 {
+		if err := checkDocument(data); err != nil {
+			return cfg, fmt.Errorf("config %s: %w", name, err)
+		}
 		dec := yaml.NewDecoder(bytes.NewReader(data))
 		dec.KnownFields(true)
 		if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) { // an empty file is fine

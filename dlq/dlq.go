@@ -34,7 +34,9 @@ type DB interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
-// Store is the dead-letter table of one slot.
+// Store is the dead-letter table of one slot. A Store whose Slot is empty
+// reads and purges the letters of every slot (List, Show, Plan, Purge);
+// Add, Park and Replay of a relay always name their slot.
 type Store struct {
 	DB   DB
 	Slot string
@@ -42,7 +44,9 @@ type Store struct {
 
 // Letter is one stored dead letter.
 type Letter struct {
-	ID            int64           `json:"id"`
+	ID int64 `json:"id"`
+	// Slot is the replication slot whose relay dead-lettered the message.
+	Slot          string          `json:"slot"`
 	MessageID     string          `json:"message_id"`
 	Destination   string          `json:"destination"`
 	AggregateType string          `json:"aggregate_type"`
@@ -148,10 +152,10 @@ type Filter struct {
 // yet, and the heads whose chain is not (or, with IncludeReplayed, all).
 // Each head comes with its chain.
 func (s *Store) List(ctx context.Context, f Filter) ([]Letter, error) {
-	q := `SELECT id, message_id, destination, aggregate_type, aggregate_id, event_type, source_table, traceparent, headers,
+	q := `SELECT id, slot, message_id, destination, aggregate_type, aggregate_id, event_type, source_table, traceparent, headers,
 		envelope, error, attempts, first_failed_at, last_failed_at, created_at, replayed_at,
 		body, coalesce(content_type, ''), attributes, coalesce(parks, false)
-		FROM outboxrelay.dead_letters WHERE slot = $1 AND ($2 = 0 OR id = $2) AND ($3 OR replayed_at IS NULL OR parks) ORDER BY id`
+		FROM outboxrelay.dead_letters WHERE ($1 = '' OR slot = $1) AND ($2 = 0 OR id = $2) AND ($3 OR replayed_at IS NULL OR parks) ORDER BY id`
 	rows, err := s.DB.Query(ctx, q, s.Slot, f.ID, f.IncludeReplayed)
 	if err != nil {
 		return nil, fmt.Errorf("list dead letters: %w", err)
@@ -159,7 +163,7 @@ func (s *Store) List(ctx context.Context, f Filter) ([]Letter, error) {
 	letters, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Letter, error) {
 		var l Letter
 		var headers, attrs []byte
-		err := row.Scan(&l.ID, &l.MessageID, &l.Destination, &l.AggregateType, &l.AggregateID, &l.EventType, &l.Table,
+		err := row.Scan(&l.ID, &l.Slot, &l.MessageID, &l.Destination, &l.AggregateType, &l.AggregateID, &l.EventType, &l.Table,
 			&l.Traceparent, &headers, &l.Envelope, &l.Error, &l.Attempts, &l.FirstFailedAt, &l.LastFailedAt, &l.CreatedAt, &l.ReplayedAt,
 			&l.Body, &l.ContentType, &attrs, &l.Parks)
 		l.Headers = headers
@@ -223,7 +227,7 @@ func (s *Store) Replay(ctx context.Context, sink relay.Sink, f Filter) (Replayed
 		return n, err
 	}
 	if f.ID != 0 && len(letters) == 0 {
-		return n, fmt.Errorf("no pending dead letter with id %d for slot %s", f.ID, s.Slot)
+		return n, s.notFound(f.ID)
 	}
 	for i := range letters {
 		l := &letters[i]
@@ -251,6 +255,58 @@ func (s *Store) Replay(ctx context.Context, sink relay.Sink, f Filter) (Replayed
 	return n, nil
 }
 
+func (s *Store) notFound(id int64) error {
+	if s.Slot == "" {
+		return fmt.Errorf("no pending dead letter with id %d; outboxrelay dlq list shows the pending ones", id)
+	}
+	return fmt.Errorf("no pending dead letter with id %d for slot %s; outboxrelay dlq list shows the pending ones", id, s.Slot)
+}
+
+// Step is one message Replay would publish.
+type Step struct {
+	// Head is the dead letter the message is, or waits behind.
+	Head int64 `json:"head"`
+	// Position is 0 for the dead letter itself, then 1, 2, ... along its
+	// parked chain.
+	Position      int    `json:"position"`
+	Slot          string `json:"slot"`
+	MessageID     string `json:"message_id"`
+	AggregateType string `json:"aggregate_type"`
+	AggregateID   string `json:"aggregate_id"`
+	EventType     string `json:"event_type"`
+	// Destination is where the message went when it failed (dead letters
+	// only; a parked message is routed when it is published).
+	Destination string `json:"destination,omitempty"`
+}
+
+// Plan returns what Replay with f would publish now, in the order it would
+// publish it, and changes nothing. A relay that is running may park more
+// behind a head before Replay releases it; Replay publishes those too.
+func (s *Store) Plan(ctx context.Context, f Filter) ([]Step, error) {
+	letters, err := s.List(ctx, f)
+	if err != nil {
+		return nil, err
+	}
+	if f.ID != 0 && len(letters) == 0 {
+		return nil, s.notFound(f.ID)
+	}
+	var steps []Step
+	for _, l := range letters {
+		if l.ReplayedAt == nil {
+			steps = append(steps, Step{Head: l.ID, Slot: l.Slot, MessageID: l.MessageID, AggregateType: l.AggregateType,
+				AggregateID: l.AggregateID, EventType: l.EventType, Destination: l.Destination})
+		}
+		if !l.Parks {
+			continue
+		}
+		for i, p := range l.Parked {
+			steps = append(steps, Step{Head: l.ID, Position: i + 1, Slot: l.Slot, MessageID: p.MessageID,
+				AggregateType: p.AggregateType, AggregateID: p.AggregateID, EventType: p.EventType})
+		}
+	}
+	return steps, nil
+}
+
 // publish publishes m and waits for the broker's answer.
 func publish(ctx context.Context, sink relay.Sink, m *relay.Message) error {
 	result := make(chan error, 1)
@@ -268,7 +324,8 @@ type Purged struct {
 	Letters, Parked int64
 }
 
-// Purge deletes the slot's dead letters created before t. A head goes with
+// Purge deletes the slot's (with an empty Slot every slot's) dead letters
+// created before t. A head goes with
 // the messages parked behind it, and its aggregate is released: a relay
 // that is running publishes the aggregate's next message, and nothing of the
 // purged chain. Purging is giving up on those messages; to deliver the
@@ -282,16 +339,16 @@ func (s *Store) Purge(ctx context.Context, before time.Time) (Purged, error) {
 		// Lock the heads first, in a statement of their own: a relay that
 		// parks a message holds its head's lock until the message is
 		// committed, and the next statement's snapshot then sees it.
-		if _, err := tx.Exec(ctx, `SELECT id FROM outboxrelay.dead_letters WHERE slot = $1 AND created_at < $2 AND parks FOR UPDATE`, s.Slot, before); err != nil {
+		if _, err := tx.Exec(ctx, `SELECT id FROM outboxrelay.dead_letters WHERE ($1 = '' OR slot = $1) AND created_at < $2 AND parks FOR UPDATE`, s.Slot, before); err != nil {
 			return err
 		}
 		tag, err := tx.Exec(ctx, `DELETE FROM outboxrelay.parked p USING outboxrelay.dead_letters d
-			WHERE p.head_id = d.id AND d.slot = $1 AND d.created_at < $2`, s.Slot, before)
+			WHERE p.head_id = d.id AND ($1 = '' OR d.slot = $1) AND d.created_at < $2`, s.Slot, before)
 		if err != nil {
 			return err
 		}
 		n.Parked = tag.RowsAffected()
-		tag, err = tx.Exec(ctx, "DELETE FROM outboxrelay.dead_letters WHERE slot = $1 AND created_at < $2", s.Slot, before)
+		tag, err = tx.Exec(ctx, "DELETE FROM outboxrelay.dead_letters WHERE ($1 = '' OR slot = $1) AND created_at < $2", s.Slot, before)
 		if err != nil {
 			return err
 		}

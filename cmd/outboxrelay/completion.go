@@ -19,7 +19,7 @@ _outboxrelay() {
     if [[ $COMP_CWORD -eq 1 ]]; then
         words="%[1]s"
     elif [[ $cmd == dlq && $COMP_CWORD -eq 2 ]]; then
-        words="list replay purge"
+        words="list show replay purge"
     elif [[ $cmd == completion && $COMP_CWORD -eq 2 ]]; then
         words="bash zsh fish"
     elif [[ $cur == -* ]]; then
@@ -51,7 +51,7 @@ function __outboxrelay_flags
 end
 complete -c outboxrelay -f
 complete -c outboxrelay -n __fish_use_subcommand -a '%[1]s'
-complete -c outboxrelay -n '__fish_seen_subcommand_from dlq; and test (count (commandline -opc)) -eq 2' -a 'list replay purge'
+complete -c outboxrelay -n '__fish_seen_subcommand_from dlq; and test (count (commandline -opc)) -eq 2' -a 'list show replay purge'
 complete -c outboxrelay -n '__fish_seen_subcommand_from completion' -a 'bash zsh fish'
 complete -c outboxrelay -n 'not __fish_use_subcommand; and string match -q -- "-*" (commandline -ct)' -a '(__outboxrelay_flags)'
 `

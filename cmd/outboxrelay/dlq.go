@@ -1,16 +1,21 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
 	"go.uber.org/zap"
 
@@ -20,44 +25,67 @@ import (
 )
 
 const dlqUsage = `usage:
-  outboxrelay dlq list   (--config FILE | --database-url URL [--slot NAME]) [--json] [--all]
-  outboxrelay dlq replay --config FILE (--id ID | --all)      a head is replayed with its parked chain, in order
-  outboxrelay dlq purge  (--config FILE | --database-url URL [--slot NAME]) --before TIME|AGE   a head goes with its chain`
+  outboxrelay dlq list   (--config FILE | --database-url URL) [--slot NAME] [--json] [--all]
+  outboxrelay dlq show   (--config FILE | --database-url URL) --id ID [--json]   the envelope and the chain parked behind it
+  outboxrelay dlq replay --config FILE (--id ID | --all) [--dry-run [--json]]   a head is replayed with its parked chain, in order
+  outboxrelay dlq purge  (--config FILE | --database-url URL) [--slot NAME] --before TIME|AGE   a head goes with its chain
 
-func cmdDeadLetters(args []string, stdout io.Writer) error {
+With --database-url and no --slot, list, show and purge cover every slot; with --config, the config's slot.`
+
+func cmdDeadLetters(args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
-		return usageErr("dlq needs a subcommand (list, replay or purge); see outboxrelay dlq --help")
+		return usageErr("dlq needs a subcommand (list, show, replay or purge); see outboxrelay dlq --help")
 	}
 	sub := args[0]
 	switch sub {
 	case "-h", "-help", "--help", "help":
 		fmt.Fprintf(stdout, "%s\n\nInspect, re-publish and purge dead letters; `outboxrelay dlq SUBCOMMAND --help` lists its flags.\n", dlqUsage)
 		return nil
-	case "list", "replay", "purge":
+	case "list", "show", "replay", "purge":
 	default:
-		return usageErr("unknown dlq subcommand %q; use list, replay or purge (see outboxrelay dlq --help)", sub)
+		return usageErr("unknown dlq subcommand %q; use list, show, replay or purge (see outboxrelay dlq --help)", sub)
 	}
 	about := map[string]string{
-		"list":   "List pending dead letters (with --all also the replayed ones).",
-		"replay": "Publish dead letters again through the configured sink, and mark them replayed.",
-		"purge":  "Delete dead letters created before a time or older than an age.",
+		"list": "List pending dead letters (with --all also the replayed ones) and the slot each belongs to. " +
+			"Without --slot or --config, the dead letters of every slot.",
+		"show": "Print one dead letter: its fields, its envelope pretty-printed, and the messages parked behind it " +
+			"in the order dlq replay publishes them.",
+		"replay": "Publish dead letters again through the configured sink, and mark them replayed. " +
+			"--dry-run prints what would be published, in order, and changes nothing.",
+		"purge": "Delete dead letters created before a time or older than an age. Without --slot or --config, " +
+			"those of every slot.",
 	}[sub]
 	synopsis := map[string]string{
-		"list":   "dlq list (--config FILE | --database-url URL [--slot NAME]) [--json] [--all]",
-		"replay": "dlq replay --config FILE (--id ID | --all)",
-		"purge":  "dlq purge (--config FILE | --database-url URL [--slot NAME]) --before TIME|AGE",
+		"list":   "dlq list (--config FILE | --database-url URL) [--slot NAME] [--json] [--all]",
+		"show":   "dlq show (--config FILE | --database-url URL) [--slot NAME] --id ID [--json]",
+		"replay": "dlq replay (--config FILE) (--id ID | --all) [--dry-run [--json]]",
+		"purge":  "dlq purge (--config FILE | --database-url URL) [--slot NAME] --before TIME|AGE",
 	}[sub]
 	fs := newFlags("dlq "+sub, synopsis, about)
 	cfgPath := fs.String("config", "", "YAML configuration file")
-	dbURL := fs.String("database-url", "", "PostgreSQL URL (list and purge)")
-	slot := fs.String("slot", "outboxrelay", "replication slot whose dead letters to use")
+	dbURL := fs.String("database-url", "", "PostgreSQL URL (list, show, purge and replay --dry-run)")
+	slot := fs.String("slot", "", "only the dead letters of this replication slot (default: the config's slot, or every slot)")
 	asJSON := fs.Bool("json", false, "print JSON")
-	all := fs.Bool("all", false, "list: include replayed letters; replay: every pending letter")
-	id := fs.Int64("id", 0, "replay one dead letter by id")
-	before := fs.String("before", "", "purge letters created before this RFC 3339 time, or older than this age (e.g. 168h)")
+	var all, dryRun *bool
+	var id *int64
+	var before *string
+	switch sub {
+	case "list":
+		all = fs.Bool("all", false, "include replayed letters")
+	case "replay":
+		all = fs.Bool("all", false, "replay every pending letter (a progress bar on a terminal)")
+		dryRun = fs.Bool("dry-run", false, "print what would be published, in order, and change nothing")
+	case "purge":
+		before = fs.String("before", "", "purge letters created before this RFC 3339 time, or older than this age (e.g. 168h)")
+	}
+	if sub == "show" || sub == "replay" {
+		id = fs.Int64("id", 0, "the dead letter's id (dlq list shows it)")
+	}
 	if err := parseFlags(fs, args[1:]); err != nil {
 		return err
 	}
+	slotSet := false
+	fs.Visit(func(f *flag.Flag) { slotSet = slotSet || f.Name == "slot" })
 
 	var cfg config.Config
 	haveCfg := *cfgPath != ""
@@ -66,9 +94,18 @@ func cmdDeadLetters(args []string, stdout io.Writer) error {
 		if cfg, err = config.Load(*cfgPath, os.LookupEnv); err != nil {
 			return usageErr("invalid configuration: %v", err)
 		}
-		*dbURL, *slot = cfg.Postgres.URL, cfg.Postgres.Slot
-	} else if sub == "replay" {
+		*dbURL = cfg.Postgres.URL
+		if !slotSet {
+			*slot = cfg.Postgres.Slot
+		}
+	} else if sub == "replay" && !*dryRun {
 		return usageErr("dlq replay needs --config FILE: it publishes through the configured sink")
+	}
+	if sub == "replay" && (*id == 0) == !*all {
+		return usageErr("dlq replay needs exactly one of --id ID or --all")
+	}
+	if sub == "show" && *id == 0 {
+		return usageErr("dlq show needs --id ID (outboxrelay dlq list shows the ids)")
 	}
 	url, err := databaseURL(*dbURL)
 	if err != nil {
@@ -89,16 +126,38 @@ func cmdDeadLetters(args []string, stdout io.Writer) error {
 		if err != nil {
 			return err
 		}
-		return printLetters(stdout, letters, *asJSON)
+		return printLetters(stdout, letters, *asJSON, *slot)
+	case "show":
+		letters, err := store.List(ctx, dlq.Filter{ID: *id, IncludeReplayed: true})
+		if err != nil {
+			return err
+		}
+		if len(letters) == 0 {
+			where := ""
+			if *slot != "" {
+				where = " for slot " + *slot
+			}
+			return usageErr("no dead letter with id %d%s; outboxrelay dlq list --all shows them", *id, where)
+		}
+		return showLetter(stdout, &letters[0], *asJSON)
 	case "replay":
-		if (*id == 0) == !*all {
-			return usageErr("dlq replay needs exactly one of --id ID or --all")
+		f := dlq.Filter{ID: *id}
+		steps, err := store.Plan(ctx, f)
+		if err != nil {
+			return err
+		}
+		if *dryRun {
+			return printPlan(stdout, steps, *asJSON)
 		}
 		log, err := newLogger(cfg.Log.Level, os.Stderr)
 		if err != nil {
 			return usageErr("log.level: %v", err)
 		}
-		n, err := replay(ctx, cfg, store, dlq.Filter{ID: *id}, log)
+		var bar *progress
+		if *all {
+			bar = newProgress(stderr, "replaying", int64(len(steps)))
+		}
+		n, err := replay(ctx, cfg, store, f, bar, log)
 		fmt.Fprintf(stdout, "replayed %d dead letter(s) and %d parked message(s)\n", n.Letters, n.Parked)
 		return err
 	case "purge":
@@ -110,8 +169,12 @@ func cmdDeadLetters(args []string, stdout io.Writer) error {
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(stdout, "purged %d dead letter(s) created before %s and %d message(s) parked behind them\n",
-			n.Letters, t.UTC().Format(time.RFC3339), n.Parked)
+		of := "of every slot"
+		if *slot != "" {
+			of = "of slot " + *slot
+		}
+		fmt.Fprintf(stdout, "purged %d dead letter(s) %s created before %s and %d message(s) parked behind them\n",
+			n.Letters, of, t.UTC().Format(time.RFC3339), n.Parked)
 		return nil
 	}
 	return usageErr("unknown dlq subcommand %q\n%s", sub, dlqUsage)
@@ -131,7 +194,7 @@ func parseBefore(s string, now time.Time) (time.Time, error) {
 	return time.Time{}, usageErr("--before %q is neither an RFC 3339 time nor an age such as 168h", s)
 }
 
-func replay(ctx context.Context, cfg config.Config, store *dlq.Store, f dlq.Filter, log *zap.Logger) (dlq.Replayed, error) {
+func replay(ctx context.Context, cfg config.Config, store *dlq.Store, f dlq.Filter, bar *progress, log *zap.Logger) (dlq.Replayed, error) {
 	sink, err := openSink(ctx, cfg, log)
 	if err != nil {
 		return dlq.Replayed{}, err
@@ -144,7 +207,14 @@ func replay(ctx context.Context, cfg config.Config, store *dlq.Store, f dlq.Filt
 			_ = r.Run(runCtx)
 		}
 	}()
-	n, err := store.Replay(ctx, sink, f)
+	var publish relay.Sink = sink
+	if bar != nil {
+		publish = &countingSink{Sink: sink, acked: func(n int64) { bar.set(n) }}
+	}
+	n, err := store.Replay(ctx, publish, f)
+	if bar != nil {
+		bar.done()
+	}
 	cancel()
 	<-done
 	if cerr := sink.Close(); cerr != nil && err == nil {
@@ -153,7 +223,26 @@ func replay(ctx context.Context, cfg config.Config, store *dlq.Store, f dlq.Filt
 	return n, err
 }
 
-func printLetters(w io.Writer, letters []dlq.Letter, asJSON bool) error {
+// countingSink reports each message the broker acknowledged, for a
+// progress bar. dlq replays one message at a time, so the count is ordered.
+type countingSink struct {
+	relay.Sink
+	acked func(n int64)
+	n     atomic.Int64
+}
+
+func (c *countingSink) Publish(ctx context.Context, m *relay.Message, done func(*relay.Message, error)) {
+	c.Sink.Publish(ctx, m, func(m *relay.Message, err error) {
+		if err == nil {
+			c.acked(c.n.Add(1))
+		}
+		done(m, err)
+	})
+}
+
+// printLetters prints letters as a table, or JSON. slot is the one slot
+// they were read for, "" for every slot.
+func printLetters(w io.Writer, letters []dlq.Letter, asJSON bool, slot string) error {
 	if asJSON {
 		if letters == nil {
 			letters = []dlq.Letter{}
@@ -163,11 +252,15 @@ func printLetters(w io.Writer, letters []dlq.Letter, asJSON bool) error {
 		return enc.Encode(letters)
 	}
 	if len(letters) == 0 {
-		fmt.Fprintln(w, "no dead letters")
+		if slot == "" {
+			fmt.Fprintln(w, "no dead letters in any slot")
+		} else {
+			fmt.Fprintf(w, "no dead letters for slot %s\n", slot)
+		}
 		return nil
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tMESSAGE ID\tDESTINATION\tATTEMPTS\tLAST FAILURE\tREPLAYED\tPARKED\tERROR")
+	fmt.Fprintln(tw, "ID\tSLOT\tMESSAGE ID\tDESTINATION\tATTEMPTS\tLAST FAILURE\tREPLAYED\tPARKED\tERROR")
 	heads := 0
 	for _, l := range letters {
 		replayed := "-"
@@ -183,7 +276,7 @@ func printLetters(w io.Writer, letters []dlq.Letter, asJSON bool) error {
 		if len(errText) > 80 {
 			errText = errText[:77] + "..."
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", l.ID, l.MessageID, l.Destination, l.Attempts,
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", l.ID, l.Slot, l.MessageID, l.Destination, l.Attempts,
 			l.LastFailedAt.UTC().Format(time.RFC3339), replayed, parked, errText)
 	}
 	if err := tw.Flush(); err != nil {
@@ -208,6 +301,108 @@ func printLetters(w io.Writer, letters []dlq.Letter, asJSON bool) error {
 		for i, p := range l.Parked {
 			fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\t%s\n", l.ID, agg, i+1, p.MessageID, p.EventType, p.CommittedAt.UTC().Format(time.RFC3339))
 		}
+	}
+	return tw.Flush()
+}
+
+// showLetter prints one dead letter for a reader: its fields, its envelope
+// pretty-printed, then the messages parked behind it in replay order.
+func showLetter(w io.Writer, l *dlq.Letter, asJSON bool) error {
+	if asJSON {
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(l)
+	}
+	replayed := "no"
+	if l.ReplayedAt != nil {
+		replayed = l.ReplayedAt.UTC().Format(time.RFC3339)
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "dead letter\t%d\n", l.ID)
+	fmt.Fprintf(tw, "slot\t%s\n", l.Slot)
+	fmt.Fprintf(tw, "message id\t%s\n", l.MessageID)
+	fmt.Fprintf(tw, "aggregate\t%s/%s\n", l.AggregateType, l.AggregateID)
+	fmt.Fprintf(tw, "event type\t%s\n", l.EventType)
+	fmt.Fprintf(tw, "destination\t%s\n", l.Destination)
+	fmt.Fprintf(tw, "source table\t%s\n", l.Table)
+	fmt.Fprintf(tw, "attempts\t%d (first failed %s, last %s)\n", l.Attempts,
+		l.FirstFailedAt.UTC().Format(time.RFC3339), l.LastFailedAt.UTC().Format(time.RFC3339))
+	fmt.Fprintf(tw, "replayed\t%s\n", replayed)
+	fmt.Fprintf(tw, "error\t%s\n", strings.Join(strings.Fields(l.Error), " "))
+	if len(l.Headers) > 0 && string(l.Headers) != "{}" {
+		fmt.Fprintf(tw, "headers\t%s\n", l.Headers)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	body := l.Body
+	if body == nil {
+		body = []byte(l.Envelope)
+	}
+	fmt.Fprintln(w, "\nenvelope:")
+	writeBody(w, body, l.ContentType, "  ")
+	if !l.Parks {
+		return nil
+	}
+	agg := l.AggregateType + "/" + l.AggregateID
+	if len(l.Parked) == 0 {
+		fmt.Fprintf(w, "\nparked behind it: nothing yet; the next messages of %s wait here until it is replayed or purged\n", agg)
+		return nil
+	}
+	fmt.Fprintf(w, "\nparked behind it: %d message(s) of %s, published in this order after it by dlq replay --id %d\n",
+		len(l.Parked), agg, l.ID)
+	for i, p := range l.Parked {
+		fmt.Fprintf(w, "\n%d. message %s, %s, committed %s\n", i+1, p.MessageID, p.EventType, p.CommittedAt.UTC().Format(time.RFC3339))
+		writeBody(w, p.Body, p.ContentType, "   ")
+	}
+	return nil
+}
+
+// writeBody prints a message body indented: JSON pretty-printed, other
+// text as it is, and bytes that are not text as base64.
+func writeBody(w io.Writer, body []byte, contentType, indent string) {
+	var b bytes.Buffer
+	switch {
+	case json.Valid(body) && json.Indent(&b, body, indent, "  ") == nil:
+		fmt.Fprintf(w, "%s%s\n", indent, b.String())
+	case utf8.Valid(body):
+		fmt.Fprintf(w, "%s(%s)\n%s%s\n", indent, orDefault(contentType, "text"), indent, body)
+	default:
+		fmt.Fprintf(w, "%s(%s, base64)\n%s%s\n", indent, orDefault(contentType, "binary"), indent, base64.StdEncoding.EncodeToString(body))
+	}
+}
+
+func orDefault(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+// printPlan prints what dlq replay would publish, in publishing order.
+func printPlan(w io.Writer, steps []dlq.Step, asJSON bool) error {
+	if asJSON {
+		if steps == nil {
+			steps = []dlq.Step{}
+		}
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(steps)
+	}
+	if len(steps) == 0 {
+		fmt.Fprintln(w, "dry run: nothing to replay")
+		return nil
+	}
+	fmt.Fprintf(w, "dry run: dlq replay would publish %d message(s), in this order; nothing was changed\n", len(steps))
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ORDER\tSLOT\tDEAD LETTER\tPOSITION\tMESSAGE ID\tAGGREGATE\tEVENT TYPE\tDESTINATION")
+	for i, s := range steps {
+		pos := "head"
+		if s.Position > 0 {
+			pos = fmt.Sprintf("parked %d", s.Position)
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\t%s/%s\t%s\t%s\n", i+1, s.Slot, s.Head, pos, s.MessageID,
+			s.AggregateType, s.AggregateID, s.EventType, orDefault(s.Destination, "-"))
 	}
 	return tw.Flush()
 }

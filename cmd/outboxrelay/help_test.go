@@ -20,9 +20,12 @@ func TestSubcommandHelp(t *testing.T) {
 		{[]string{"status", "--help"}, "outboxrelay status", []string{"--database-url", "--slot", "--json", "--max-lag-bytes"}},
 		{[]string{"maintain", "--help"}, "outboxrelay maintain", []string{"--config"}},
 		{[]string{"healthcheck", "--help"}, "outboxrelay healthcheck", []string{"--url"}},
-		{[]string{"dlq", "--help"}, "outboxrelay dlq list", []string{"replay", "purge"}},
+		{[]string{"dlq", "--help"}, "outboxrelay dlq list", []string{"show", "replay", "purge", "--dry-run"}},
 		{[]string{"dlq", "list", "--help"}, "outboxrelay dlq list", []string{"--database-url", "--slot", "--json"}},
 		{[]string{"dlq", "purge", "--help"}, "outboxrelay dlq purge", []string{"--before"}},
+		{[]string{"dlq", "show", "--help"}, "outboxrelay dlq show", []string{"--id", "--database-url", "pretty-printed"}},
+		{[]string{"dlq", "replay", "--help"}, "outboxrelay dlq replay", []string{"--dry-run", "--all", "progress bar"}},
+		{[]string{"version", "--help"}, "outboxrelay version", []string{"--json"}},
 		{[]string{"help", "migrate"}, "outboxrelay migrate", []string{"--database-url"}},
 	}
 	for _, tt := range tests {

@@ -16,9 +16,6 @@ import (
 	"github.com/outboxrelay/outboxrelay/config"
 )
 
-// version is set at build time with -ldflags "-X main.version=...".
-var version = "dev"
-
 // Exit codes, as SPEC.md defines them.
 const (
 	exitOK        = 0
@@ -34,7 +31,7 @@ Usage:
   outboxrelay run     --config FILE [--check-config] [--accept-config-change]
   outboxrelay maintain --config FILE                 create daily partitions ahead, drop those past postgres.retention
   outboxrelay status  --database-url URL [--slot NAME | --all] [--json | -o json|wide] [--max-lag-bytes N] [--watch]
-  outboxrelay dlq     list|replay|purge ...
+  outboxrelay dlq     list|show|replay|purge ...
   outboxrelay verify  --config FILE --since T [--until T] [--aggregate-type A] [--id ID] [--rabbitmq-queue Q]
                                                     prove committed rows reached the broker; exit 1 listing missing ids
   outboxrelay replay  --config FILE --since T [--until T] [--aggregate-type A] [--id ID] [--missing] [--rate N]
@@ -44,7 +41,7 @@ Usage:
   outboxrelay healthcheck [--url URL]               exit 0 when the relay's /healthz answers 200
   outboxrelay completion bash|zsh|fish               print the shell completion script
   outboxrelay schema check DIR                      exit 1 when a schema version is not backward compatible with the one before
-  outboxrelay version
+  outboxrelay version [--json]
 
 outboxrelay COMMAND --help prints the command's flags, their defaults and the environment it reads.
 `
@@ -80,7 +77,7 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 	case "status":
 		err = cmdStatus(args[1:], stdout)
 	case "dlq":
-		err = cmdDeadLetters(args[1:], stdout)
+		err = cmdDeadLetters(args[1:], stdout, stderr)
 	case "maintain":
 		err = cmdMaintain(args[1:], stdout)
 	case "verify":
@@ -96,7 +93,7 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 	case "schema":
 		err = cmdSchema(args[1:], stdout)
 	case "version", "--version", "-v":
-		fmt.Fprintln(stdout, "outboxrelay", version)
+		err = cmdVersion(args[1:], stdout)
 	case "help", "-h", "--help":
 		if len(args) > 1 && args[1] != "help" && !strings.HasPrefix(args[1], "-") {
 			return runMain(append(args[1:], "--help"), stdout, stderr)

@@ -184,11 +184,12 @@ func run(ctx context.Context, cfg config.Config, log *zap.Logger, acceptConfigCh
 	checkpoint := status.NewWriter(dur.pool, slot, log)
 	// r is set below, before the HTTP endpoint can scrape the inflight gauge.
 	var r *relay.Relay
+	build := currentBuild()
 	m := metrics.New(metrics.Config{
 		Sink:          cfg.Sink.Type,
 		Slot:          slot,
-		Version:       version,
-		Revision:      revision(),
+		Version:       build.Version,
+		Revision:      build.Revision,
 		Inflight:      func() int { return r.Inflight() },
 		Unanswered:    func() time.Duration { d, _ := r.Unanswered(); return d },
 		LagSince:      func() time.Time { return r.LagSince() },
@@ -308,7 +309,7 @@ func run(ctx context.Context, cfg config.Config, log *zap.Logger, acceptConfigCh
 	for _, w := range securityWarnings(cfg) {
 		log.Warn(w)
 	}
-	log.Info("starting", zap.String("version", version), zap.String("sink", cfg.Sink.Type),
+	log.Info("starting", zap.String("version", currentBuild().Version), zap.String("revision", currentBuild().Revision), zap.String("sink", cfg.Sink.Type),
 		zap.String("slot", cfg.Postgres.Slot), zap.Strings("tables", cfg.Postgres.Tables))
 	err = r.Run(relayCtx, stream)
 	if err != nil {
@@ -324,17 +325,6 @@ func run(ctx context.Context, cfg config.Config, log *zap.Logger, acceptConfigCh
 }
 
 // revision is the VCS revision the binary was built from, or "".
-func revision() string {
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		for _, s := range bi.Settings {
-			if s.Key == "vcs.revision" {
-				return s.Value
-			}
-		}
-	}
-	return ""
-}
-
 // staticDestinations is the destination every message goes to when the
 // sink's template has no placeholder, so that messages_published_total
 // exists from the start.

@@ -85,7 +85,7 @@ func newTracing(ctx context.Context, lookup func(string) (string, bool), log *za
 	}
 	res, err := resource.Merge(resource.NewSchemaless(
 		attribute.String("service.name", "outboxrelay"),
-		attribute.String("service.version", version),
+		attribute.String("service.version", currentBuild().Version),
 	), fromEnv)
 	if err != nil {
 		return tracing{}, fmt.Errorf("OpenTelemetry resource: %w", err)

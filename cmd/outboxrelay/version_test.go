@@ -1,0 +1,79 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+)
+
+// make build stamps what git says into the binary, and version --json
+// prints it.
+func TestMakeBuildStampsVersion(t *testing.T) {
+	for _, tool := range []string{"make", "git"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("%s is not installed", tool)
+		}
+	}
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	git := func(args ...string) string {
+		out, err := exec.Command("git", append([]string{"-C", root}, args...)...).Output()
+		if err != nil {
+			t.Skipf("git %s: %v (not a checkout)", strings.Join(args, " "), err)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	bin := filepath.Join(t.TempDir(), "outboxrelay")
+	cmd := exec.Command("make", "--no-print-directory", "-C", root, "build", "BIN="+bin)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("make build: %v\n%s", err, out)
+	}
+	// After the build, so that both see the same tree.
+	wantVersion, wantRevision := git("describe", "--tags", "--always", "--dirty"), git("rev-parse", "HEAD")
+
+	out, err := exec.Command(bin, "version", "--json").Output()
+	if err != nil {
+		t.Fatalf("version --json: %v\n%s", err, out)
+	}
+	var got buildInfo
+	dec := json.NewDecoder(bytes.NewReader(out))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&got); err != nil {
+		t.Fatalf("version --json printed %q: %v", out, err)
+	}
+	want := buildInfo{Version: wantVersion, Revision: wantRevision, Go: runtime.Version()}
+	if got != want {
+		t.Fatalf("version --json = %+v, want %+v", got, want)
+	}
+	text, err := exec.Command(bin, "version").Output()
+	if err != nil || !strings.Contains(string(text), wantVersion) || !strings.Contains(string(text), wantRevision) {
+		t.Fatalf("version printed %q (%v), want %s and %s", text, err, wantVersion, wantRevision)
+	}
+}
+
+// Without ldflags the toolchain's VCS stamp is the revision; the version
+// stays dev rather than inventing one.
+func TestVersionJSONWithoutLdflags(t *testing.T) {
+	var out bytes.Buffer
+	if code := runMain([]string{"version", "--json"}, &out, &out); code != exitOK {
+		t.Fatalf("exit %d: %s", code, out.String())
+	}
+	var got map[string]string
+	if err := json.Unmarshal(out.Bytes(), &got); err != nil {
+		t.Fatalf("version --json printed %q: %v", out.String(), err)
+	}
+	for _, k := range []string{"version", "revision", "go"} {
+		if _, ok := got[k]; !ok {
+			t.Errorf("version --json has no %q: %s", k, out.String())
+		}
+	}
+	if got["go"] != runtime.Version() || got["version"] == "" {
+		t.Errorf("version --json = %v", got)
+	}
+}
