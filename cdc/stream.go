@@ -17,6 +17,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgproto3"
 	"go.uber.org/zap"
+
+	"github.com/outboxrelay/outboxrelay/internal/redact"
 )
 
 // Handler receives the committed changes of the replication stream, in WAL
@@ -71,7 +73,7 @@ func NewStream(cfg Config, log *zap.Logger) (*Stream, error) {
 	}
 	connCfg, err := pgconn.ParseConfig(cfg.URL)
 	if err != nil {
-		return nil, fmt.Errorf("parse postgres url: %s", RedactURL(err.Error()))
+		return nil, fmt.Errorf("parse postgres url: %s", redact.Text(err.Error()))
 	}
 	connCfg.RuntimeParams["replication"] = "database"
 	connCfg.RuntimeParams["application_name"] = cfg.ApplicationName

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/outboxrelay/outboxrelay/internal/redact"
 	"github.com/outboxrelay/outboxrelay/sinks/kafka"
 	"github.com/outboxrelay/outboxrelay/sinks/nats"
 	"github.com/outboxrelay/outboxrelay/sinks/rabbitmq"
@@ -197,8 +198,8 @@ func TestRedacted(t *testing.T) {
 		"postgres://relay@db/shop":                               "postgres://relay@db/shop",
 		"amqp://guest:guest@127.0.0.1:5672/":                     "amqp://guest:xxxxx@127.0.0.1:5672/",
 	} {
-		if got := RedactURL(in); got != want {
-			t.Errorf("RedactURL(%q) = %q, want %q", in, got, want)
+		if got := redact.URL(in); got != want {
+			t.Errorf("redact.URL(%q) = %q, want %q", in, got, want)
 		}
 	}
 }

@@ -12,8 +12,8 @@ import (
 	"os"
 	"strings"
 
-	"github.com/outboxrelay/outboxrelay/cdc"
 	"github.com/outboxrelay/outboxrelay/config"
+	"github.com/outboxrelay/outboxrelay/internal/redact"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -119,7 +119,7 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 		help.fs.SetOutput(stdout)
 		help.fs.Usage()
 	} else if !errors.Is(err, flag.ErrHelp) {
-		fmt.Fprintln(stderr, "outboxrelay:", oneLine(cdc.RedactURL(err.Error())))
+		fmt.Fprintln(stderr, "outboxrelay:", oneLine(redact.Text(err.Error())))
 	}
 	return code
 }

@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/outboxrelay/outboxrelay/envelope"
+	"github.com/outboxrelay/outboxrelay/internal/redact"
 	"github.com/outboxrelay/outboxrelay/relay"
 	"github.com/outboxrelay/outboxrelay/sinks"
 )
@@ -150,14 +151,14 @@ func (s *Sink) Connect(ctx context.Context) error {
 		natsgo.ReconnectBufSize(-1),
 		natsgo.NoCallbacksAfterClientClose(),
 		natsgo.DisconnectErrHandler(func(_ *natsgo.Conn, err error) {
-			s.log.Warn("disconnected from nats; reconnecting", zap.Error(redactError(err, s.cfg.URL)))
+			s.log.Warn("disconnected from nats; reconnecting", zap.Error(redact.Error(err, s.cfg.URL)))
 		}),
 		natsgo.ReconnectHandler(func(nc *natsgo.Conn) {
-			s.log.Info("reconnected to nats", zap.String("server", redactURL(nc.ConnectedUrl())))
+			s.log.Info("reconnected to nats", zap.String("server", redact.URL(nc.ConnectedUrl())))
 			s.wake()
 		}),
 		natsgo.ErrorHandler(func(_ *natsgo.Conn, _ *natsgo.Subscription, err error) {
-			s.log.Warn("nats error", zap.Error(redactError(err, s.cfg.URL)))
+			s.log.Warn("nats error", zap.Error(redact.Error(err, s.cfg.URL)))
 		}),
 	}
 	if s.cfg.CredentialsFile != "" {
@@ -169,7 +170,7 @@ func (s *Sink) Connect(ctx context.Context) error {
 	nc, err := natsgo.Connect(s.cfg.URL, opts...)
 	if err != nil {
 		return fmt.Errorf("connect to nats at %s: %w; check sink.nats.url and that the server is running and reachable",
-			redactURL(s.cfg.URL), redactError(err, s.cfg.URL))
+			redact.URL(s.cfg.URL), redact.Error(err, s.cfg.URL))
 	}
 	js, err := jetstream.New(nc,
 		jetstream.WithPublishAsyncAckHandler(s.acked),

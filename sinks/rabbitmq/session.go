@@ -10,6 +10,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/outboxrelay/outboxrelay/internal/redact"
 )
 
 // session is one connection with its confirm-mode channel. The sink
@@ -87,7 +89,7 @@ func (s *Sink) dial(ctx context.Context) (*session, error) {
 		return nil, ctx.Err()
 	}
 	if err != nil {
-		return nil, fmt.Errorf("connect to rabbitmq at %s: %w", redactURL(s.cfg.URL), redactError(err, s.cfg.URL))
+		return nil, fmt.Errorf("connect to rabbitmq at %s: %w", redact.URL(s.cfg.URL), redact.Error(err, s.cfg.URL))
 	}
 	return sess, nil
 }

@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/outboxrelay/outboxrelay/envelope"
+	"github.com/outboxrelay/outboxrelay/internal/redact"
 	"github.com/outboxrelay/outboxrelay/relay"
 	"github.com/outboxrelay/outboxrelay/sinks"
 )
@@ -93,7 +94,7 @@ func New(cfg Config, log *zap.Logger) (*Sink, error) {
 	}
 	opts, err := goredis.ParseURL(cfg.URL)
 	if err != nil {
-		return nil, fmt.Errorf("sink.redis.url: %w", redactError(err, cfg.URL))
+		return nil, fmt.Errorf("sink.redis.url: %w", redact.Error(err, cfg.URL))
 	}
 	opts.ClientName = "outboxrelay"
 	opts.DialTimeout = cfg.DialTimeout
@@ -129,7 +130,7 @@ func (s *Sink) Connect(ctx context.Context) error {
 	if err := s.client.Ping(ctx).Err(); err != nil {
 		s.ready.Store(false)
 		return fmt.Errorf("cannot reach redis at %s (%w); check sink.redis.url and that the server is running and reachable",
-			redactURL(s.cfg.URL), redactError(err, s.cfg.URL))
+			redact.URL(s.cfg.URL), redact.Error(err, s.cfg.URL))
 	}
 	s.ready.Store(!s.isClosed())
 	return nil
@@ -253,7 +254,7 @@ func (s *Sink) ping(ctx context.Context) {
 	defer cancel()
 	err := s.client.Ping(pctx).Err()
 	if err != nil && ctx.Err() == nil {
-		s.log.Warn("redis ping failed", zap.Error(redactError(err, s.cfg.URL)))
+		s.log.Warn("redis ping failed", zap.Error(redact.Error(err, s.cfg.URL)))
 	}
 	s.ready.Store(err == nil && !s.isClosed())
 }
@@ -277,7 +278,7 @@ func (s *Sink) send(ctx context.Context, batch []*item) {
 			}
 			return
 		}
-		err = redactError(err, s.cfg.URL)
+		err = redact.Error(err, s.cfg.URL)
 		if ctx.Err() != nil {
 			s.fail(batch, ctx.Err())
 			return
