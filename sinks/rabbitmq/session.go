@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"net"
 	"sync"
 	"time"
@@ -150,23 +149,3 @@ func (s *Sink) channel(conn *amqp.Connection) (*amqp.Channel, error) {
 	}
 	return ch, nil
 }
-
-// backoff is exponential backoff with equal jitter: each delay is drawn
-// from [d/2, d] where d doubles from min up to max.
-type backoff struct {
-	min, max time.Duration
-	n        int
-}
-
-func (b *backoff) next() time.Duration {
-	d := b.max
-	if b.n < 32 {
-		if e := b.min << b.n; e > 0 && e < b.max {
-			d = e
-			b.n++
-		}
-	}
-	return d/2 + rand.N(d/2+1)
-}
-
-func (b *backoff) reset() { b.n = 0 }

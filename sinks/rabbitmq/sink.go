@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/outboxrelay/outboxrelay/envelope"
+	"github.com/outboxrelay/outboxrelay/internal/backoff"
 	"github.com/outboxrelay/outboxrelay/internal/redact"
 	"github.com/outboxrelay/outboxrelay/relay"
 	"github.com/outboxrelay/outboxrelay/sinks"
@@ -204,7 +205,7 @@ func (s *Sink) Run(ctx context.Context) error {
 	s.mu.Unlock()
 	defer s.stop()
 
-	bo := backoff{min: s.cfg.ReconnectBackoffMin, max: s.cfg.ReconnectBackoffMax}
+	bo := backoff.Backoff{Min: s.cfg.ReconnectBackoffMin, Max: s.cfg.ReconnectBackoffMax}
 	for {
 		if sess == nil {
 			var err error
@@ -212,7 +213,7 @@ func (s *Sink) Run(ctx context.Context) error {
 				if ctx.Err() != nil {
 					return nil
 				}
-				d := bo.next()
+				d := bo.Next()
 				s.log.Warn("cannot connect to rabbitmq, retrying", zap.Error(err), zap.Duration("retry_in", d))
 				if !sleep(ctx, d) {
 					return nil
@@ -223,10 +224,10 @@ func (s *Sink) Run(ctx context.Context) error {
 		start := time.Now()
 		s.serve(ctx, sess)
 		if sess.acked || time.Since(start) >= s.cfg.ReconnectBackoffMax {
-			bo.reset()
+			bo.Reset()
 		}
 		sess = nil
-		if ctx.Err() != nil || !sleep(ctx, bo.next()) {
+		if ctx.Err() != nil || !sleep(ctx, bo.Next()) {
 			return nil
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outboxrelay/outboxrelay/internal/backoff"
 	"github.com/outboxrelay/outboxrelay/internal/redact"
 	"github.com/outboxrelay/outboxrelay/relay"
 )
@@ -198,18 +199,18 @@ func TestPublishPermanentBeforeSending(t *testing.T) {
 }
 
 func TestBackoff(t *testing.T) {
-	b := backoff{min: 100 * time.Millisecond, max: time.Second}
+	b := backoff.Backoff{Min: 100 * time.Millisecond, Max: time.Second}
 	for i := range 10 {
-		d := b.next()
+		d := b.Next()
 		if d < 50*time.Millisecond || d > time.Second {
 			t.Fatalf("attempt %d: delay %s out of range", i, d)
 		}
 	}
-	if d := b.next(); d < 500*time.Millisecond {
+	if d := b.Next(); d < 500*time.Millisecond {
 		t.Errorf("delay after many attempts %s, want at least max/2", d)
 	}
-	b.reset()
-	if d := b.next(); d > 100*time.Millisecond {
+	b.Reset()
+	if d := b.Next(); d > 100*time.Millisecond {
 		t.Errorf("delay after reset %s, want at most min", d)
 	}
 }

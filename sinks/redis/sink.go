@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -14,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/outboxrelay/outboxrelay/envelope"
+	"github.com/outboxrelay/outboxrelay/internal/backoff"
 	"github.com/outboxrelay/outboxrelay/internal/redact"
 	"github.com/outboxrelay/outboxrelay/relay"
 	"github.com/outboxrelay/outboxrelay/sinks"
@@ -263,7 +263,7 @@ func (s *Sink) ping(ctx context.Context) {
 // every message's outcome. Between attempts it backs off; Close ends the
 // retries (not an attempt in flight), ctx ends both.
 func (s *Sink) send(ctx context.Context, batch []*item) {
-	bo := retryMin
+	bo := backoff.Backoff{Min: retryMin, Max: retryMax}
 	for attempt := 1; ; attempt++ {
 		cmds, err := s.client.TxPipelined(ctx, func(p goredis.Pipeliner) error {
 			for _, it := range batch {
@@ -284,13 +284,13 @@ func (s *Sink) send(ctx context.Context, batch []*item) {
 			return
 		}
 		s.ready.Store(false)
+		wait := bo.Next()
 		s.log.Warn("redis batch failed; sending it again", zap.Int("messages", len(batch)),
-			zap.Int("attempt", attempt), zap.Duration("retry_in", bo), zap.Error(err))
-		if !s.sleep(ctx, jitter(bo)) {
+			zap.Int("attempt", attempt), zap.Duration("retry_in", wait), zap.Error(err))
+		if !s.sleep(ctx, wait) {
 			s.fail(batch, fmt.Errorf("append to redis: %w (last error: %w)", ErrClosed, err))
 			return
 		}
-		bo = min(2*bo, retryMax)
 	}
 }
 
@@ -397,9 +397,4 @@ func (s *Sink) sleep(ctx context.Context, d time.Duration) bool {
 	case <-s.quit:
 		return false
 	}
-}
-
-// jitter returns a duration between d/2 and d.
-func jitter(d time.Duration) time.Duration {
-	return d/2 + rand.N(d/2+1)
 }
