@@ -23,8 +23,9 @@ import (
 
 var (
 	// ErrClosed is reported for messages whose outcome was still open when
-	// the sink stopped (Close, or the end of Run). It is retryable.
-	ErrClosed = errors.New("rabbitmq sink closed before the broker confirmed the message")
+	// the sink stopped (Close, or the end of Run); it matches
+	// sinks.ErrClosed too. It is retryable.
+	ErrClosed = sinks.Closed("rabbitmq sink closed before the broker confirmed the message")
 	// ErrNacked is reported when the broker nacked a message. It is retryable.
 	ErrNacked = errors.New("rabbitmq nacked the message")
 	// ErrUnroutable is wrapped, as a relay.Permanent error, for messages the

@@ -42,8 +42,8 @@ const (
 )
 
 // ErrClosed is reported for messages whose outcome was still open when the
-// sink stopped. It is retryable.
-var ErrClosed = errors.New("redis sink closed before the message was appended")
+// sink stopped; it matches sinks.ErrClosed too. It is retryable.
+var ErrClosed = sinks.Closed("redis sink closed before the message was appended")
 
 const (
 	retryMin = 100 * time.Millisecond
