@@ -19,7 +19,7 @@ import (
 // version is set at build time with -ldflags "-X main.version=...".
 var version = "dev"
 
-// Exit codes, as SPEC.md defines them.
+// Exit codes, as the README's "Commands" lists them.
 const (
 	exitOK        = 0
 	exitUnhealthy = 1
