@@ -256,3 +256,18 @@ func FuzzLoad(f *testing.F) {
 		}
 	})
 }
+
+// TestRedactedNATSToken: a NATS URL may carry a token as its user name;
+// the printed configuration hides it like a password.
+func TestRedactedNATSToken(t *testing.T) {
+	const token = "S3cr3t-Token"
+	cfg := Default()
+	SinkAs[*nats.Config](cfg.Sink).URL = "nats://" + token + "@n1:4222,nats://n2:4222"
+	out, err := cfg.RedactedYAML()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(out), token) || !strings.Contains(string(out), "nats://xxxxx@n1:4222,nats://n2:4222") {
+		t.Errorf("NATS token not hidden in the printed configuration:\n%s", out)
+	}
+}
