@@ -9,6 +9,7 @@ require (
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/klauspost/compress v1.20.3
 	github.com/nats-io/nats.go v1.55.0
+	github.com/outboxrelay/outboxrelay/outbox v0.0.0-00010101000000-000000000000
 	github.com/pierrec/lz4/v4 v4.1.33
 	github.com/prometheus/client_golang v1.25.0
 	github.com/prometheus/client_model v0.6.3
@@ -65,3 +66,8 @@ require (
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20260928230214-8a89bd6388cc // indirect
 	google.golang.org/grpc v1.84.0 // indirect
 )
+
+// The outbox library is a module of its own, so that services importing it
+// do not require the relay's broker clients; the relay builds against the
+// copy in this repository.
+replace github.com/outboxrelay/outboxrelay/outbox => ./outbox

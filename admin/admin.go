@@ -18,7 +18,7 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/outboxrelay/outboxrelay/cdc"
+	"github.com/outboxrelay/outboxrelay/internal/redact"
 	"github.com/outboxrelay/outboxrelay/status"
 )
 
@@ -185,7 +185,7 @@ func (s *Server) status(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	st, err := s.cfg.Status(ctx)
 	if err != nil {
-		msg := cdc.RedactURL(err.Error())
+		msg := redact.Text(err.Error())
 		s.log.Warn("read status", zap.String("error", msg))
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": msg})
 		return

@@ -15,7 +15,6 @@ package cdc
 import (
 	"errors"
 	"fmt"
-	"net/url"
 	"regexp"
 	"slices"
 	"strings"
@@ -150,21 +149,4 @@ func quoteLiteral(s string) string {
 
 func quoteIdent(s string) string {
 	return `"` + strings.ReplaceAll(s, `"`, `""`) + `"`
-}
-
-var passwordInText = regexp.MustCompile(`(?i)(password\s*=\s*)('[^']*'|\S+)`)
-
-// RedactURL hides passwords in a connection URL, DSN or a text that
-// contains one, so that it can be logged.
-func RedactURL(s string) string {
-	if u, err := url.Parse(s); err == nil && u.User != nil {
-		if _, has := u.User.Password(); has {
-			u.User = url.UserPassword(u.User.Username(), "xxxxx")
-			s = u.String()
-		}
-	}
-	if strings.Contains(s, "://") {
-		s = regexp.MustCompile(`(://[^:/@\s]*:)[^@\s]*@`).ReplaceAllString(s, "${1}xxxxx@")
-	}
-	return passwordInText.ReplaceAllString(s, "${1}xxxxx")
 }

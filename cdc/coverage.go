@@ -12,6 +12,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
+
+	"github.com/outboxrelay/outboxrelay/internal/redact"
 )
 
 // pgoutput decides what to send with the catalog as it was when each change
@@ -246,7 +248,7 @@ func (c Checkpoints) RecordConsumer(ctx context.Context, cur Consumer) error {
 // RecordError records why the relay stopped, for status to report.
 func (c Checkpoints) RecordError(ctx context.Context, stopErr error) error {
 	_, err := c.DB.Exec(ctx, `INSERT INTO outboxrelay.checkpoint AS c (slot, error, error_at, updated_at) VALUES ($1, $2, now(), now())
-		ON CONFLICT (slot) DO UPDATE SET error = EXCLUDED.error, error_at = EXCLUDED.error_at`, c.Slot, RedactURL(stopErr.Error()))
+		ON CONFLICT (slot) DO UPDATE SET error = EXCLUDED.error, error_at = EXCLUDED.error_at`, c.Slot, redact.Text(stopErr.Error()))
 	if err != nil {
 		return fmt.Errorf("record error: %w", err)
 	}

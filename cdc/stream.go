@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net"
 	"strings"
 	"sync"
@@ -17,6 +16,9 @@ import (
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgproto3"
 	"go.uber.org/zap"
+
+	"github.com/outboxrelay/outboxrelay/internal/backoff"
+	"github.com/outboxrelay/outboxrelay/internal/redact"
 )
 
 // Handler receives the committed changes of the replication stream, in WAL
@@ -71,7 +73,7 @@ func NewStream(cfg Config, log *zap.Logger) (*Stream, error) {
 	}
 	connCfg, err := pgconn.ParseConfig(cfg.URL)
 	if err != nil {
-		return nil, fmt.Errorf("parse postgres url: %s", RedactURL(err.Error()))
+		return nil, fmt.Errorf("parse postgres url: %s", redact.Text(err.Error()))
 	}
 	connCfg.RuntimeParams["replication"] = "database"
 	connCfg.RuntimeParams["application_name"] = cfg.ApplicationName
@@ -114,7 +116,7 @@ func (s *Stream) Standby() bool { return s.standby.Load() }
 // cancellation it stops reading, waits (up to Config.DrainTimeout) for the
 // Handler to drain, reports the final confirmed position and returns nil.
 func (s *Stream) Run(ctx context.Context, h Handler) error {
-	backoff := s.cfg.ReconnectMin
+	retry := backoff.Backoff{Min: s.cfg.ReconnectMin, Max: s.cfg.ReconnectMax}
 	var standby standbyLog
 	for {
 		started := time.Now()
@@ -130,15 +132,16 @@ func (s *Stream) Run(ctx context.Context, h Handler) error {
 			return err
 		}
 		if time.Since(started) > time.Minute {
-			backoff = s.cfg.ReconnectMin
+			retry.Reset()
 		}
-		wait := jitter(backoff)
+		var wait time.Duration
 		s.standby.Store(IsSlotInUse(err))
 		if IsSlotInUse(err) {
 			// A standby polls quickly so that it takes over within seconds.
-			wait = jitter(s.cfg.StandbyPoll)
+			wait = backoff.Jitter(s.cfg.StandbyPoll)
 			standby.polled(s.log, s.cfg.Slot, s.cfg.StandbyPoll, time.Now())
 		} else {
+			wait = retry.Next()
 			standby = standbyLog{}
 			s.log.Warn("replication connection lost; reconnecting", zap.Error(err), zap.Duration("retry_in", wait))
 		}
@@ -146,9 +149,6 @@ func (s *Stream) Run(ctx context.Context, h Handler) error {
 		case <-ctx.Done():
 			return nil
 		case <-time.After(wait):
-		}
-		if !IsSlotInUse(err) {
-			backoff = min(backoff*2, s.cfg.ReconnectMax)
 		}
 	}
 }
@@ -173,10 +173,6 @@ func (l *standbyLog) polled(log *zap.Logger, slot string, poll time.Duration, no
 		l.logged = now
 		log.Info("still waiting as standby", zap.String("slot", slot), zap.Duration("for", now.Sub(l.since).Round(time.Second)), zap.Int("polls", l.polls))
 	}
-}
-
-func jitter(d time.Duration) time.Duration {
-	return d/2 + rand.N(d/2+1)
 }
 
 func (s *Stream) session(ctx context.Context, h Handler) (err error) {

@@ -8,10 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/url"
 	"os"
 	"reflect"
-	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -19,6 +17,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/outboxrelay/outboxrelay/cdc"
+	"github.com/outboxrelay/outboxrelay/internal/redact"
 	"github.com/outboxrelay/outboxrelay/relay"
 	"github.com/outboxrelay/outboxrelay/sinks"
 )
@@ -333,7 +332,7 @@ func load(data []byte, name string, lookup func(string) (string, bool)) (Config,
 }
 
 // Redacted is what a hidden secret is shown as.
-const Redacted = "xxxxx"
+const Redacted = redact.Mask
 
 // maxSecretFile bounds a secret file: a URL or a password, never a stream.
 const maxSecretFile = 64 << 10
@@ -485,7 +484,7 @@ func (c Config) Redacted() Config {
 		switch {
 		case val.String() == "":
 		case kind == "url":
-			val.SetString(RedactURL(val.String()))
+			val.SetString(redact.URL(val.String()))
 		default:
 			val.SetString(Redacted)
 		}
@@ -506,36 +505,6 @@ func (c Config) RedactedYAML() ([]byte, error) {
 	}
 	return b.Bytes(), nil
 }
-
-// RedactURL hides the passwords of a connection URL (its userinfo
-// password, and query parameters such as password and sslpassword) or of a
-// key=value DSN, keeping the rest readable.
-func RedactURL(s string) string {
-	u, err := url.Parse(s)
-	if err != nil || u.Scheme == "" || u.Opaque != "" {
-		return cdc.RedactURL(s)
-	}
-	if u.User != nil {
-		if _, has := u.User.Password(); has {
-			u.User = url.UserPassword(u.User.Username(), Redacted)
-		}
-	}
-	// Query parameters are redacted in place, so that the rest of the
-	// query reads as written.
-	params := strings.Split(u.RawQuery, "&")
-	for i, p := range params {
-		k, _, ok := strings.Cut(p, "=")
-		if key, err := url.QueryUnescape(k); ok && (err != nil || strings.Contains(strings.ToLower(key), "password")) {
-			params[i] = k + "=" + Redacted
-		}
-	}
-	u.RawQuery = strings.Join(params, "&")
-	// A list of URLs (NATS takes one) parses as one: hide the passwords of
-	// the others too.
-	return userinfoPassword.ReplaceAllString(u.String(), "${1}"+Redacted+"@")
-}
-
-var userinfoPassword = regexp.MustCompile(`(://[^:/@\s]*:)[^@\s/]*@`)
 
 // Key is one configuration key.
 type Key struct {

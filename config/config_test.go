@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/outboxrelay/outboxrelay/internal/redact"
 	"github.com/outboxrelay/outboxrelay/sinks/kafka"
 	"github.com/outboxrelay/outboxrelay/sinks/nats"
 	"github.com/outboxrelay/outboxrelay/sinks/rabbitmq"
@@ -197,8 +198,8 @@ func TestRedacted(t *testing.T) {
 		"postgres://relay@db/shop":                               "postgres://relay@db/shop",
 		"amqp://guest:guest@127.0.0.1:5672/":                     "amqp://guest:xxxxx@127.0.0.1:5672/",
 	} {
-		if got := RedactURL(in); got != want {
-			t.Errorf("RedactURL(%q) = %q, want %q", in, got, want)
+		if got := redact.URL(in); got != want {
+			t.Errorf("redact.URL(%q) = %q, want %q", in, got, want)
 		}
 	}
 }
@@ -254,4 +255,19 @@ func FuzzLoad(f *testing.F) {
 			t.Fatalf("a loaded configuration does not print: %v", err)
 		}
 	})
+}
+
+// TestRedactedNATSToken: a NATS URL may carry a token as its user name;
+// the printed configuration hides it like a password.
+func TestRedactedNATSToken(t *testing.T) {
+	const token = "S3cr3t-Token"
+	cfg := Default()
+	SinkAs[*nats.Config](cfg.Sink).URL = "nats://" + token + "@n1:4222,nats://n2:4222"
+	out, err := cfg.RedactedYAML()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(out), token) || !strings.Contains(string(out), "nats://xxxxx@n1:4222,nats://n2:4222") {
+		t.Errorf("NATS token not hidden in the printed configuration:\n%s", out)
+	}
 }

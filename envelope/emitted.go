@@ -26,7 +26,7 @@ type Emitted struct {
 	Headers []byte
 }
 
-// ParseEmitted parses the content of a table-less outbox message (SPEC.md
+// ParseEmitted parses the content of a table-less outbox message (README
 // "Table-less outbox"): a UTF-8 JSON object with the string keys id,
 // aggregate_type, aggregate_id and event_type (all required and non-empty),
 // payload (required, any JSON value), and optionally headers (an object),

@@ -100,8 +100,9 @@ const timeLayout = "2006-01-02T15:04:05.000000Z"
 const fixedSize = 320
 
 // AppendJSON appends the envelope of m as compact JSON to dst and returns
-// the extended buffer. Fields appear in the order of SPEC.md "Envelope,
-// version 1", times in UTC with microseconds, LSNs as PostgreSQL writes them.
+// the extended buffer. Fields appear in the order of the README's envelope
+// (version 1), times in UTC with microseconds, LSNs as PostgreSQL writes
+// them.
 //
 // Strings are escaped exactly as encoding/json escapes them (HTML-safe,
 // invalid UTF-8 replaced by U+FFFD), so the result is valid UTF-8 JSON

@@ -505,6 +505,31 @@ func TestDeployDockerfile(t *testing.T) {
 	if len(healthchecks) == 0 || strings.EqualFold(healthchecks[len(healthchecks)-1], "NONE") {
 		t.Errorf("final stage has no HEALTHCHECK")
 	}
+
+	// go mod download reads the go.mod of every module that go.mod replaces
+	// with a folder (the outbox library): those must be copied first.
+	gomod, err := os.ReadFile("../go.mod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	copied := ""
+	for _, in := range instrs {
+		if strings.Contains(in, "go mod download") {
+			break
+		}
+		if word, rest, _ := strings.Cut(in, " "); strings.EqualFold(word, "COPY") {
+			copied += " " + rest
+		}
+	}
+	for _, line := range strings.Split(string(gomod), "\n") {
+		_, dir, ok := strings.Cut(line, "=>")
+		if dir = strings.TrimSpace(dir); !ok || !strings.HasPrefix(line, "replace ") || !strings.HasPrefix(dir, "./") {
+			continue
+		}
+		if want := strings.TrimPrefix(dir, "./") + "/go.mod"; !strings.Contains(copied, want) {
+			t.Errorf("Dockerfile runs go mod download before copying %s (go.mod replaces a module with %s); COPY it with go.mod", want, dir)
+		}
+	}
 }
 
 // TestDeployAlertRules checks the Prometheus rules: the expected alerts,

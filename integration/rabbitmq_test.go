@@ -147,7 +147,7 @@ func amqpDuplicates(ds []amqp.Delivery) int {
 	return d
 }
 
-// TestRabbitMQEndToEnd: envelope, properties and headers as SPEC.md says,
+// TestRabbitMQEndToEnd: envelope, properties and headers as the README says,
 // per-aggregate order, and rolled-back rows never arrive.
 func TestRabbitMQEndToEnd(t *testing.T) {
 	e := newEnv(t)

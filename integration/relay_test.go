@@ -9,7 +9,8 @@ import (
 	"time"
 )
 
-// TestEnvelopeKeyAndHeaders checks one row end to end against SPEC.md.
+// TestEnvelopeKeyAndHeaders checks one row end to end against the README's
+// envelope and headers.
 func TestEnvelopeKeyAndHeaders(t *testing.T) {
 	e := newEnv(t)
 	c := e.consume("outbox.order")

@@ -1,9 +1,10 @@
 // Package outbox writes events for outboxrelay from a service, inside the
 // service's own database transaction.
 //
-// Write inserts a row into the outbox table (SPEC.md "Outbox table"),
-// WriteBatch inserts many rows in one statement, and Emit writes a
-// table-less outbox message with pg_logical_emit_message. The event becomes
+// Write inserts a row into the outbox table (described in the outboxrelay
+// README, "The outbox table and the envelope"), WriteBatch inserts many
+// rows in one statement, and Emit writes a table-less outbox message with
+// pg_logical_emit_message. The event becomes
 // visible to the relay exactly when the caller's transaction commits, and
 // never if it rolls back: that is the whole point of an outbox.
 //
@@ -384,8 +385,8 @@ func (w *Writer) delete(ctx context.Context, tx Execer, ids []uuid.UUID) error {
 	return nil
 }
 
-// emitted is the content of a table-less message (SPEC.md "Table-less
-// outbox"); its keys are the default column names.
+// emitted is the content of a table-less message (the outboxrelay README,
+// "Table-less outbox"); its keys are the default column names.
 type emitted struct {
 	ID            string          `json:"id"`
 	AggregateType string          `json:"aggregate_type"`

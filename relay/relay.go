@@ -14,7 +14,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net"
 	"slices"
 	"sort"
@@ -31,6 +30,7 @@ import (
 
 	"github.com/outboxrelay/outboxrelay/cdc"
 	"github.com/outboxrelay/outboxrelay/envelope"
+	"github.com/outboxrelay/outboxrelay/internal/backoff"
 )
 
 // Columns names the outbox table's columns. Empty optional names mean the
@@ -840,12 +840,7 @@ func putBuffer(b []byte) {
 }
 
 func (r *Relay) backoff(attempt int) time.Duration {
-	d := r.cfg.RetryMin
-	for i := 1; i < attempt && d < r.cfg.RetryMax; i++ {
-		d *= 2
-	}
-	d = min(d, r.cfg.RetryMax)
-	return d/2 + rand.N(d/2+1)
+	return backoff.Delay(r.cfg.RetryMin, r.cfg.RetryMax, attempt)
 }
 
 // retryEntry is a failed message and when to publish it again.

@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"sync"
 	"time"
 
 	"go.uber.org/zap"
 
+	"github.com/outboxrelay/outboxrelay/internal/backoff"
 	"github.com/outboxrelay/outboxrelay/relay"
 )
 
@@ -153,7 +153,7 @@ func (p *Publisher) doneFunc(ctx context.Context) func(*relay.Message, error) {
 			p.settle(m, nil)
 			return
 		}
-		wait := backoff(m.Attempts)
+		wait := backoff.Delay(retryMin, retryMax, m.Attempts)
 		p.log.Warn("publish failed; retrying", zap.String("message_id", m.ID), zap.Duration("retry_in", wait), zap.Error(err))
 		// Not from this goroutine: done may run on a sink goroutine that
 		// must not publish.
@@ -211,14 +211,11 @@ func (p *Publisher) Published() int64 {
 	return p.result.Published
 }
 
-func backoff(attempt int) time.Duration {
-	d := 100 * time.Millisecond
-	for i := 1; i < attempt && d < 10*time.Second; i++ {
-		d *= 2
-	}
-	d = min(d, 10*time.Second)
-	return d/2 + rand.N(d/2+1)
-}
+// Bounds of the wait before a refused message is published again.
+const (
+	retryMin = 100 * time.Millisecond
+	retryMax = 10 * time.Second
+)
 
 // ErrFailed is returned by Run when some messages could not be published.
 var ErrFailed = errors.New("some messages were not published")

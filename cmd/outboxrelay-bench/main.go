@@ -56,6 +56,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxrelay/outboxrelay/integration/pgserver"
+	"github.com/outboxrelay/outboxrelay/internal/redact"
 )
 
 // Consumer names, as the table shows them.
@@ -270,7 +271,7 @@ func run(ctx context.Context, o options) error {
 	if !o.skipRabbit {
 		rb, err = openRabbit(o.amqpURL, fmt.Sprintf("outboxrelay-bench-%d", os.Getpid()))
 		if err != nil {
-			note := fmt.Sprintf("RabbitMQ rows skipped: %s is unreachable (%v)", redact(o.amqpURL), err)
+			note := fmt.Sprintf("RabbitMQ rows skipped: %s is unreachable (%v)", redact.URL(o.amqpURL), err)
 			res.Notes = append(res.Notes, note)
 			fmt.Println("!!", note)
 			rb = nil
@@ -823,13 +824,6 @@ func microBenchmarks(ctx context.Context, root string) ([]string, error) {
 		}
 	}
 	return lines, cmd.Wait()
-}
-
-func redact(url string) string {
-	if i, j := strings.Index(url, "://"), strings.LastIndex(url, "@"); i >= 0 && j > i {
-		return url[:i+3] + "xxxxx" + url[j:]
-	}
-	return url
 }
 
 func writeJSON(path string, res *results) error {

@@ -12,11 +12,11 @@ import (
 	"os"
 	"strings"
 
-	"github.com/outboxrelay/outboxrelay/cdc"
 	"github.com/outboxrelay/outboxrelay/config"
+	"github.com/outboxrelay/outboxrelay/internal/redact"
 )
 
-// Exit codes, as SPEC.md defines them.
+// Exit codes, as the README's "Commands" lists them.
 const (
 	exitOK        = 0
 	exitUnhealthy = 1
@@ -116,7 +116,7 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 		help.fs.SetOutput(stdout)
 		help.fs.Usage()
 	} else if !errors.Is(err, flag.ErrHelp) {
-		fmt.Fprintln(stderr, "outboxrelay:", oneLine(cdc.RedactURL(err.Error())))
+		fmt.Fprintln(stderr, "outboxrelay:", oneLine(redact.Text(err.Error())))
 	}
 	return code
 }

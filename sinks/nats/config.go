@@ -7,6 +7,8 @@ import (
 	"net/url"
 	"strings"
 	"time"
+
+	"github.com/outboxrelay/outboxrelay/internal/redact"
 )
 
 // Defaults applied by [New] to zero fields of a [Config].
@@ -176,76 +178,15 @@ func (c Config) Validate() error {
 func checkURL(raw string) error {
 	u, err := url.Parse(raw)
 	if err != nil {
-		return fmt.Errorf("sink.nats.url %q is not a URL; use nats://host:4222", redactURL(raw))
+		return fmt.Errorf("sink.nats.url %q is not a URL; use nats://host:4222", redact.URL(raw))
 	}
 	switch u.Scheme {
 	case "nats", "tls", "ws", "wss":
 	default:
-		return fmt.Errorf("sink.nats.url %s has scheme %q; use nats://, tls://, ws:// or wss://", redactURL(raw), u.Scheme)
+		return fmt.Errorf("sink.nats.url %s has scheme %q; use nats://, tls://, ws:// or wss://", redact.URL(raw), u.Scheme)
 	}
 	if u.Host == "" {
-		return fmt.Errorf("sink.nats.url %s has no host; use nats://host:4222", redactURL(raw))
+		return fmt.Errorf("sink.nats.url %s has no host; use nats://host:4222", redact.URL(raw))
 	}
 	return nil
 }
-
-// redactURL returns the URLs in raw with their passwords (or tokens, which
-// nats.go takes from the user part) replaced by "xxxxx".
-func redactURL(raw string) string {
-	parts := strings.Split(raw, ",")
-	for i, p := range parts {
-		p = strings.TrimSpace(p)
-		u, err := url.Parse(p)
-		if err != nil || u.User == nil {
-			if err != nil {
-				// Unparseable: drop everything up to an '@' to be safe.
-				if at := strings.LastIndexByte(p, '@'); at >= 0 {
-					p = "xxxxx@" + p[at+1:]
-				}
-			}
-			parts[i] = p
-			continue
-		}
-		if _, ok := u.User.Password(); ok {
-			u.User = url.UserPassword(u.User.Username(), "xxxxx")
-		} else {
-			u.User = url.User("xxxxx") // a token
-		}
-		parts[i] = u.String()
-	}
-	return strings.Join(parts, ",")
-}
-
-// redactError returns err with every credential of rawURL replaced in its
-// text.
-func redactError(err error, rawURL string) error {
-	if err == nil {
-		return nil
-	}
-	msg := err.Error()
-	red := msg
-	for _, p := range strings.Split(rawURL, ",") {
-		u, perr := url.Parse(strings.TrimSpace(p))
-		if perr != nil || u.User == nil {
-			continue
-		}
-		if pw, ok := u.User.Password(); ok && pw != "" {
-			red = strings.ReplaceAll(red, pw, "xxxxx")
-		} else if name := u.User.Username(); name != "" {
-			red = strings.ReplaceAll(red, name, "xxxxx")
-		}
-	}
-	if red == msg {
-		return err
-	}
-	return &redactedError{msg: red, err: err}
-}
-
-// redactedError keeps the wrapped error for errors.Is while hiding its text.
-type redactedError struct {
-	msg string
-	err error
-}
-
-func (e *redactedError) Error() string { return e.msg }
-func (e *redactedError) Unwrap() error { return e.err }

@@ -8,12 +8,14 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/outboxrelay/outboxrelay/relay"
+	"github.com/outboxrelay/outboxrelay/sinks"
 )
 
 // ErrClosed is reported for messages whose outcome was still open when the
-// sink was closed. It is retryable: the relay publishes them again after a
-// restart, and the stream's duplicate window drops those already stored.
-var ErrClosed = errors.New("nats sink closed before the stream acknowledged the message")
+// sink was closed; it matches sinks.ErrClosed too. It is retryable: the
+// relay publishes them again after a restart, and the stream's duplicate
+// window drops those already stored.
+var ErrClosed = sinks.Closed("nats sink closed before the stream acknowledged the message")
 
 // permanentClient are the errors nats.go returns, before sending, for a
 // message no server of this connection would ever take.

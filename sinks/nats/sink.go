@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -15,6 +14,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/outboxrelay/outboxrelay/envelope"
+	"github.com/outboxrelay/outboxrelay/internal/backoff"
+	"github.com/outboxrelay/outboxrelay/internal/redact"
 	"github.com/outboxrelay/outboxrelay/relay"
 	"github.com/outboxrelay/outboxrelay/sinks"
 )
@@ -79,7 +80,7 @@ type Sink struct {
 	lost    int                      // unresolved messages with no attempt in flight
 	gen     uint64                   // reconnect count the attempts in flight were sent on
 	retryAt time.Time                // no republication before
-	backoff time.Duration            // pause before the next republication; 0 after an ack
+	backoff backoff.Backoff          // pause before the next republication; reset by an ack
 	closed  bool
 
 	quit    chan struct{}
@@ -120,6 +121,7 @@ func New(cfg Config, log *zap.Logger) (*Sink, error) {
 		kick:    make(chan struct{}, 1),
 		byMsg:   make(map[*natsgo.Msg]*pending),
 		quit:    make(chan struct{}),
+		backoff: backoff.Backoff{Min: retryMin, Max: retryMax},
 	}, nil
 }
 
@@ -150,14 +152,14 @@ func (s *Sink) Connect(ctx context.Context) error {
 		natsgo.ReconnectBufSize(-1),
 		natsgo.NoCallbacksAfterClientClose(),
 		natsgo.DisconnectErrHandler(func(_ *natsgo.Conn, err error) {
-			s.log.Warn("disconnected from nats; reconnecting", zap.Error(redactError(err, s.cfg.URL)))
+			s.log.Warn("disconnected from nats; reconnecting", zap.Error(redact.Error(err, s.cfg.URL)))
 		}),
 		natsgo.ReconnectHandler(func(nc *natsgo.Conn) {
-			s.log.Info("reconnected to nats", zap.String("server", redactURL(nc.ConnectedUrl())))
+			s.log.Info("reconnected to nats", zap.String("server", redact.URL(nc.ConnectedUrl())))
 			s.wake()
 		}),
 		natsgo.ErrorHandler(func(_ *natsgo.Conn, _ *natsgo.Subscription, err error) {
-			s.log.Warn("nats error", zap.Error(redactError(err, s.cfg.URL)))
+			s.log.Warn("nats error", zap.Error(redact.Error(err, s.cfg.URL)))
 		}),
 	}
 	if s.cfg.CredentialsFile != "" {
@@ -169,7 +171,7 @@ func (s *Sink) Connect(ctx context.Context) error {
 	nc, err := natsgo.Connect(s.cfg.URL, opts...)
 	if err != nil {
 		return fmt.Errorf("connect to nats at %s: %w; check sink.nats.url and that the server is running and reachable",
-			redactURL(s.cfg.URL), redactError(err, s.cfg.URL))
+			redact.URL(s.cfg.URL), redact.Error(err, s.cfg.URL))
 	}
 	js, err := jetstream.New(nc,
 		jetstream.WithPublishAsyncAckHandler(s.acked),
@@ -264,7 +266,7 @@ func (s *Sink) Run(ctx context.Context) error {
 		}
 	}()
 
-	bo := retryMin
+	bo := backoff.Backoff{Min: retryMin, Max: retryMax}
 	for s.conn.Load() == nil {
 		err := s.Connect(ctx)
 		if err == nil {
@@ -273,11 +275,11 @@ func (s *Sink) Run(ctx context.Context) error {
 		if ctx.Err() != nil || errors.Is(err, ErrClosed) {
 			return nil
 		}
-		s.log.Warn("cannot connect to nats, retrying", zap.Error(err), zap.Duration("retry_in", bo))
-		if !sleep(ctx, jitter(bo)) {
+		wait := bo.Next()
+		s.log.Warn("cannot connect to nats, retrying", zap.Error(err), zap.Duration("retry_in", wait))
+		if !sleep(ctx, wait) {
 			return nil
 		}
-		bo = min(2*bo, retryMax)
 	}
 
 	// A reconnect without traffic is noticed by the periodic check, in case
@@ -481,7 +483,7 @@ func (s *Sink) send(c *conn, msg *natsgo.Msg) {
 // acked is the ack handler of every attempt.
 func (s *Sink) acked(_ jetstream.JetStream, msg *natsgo.Msg, ack *jetstream.PubAck) {
 	s.mu.Lock()
-	s.backoff = 0
+	s.backoff.Reset()
 	p := s.take(msg)
 	if s.lost == 0 {
 		s.failing.Store(false)
@@ -521,8 +523,7 @@ func (s *Sink) failed(_ jetstream.JetStream, msg *natsgo.Msg, err error) {
 	// one scheduled republication; each republication that fails again
 	// doubles the pause, and an ack resets it.
 	if now := time.Now(); !s.retryAt.After(now) {
-		s.backoff = max(retryMin, min(2*s.backoff, retryMax))
-		s.retryAt = now.Add(jitter(s.backoff))
+		s.retryAt = now.Add(s.backoff.Next())
 	}
 	s.failing.Store(true)
 	s.mu.Unlock()
@@ -635,11 +636,6 @@ func (s *Sink) Close() error {
 		s.finish(p, fmt.Errorf("publish to nats subject %q: %w", p.m.Destination, ErrClosed))
 	}
 	return nil
-}
-
-// jitter returns a duration between d/2 and d.
-func jitter(d time.Duration) time.Duration {
-	return d/2 + rand.N(d/2+1)
 }
 
 func sleep(ctx context.Context, d time.Duration) bool {

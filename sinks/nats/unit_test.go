@@ -9,6 +9,7 @@ import (
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/outboxrelay/outboxrelay/internal/redact"
 	"github.com/outboxrelay/outboxrelay/relay"
 )
 
@@ -144,13 +145,13 @@ func TestRedact(t *testing.T) {
 		"nats://h:4222,nats://u:pw@g:4222": "nats://h:4222,nats://u:xxxxx@g:4222",
 		"nats://127.0.0.1:4222":            "nats://127.0.0.1:4222",
 	} {
-		if got := redactURL(in); got != want {
-			t.Errorf("redactURL(%q) = %q, want %q", in, got, want)
+		if got := redact.URL(in); got != want {
+			t.Errorf("redact.URL(%q) = %q, want %q", in, got, want)
 		}
 	}
-	err := redactError(errors.New("auth failed for u:pw"), "nats://u:pw@h")
+	err := redact.Error(errors.New("auth failed for u:pw"), "nats://u:pw@h")
 	if strings.Contains(err.Error(), "pw") {
-		t.Errorf("redactError kept the password: %v", err)
+		t.Errorf("redact.Error kept the password: %v", err)
 	}
 }
 

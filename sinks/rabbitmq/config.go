@@ -9,6 +9,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/outboxrelay/outboxrelay/internal/redact"
 	"github.com/outboxrelay/outboxrelay/sinks"
 )
 
@@ -161,10 +162,10 @@ func (c *Config) validate() error {
 	}
 	uri, err := amqp.ParseURI(c.URL)
 	if err != nil {
-		return fmt.Errorf("rabbitmq url %s is invalid: %w", redactURL(c.URL), redactError(err, c.URL))
+		return fmt.Errorf("rabbitmq url %s is invalid: %w", redact.URL(c.URL), redact.Error(err, c.URL))
 	}
 	if c.TLS != nil && uri.Scheme != "amqps" {
-		return fmt.Errorf("rabbitmq tls is configured but url %s is not amqps://; use an amqps:// url", redactURL(c.URL))
+		return fmt.Errorf("rabbitmq tls is configured but url %s is not amqps://; use an amqps:// url", redact.URL(c.URL))
 	}
 	for _, a := range c.SASL {
 		if a != nil && a.Mechanism() == "EXTERNAL" && (uri.Scheme != "amqps" || c.TLS == nil || len(c.TLS.Certificates) == 0 && c.TLS.GetClientCertificate == nil) {

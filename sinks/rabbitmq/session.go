@@ -4,12 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"net"
 	"sync"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/outboxrelay/outboxrelay/internal/redact"
 )
 
 // session is one connection with its confirm-mode channel. The sink
@@ -87,7 +88,7 @@ func (s *Sink) dial(ctx context.Context) (*session, error) {
 		return nil, ctx.Err()
 	}
 	if err != nil {
-		return nil, fmt.Errorf("connect to rabbitmq at %s: %w", redactURL(s.cfg.URL), redactError(err, s.cfg.URL))
+		return nil, fmt.Errorf("connect to rabbitmq at %s: %w", redact.URL(s.cfg.URL), redact.Error(err, s.cfg.URL))
 	}
 	return sess, nil
 }
@@ -148,23 +149,3 @@ func (s *Sink) channel(conn *amqp.Connection) (*amqp.Channel, error) {
 	}
 	return ch, nil
 }
-
-// backoff is exponential backoff with equal jitter: each delay is drawn
-// from [d/2, d] where d doubles from min up to max.
-type backoff struct {
-	min, max time.Duration
-	n        int
-}
-
-func (b *backoff) next() time.Duration {
-	d := b.max
-	if b.n < 32 {
-		if e := b.min << b.n; e > 0 && e < b.max {
-			d = e
-			b.n++
-		}
-	}
-	return d/2 + rand.N(d/2+1)
-}
-
-func (b *backoff) reset() { b.n = 0 }

@@ -15,14 +15,17 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/outboxrelay/outboxrelay/envelope"
+	"github.com/outboxrelay/outboxrelay/internal/backoff"
+	"github.com/outboxrelay/outboxrelay/internal/redact"
 	"github.com/outboxrelay/outboxrelay/relay"
 	"github.com/outboxrelay/outboxrelay/sinks"
 )
 
 var (
 	// ErrClosed is reported for messages whose outcome was still open when
-	// the sink stopped (Close, or the end of Run). It is retryable.
-	ErrClosed = errors.New("rabbitmq sink closed before the broker confirmed the message")
+	// the sink stopped (Close, or the end of Run); it matches
+	// sinks.ErrClosed too. It is retryable.
+	ErrClosed = sinks.Closed("rabbitmq sink closed before the broker confirmed the message")
 	// ErrNacked is reported when the broker nacked a message. It is retryable.
 	ErrNacked = errors.New("rabbitmq nacked the message")
 	// ErrUnroutable is wrapped, as a relay.Permanent error, for messages the
@@ -203,7 +206,7 @@ func (s *Sink) Run(ctx context.Context) error {
 	s.mu.Unlock()
 	defer s.stop()
 
-	bo := backoff{min: s.cfg.ReconnectBackoffMin, max: s.cfg.ReconnectBackoffMax}
+	bo := backoff.Backoff{Min: s.cfg.ReconnectBackoffMin, Max: s.cfg.ReconnectBackoffMax}
 	for {
 		if sess == nil {
 			var err error
@@ -211,7 +214,7 @@ func (s *Sink) Run(ctx context.Context) error {
 				if ctx.Err() != nil {
 					return nil
 				}
-				d := bo.next()
+				d := bo.Next()
 				s.log.Warn("cannot connect to rabbitmq, retrying", zap.Error(err), zap.Duration("retry_in", d))
 				if !sleep(ctx, d) {
 					return nil
@@ -222,10 +225,10 @@ func (s *Sink) Run(ctx context.Context) error {
 		start := time.Now()
 		s.serve(ctx, sess)
 		if sess.acked || time.Since(start) >= s.cfg.ReconnectBackoffMax {
-			bo.reset()
+			bo.Reset()
 		}
 		sess = nil
-		if ctx.Err() != nil || !sleep(ctx, bo.next()) {
+		if ctx.Err() != nil || !sleep(ctx, bo.Next()) {
 			return nil
 		}
 	}
@@ -311,7 +314,7 @@ func (s *Sink) Close() error {
 	var err error
 	if prepared != nil {
 		if e := prepared.conn.CloseDeadline(time.Now().Add(closeTimeout)); e != nil && !errors.Is(e, amqp.ErrClosed) {
-			err = fmt.Errorf("close rabbitmq connection: %w", redactError(e, s.cfg.URL))
+			err = fmt.Errorf("close rabbitmq connection: %w", redact.Error(e, s.cfg.URL))
 		}
 	}
 	s.failCarry()
@@ -445,7 +448,7 @@ func (s *Sink) publishOn(ctx context.Context, sess *session, p *pending) (bool, 
 	}
 	// Any write error shuts the amqp091 connection down, and the channel may
 	// have been closed by the broker: wait for the next session.
-	s.log.Debug("publish failed, waiting for a new channel", zap.String("message_id", p.m.ID), zap.Error(redactError(err, s.cfg.URL)))
+	s.log.Debug("publish failed, waiting for a new channel", zap.String("message_id", p.m.ID), zap.Error(redact.Error(err, s.cfg.URL)))
 	s.markDead(sess)
 	return false, nil
 }
@@ -602,12 +605,12 @@ func (s *Sink) teardown(sess *session) {
 func (s *Sink) serve(ctx context.Context, sess *session) {
 	if err := s.activate(ctx, sess); err != nil {
 		if ctx.Err() == nil {
-			s.log.Warn("rabbitmq channel failed while republishing", zap.Error(redactError(err, s.cfg.URL)))
+			s.log.Warn("rabbitmq channel failed while republishing", zap.Error(redact.Error(err, s.cfg.URL)))
 		}
 		s.markDead(sess)
 		_ = sess.conn.CloseDeadline(time.Now().Add(closeTimeout))
 	} else {
-		s.log.Info("rabbitmq channel open", zap.String("url", redactURL(s.cfg.URL)), zap.String("exchange", s.cfg.Exchange))
+		s.log.Info("rabbitmq channel open", zap.String("url", redact.URL(s.cfg.URL)), zap.String("exchange", s.cfg.Exchange))
 	}
 
 	done := ctx.Done()
@@ -641,7 +644,7 @@ func (s *Sink) serve(ctx context.Context, sess *session) {
 				continue
 			}
 			if !sess.conn.IsClosed() { // else the connection loss is logged
-				s.log.Warn("rabbitmq channel closed by the broker, reconnecting", zap.Error(redactError(e, s.cfg.URL)))
+				s.log.Warn("rabbitmq channel closed by the broker, reconnecting", zap.Error(redact.Error(e, s.cfg.URL)))
 			}
 			s.markDead(sess)
 			// The connection may survive a channel error; drop it too so
@@ -652,7 +655,7 @@ func (s *Sink) serve(ctx context.Context, sess *session) {
 				sess.connClosed = nil
 				continue
 			}
-			s.log.Warn("rabbitmq connection lost, reconnecting", zap.Error(redactError(e, s.cfg.URL)))
+			s.log.Warn("rabbitmq connection lost, reconnecting", zap.Error(redact.Error(e, s.cfg.URL)))
 			s.markDead(sess)
 		case <-done:
 			done = nil

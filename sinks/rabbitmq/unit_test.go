@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outboxrelay/outboxrelay/internal/backoff"
+	"github.com/outboxrelay/outboxrelay/internal/redact"
 	"github.com/outboxrelay/outboxrelay/relay"
 )
 
@@ -132,8 +134,8 @@ func TestRedactURL(t *testing.T) {
 		// No scheme at all.
 		"u:secret@host:5672": "u:xxxxx@host:5672",
 	} {
-		if got := redactURL(in); got != want {
-			t.Errorf("redactURL(%q) = %q, want %q", in, got, want)
+		if got := redact.URL(in); got != want {
+			t.Errorf("redact.URL(%q) = %q, want %q", in, got, want)
 		}
 	}
 }
@@ -141,14 +143,14 @@ func TestRedactURL(t *testing.T) {
 func TestRedactError(t *testing.T) {
 	raw := "amqp://user:p%40ssw0rd@host:5672/"
 	base := errors.New("dial " + raw + " failed for p@ssw0rd and p%40ssw0rd")
-	err := redactError(base, raw)
+	err := redact.Error(base, raw)
 	if s := err.Error(); strings.Contains(s, "ssw0rd") {
 		t.Errorf("password left in %q", s)
 	}
 	if !errors.Is(err, base) {
 		t.Error("redacted error does not unwrap to the original")
 	}
-	if clean := errors.New("no secret here"); redactError(clean, raw) != clean {
+	if clean := errors.New("no secret here"); redact.Error(clean, raw) != clean {
 		t.Error("clean error was rewrapped")
 	}
 }
@@ -197,18 +199,18 @@ func TestPublishPermanentBeforeSending(t *testing.T) {
 }
 
 func TestBackoff(t *testing.T) {
-	b := backoff{min: 100 * time.Millisecond, max: time.Second}
+	b := backoff.Backoff{Min: 100 * time.Millisecond, Max: time.Second}
 	for i := range 10 {
-		d := b.next()
+		d := b.Next()
 		if d < 50*time.Millisecond || d > time.Second {
 			t.Fatalf("attempt %d: delay %s out of range", i, d)
 		}
 	}
-	if d := b.next(); d < 500*time.Millisecond {
+	if d := b.Next(); d < 500*time.Millisecond {
 		t.Errorf("delay after many attempts %s, want at least max/2", d)
 	}
-	b.reset()
-	if d := b.next(); d > 100*time.Millisecond {
+	b.Reset()
+	if d := b.Next(); d > 100*time.Millisecond {
 		t.Errorf("delay after reset %s, want at most min", d)
 	}
 }

@@ -4,11 +4,11 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"net/url"
-	"strings"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/outboxrelay/outboxrelay/internal/redact"
 )
 
 // Defaults applied by [New] to zero fields of a [Config].
@@ -100,7 +100,7 @@ func (c Config) Validate() error {
 	c = c.withDefaults()
 	var errs []error
 	if _, err := goredis.ParseURL(c.URL); err != nil {
-		errs = append(errs, fmt.Errorf("sink.redis.url %s is invalid (%v); use redis://host:6379/0", redactURL(c.URL), redactError(err, c.URL)))
+		errs = append(errs, fmt.Errorf("sink.redis.url %s is invalid (%v); use redis://host:6379/0", redact.URL(c.URL), redact.Error(err, c.URL)))
 	}
 	if _, err := parseTemplate(c.Stream); err != nil {
 		errs = append(errs, fmt.Errorf("sink.redis.stream: %w", err))
@@ -122,39 +122,3 @@ func (c Config) Validate() error {
 	}
 	return errors.Join(errs...)
 }
-
-// redactURL returns raw with its password replaced by "xxxxx".
-func redactURL(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		if at := strings.LastIndexByte(raw, '@'); at >= 0 {
-			return "xxxxx@" + raw[at+1:]
-		}
-		return raw
-	}
-	return u.Redacted()
-}
-
-// redactError returns err with the password of rawURL hidden in its text.
-func redactError(err error, rawURL string) error {
-	if err == nil {
-		return nil
-	}
-	u, perr := url.Parse(rawURL)
-	if perr != nil || u.User == nil {
-		return err
-	}
-	pw, ok := u.User.Password()
-	if !ok || pw == "" || !strings.Contains(err.Error(), pw) {
-		return err
-	}
-	return &redactedError{msg: strings.ReplaceAll(err.Error(), pw, "xxxxx"), err: err}
-}
-
-type redactedError struct {
-	msg string
-	err error
-}
-
-func (e *redactedError) Error() string { return e.msg }
-func (e *redactedError) Unwrap() error { return e.err }

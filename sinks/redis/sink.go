@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -14,6 +13,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/outboxrelay/outboxrelay/envelope"
+	"github.com/outboxrelay/outboxrelay/internal/backoff"
+	"github.com/outboxrelay/outboxrelay/internal/redact"
 	"github.com/outboxrelay/outboxrelay/relay"
 	"github.com/outboxrelay/outboxrelay/sinks"
 )
@@ -41,8 +42,8 @@ const (
 )
 
 // ErrClosed is reported for messages whose outcome was still open when the
-// sink stopped. It is retryable.
-var ErrClosed = errors.New("redis sink closed before the message was appended")
+// sink stopped; it matches sinks.ErrClosed too. It is retryable.
+var ErrClosed = sinks.Closed("redis sink closed before the message was appended")
 
 const (
 	retryMin = 100 * time.Millisecond
@@ -93,7 +94,7 @@ func New(cfg Config, log *zap.Logger) (*Sink, error) {
 	}
 	opts, err := goredis.ParseURL(cfg.URL)
 	if err != nil {
-		return nil, fmt.Errorf("sink.redis.url: %w", redactError(err, cfg.URL))
+		return nil, fmt.Errorf("sink.redis.url: %w", redact.Error(err, cfg.URL))
 	}
 	opts.ClientName = "outboxrelay"
 	opts.DialTimeout = cfg.DialTimeout
@@ -129,7 +130,7 @@ func (s *Sink) Connect(ctx context.Context) error {
 	if err := s.client.Ping(ctx).Err(); err != nil {
 		s.ready.Store(false)
 		return fmt.Errorf("cannot reach redis at %s (%w); check sink.redis.url and that the server is running and reachable",
-			redactURL(s.cfg.URL), redactError(err, s.cfg.URL))
+			redact.URL(s.cfg.URL), redact.Error(err, s.cfg.URL))
 	}
 	s.ready.Store(!s.isClosed())
 	return nil
@@ -253,7 +254,7 @@ func (s *Sink) ping(ctx context.Context) {
 	defer cancel()
 	err := s.client.Ping(pctx).Err()
 	if err != nil && ctx.Err() == nil {
-		s.log.Warn("redis ping failed", zap.Error(redactError(err, s.cfg.URL)))
+		s.log.Warn("redis ping failed", zap.Error(redact.Error(err, s.cfg.URL)))
 	}
 	s.ready.Store(err == nil && !s.isClosed())
 }
@@ -262,7 +263,7 @@ func (s *Sink) ping(ctx context.Context) {
 // every message's outcome. Between attempts it backs off; Close ends the
 // retries (not an attempt in flight), ctx ends both.
 func (s *Sink) send(ctx context.Context, batch []*item) {
-	bo := retryMin
+	bo := backoff.Backoff{Min: retryMin, Max: retryMax}
 	for attempt := 1; ; attempt++ {
 		cmds, err := s.client.TxPipelined(ctx, func(p goredis.Pipeliner) error {
 			for _, it := range batch {
@@ -277,19 +278,19 @@ func (s *Sink) send(ctx context.Context, batch []*item) {
 			}
 			return
 		}
-		err = redactError(err, s.cfg.URL)
+		err = redact.Error(err, s.cfg.URL)
 		if ctx.Err() != nil {
 			s.fail(batch, ctx.Err())
 			return
 		}
 		s.ready.Store(false)
+		wait := bo.Next()
 		s.log.Warn("redis batch failed; sending it again", zap.Int("messages", len(batch)),
-			zap.Int("attempt", attempt), zap.Duration("retry_in", bo), zap.Error(err))
-		if !s.sleep(ctx, jitter(bo)) {
+			zap.Int("attempt", attempt), zap.Duration("retry_in", wait), zap.Error(err))
+		if !s.sleep(ctx, wait) {
 			s.fail(batch, fmt.Errorf("append to redis: %w (last error: %w)", ErrClosed, err))
 			return
 		}
-		bo = min(2*bo, retryMax)
 	}
 }
 
@@ -396,9 +397,4 @@ func (s *Sink) sleep(ctx context.Context, d time.Duration) bool {
 	case <-s.quit:
 		return false
 	}
-}
-
-// jitter returns a duration between d/2 and d.
-func jitter(d time.Duration) time.Duration {
-	return d/2 + rand.N(d/2+1)
 }
