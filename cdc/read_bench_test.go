@@ -3,6 +3,7 @@ package cdc
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"net"
 	"testing"
 	"time"
@@ -107,5 +108,99 @@ func BenchmarkReadLoop(b *testing.B) {
 	b.StopTimer()
 	if h.n < b.N {
 		b.Fatalf("read %d of %d rows in %s", h.n, b.N, time.Since(start))
+	}
+}
+
+// silentServer accepts one replication connection, sends n keepalives
+// every gap and then nothing more, keeping the connection open.
+func silentServer(t *testing.T, n int, gap time.Duration) (*pgconn.PgConn, <-chan time.Time) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	last := make(chan time.Time, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		t.Cleanup(func() { c.Close() })
+		ka := []byte{'k', 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+		frame, _ := (&pgproto3.CopyData{Data: ka}).Encode(nil)
+		var at time.Time
+		for range n {
+			time.Sleep(gap)
+			if _, err := c.Write(frame); err != nil {
+				return
+			}
+			at = time.Now()
+		}
+		last <- at
+	}()
+	client, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { client.Close() })
+	cfg, err := pgconn.ParseConfig("postgres://relay@127.0.0.1/db")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
+		return &pgconn.DeadlineContextWatcherHandler{Conn: c.Conn()}
+	}
+	conn, err := pgconn.Construct(&pgconn.HijackedConn{Conn: client, Config: cfg, ParameterStatuses: map[string]string{}, TxStatus: 'I'})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return conn, last
+}
+
+// The read deadline moves only now and then; a walsender that goes silent
+// must still end the session, and not before ReceiveTimeout has passed
+// since its last message.
+func TestReadEndsAfterReceiveTimeoutOfSilence(t *testing.T) {
+	const timeout = 400 * time.Millisecond
+	conn, last := silentServer(t, 12, 60*time.Millisecond) // 720 ms of traffic: past the first deadline
+	s := &Stream{cfg: Config{ReceiveTimeout: timeout}}
+	s.cfg.setDefaults()
+	h := &fixedHandler{}
+	st := &statusWriter{conn: conn, h: h, reply: make(chan struct{}, 1), replyEvery: 1}
+	err := s.read(t.Context(), conn, h, st)
+	ended := time.Now()
+	var re retryableErr
+	if !errors.As(err, &re) {
+		t.Fatalf("read ended with %v, want the receive timeout (retryable)", err)
+	}
+	silent := ended.Sub(<-last)
+	if silent < timeout {
+		t.Fatalf("session ended %s after the last message, before the receive timeout of %s", silent, timeout)
+	}
+	if limit := timeout + timeout/8 + 2*time.Second; silent > limit {
+		t.Fatalf("session ended %s after the last message, want about %s", silent, timeout+timeout/8)
+	}
+}
+
+// Cancelling ctx ends a receive blocked on a silent walsender at once,
+// without waiting for the receive timeout.
+func TestReadEndsOnCancel(t *testing.T) {
+	conn, _ := silentServer(t, 1, 0)
+	s := &Stream{cfg: Config{ReceiveTimeout: time.Minute}}
+	s.cfg.setDefaults()
+	h := &fixedHandler{}
+	st := &statusWriter{conn: conn, h: h, reply: make(chan struct{}, 1), replyEvery: 1}
+	ctx, cancel := context.WithCancel(t.Context())
+	time.AfterFunc(200*time.Millisecond, cancel)
+	done := make(chan error, 1)
+	go func() { done <- s.read(ctx, conn, h, st) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("read after cancel: %v, want nil", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("read still blocked 20 s after its context was cancelled")
 	}
 }
