@@ -612,12 +612,11 @@ func (r *Relay) Unanswered() (time.Duration, int) {
 
 // onDone receives every publish outcome, from any goroutine.
 func (r *Relay) onDone(m *Message, err error) {
-	now := time.Now() // one clock read per outcome
-	r.answeredAt.Store(now.UnixNano())
+	r.answeredAt.Store(time.Now().UnixNano())
 	r.atSink.Add(-1)
 	if err == nil {
 		if h := r.cfg.Hooks.Published; h != nil {
-			h(m, now)
+			h(m, time.Now())
 		}
 		r.settle(m, true)
 		return
@@ -627,6 +626,7 @@ func (r *Relay) onDone(m *Message, err error) {
 		// again after restart, and so do the ones held behind it.
 		return
 	}
+	now := time.Now()
 	if m.Attempts == 0 {
 		m.FirstFailure = now
 	}
