@@ -327,6 +327,8 @@ func run(ctx context.Context, o options) error {
 func workloads(o options) []workload {
 	return []workload{
 		{Name: "1kb-x100", Rows: o.rows, Payload: 1024, RowsPerTxn: 100, Headline: true},
+		// One broker round trip per row: a tenth of the rows keeps it under a minute.
+		{Name: "1kb-x100-hot", Rows: max(o.rows/10, 1), Payload: 1024, RowsPerTxn: 100, HotAggregate: true},
 		{Name: "1kb-x1", Rows: o.rows, Payload: 1024, RowsPerTxn: 1},
 		{Name: "200b-x100", Rows: o.rows, Payload: 200, RowsPerTxn: 100},
 		{Name: "10kb-toast-x10", Rows: max(o.rows/10, 1), Payload: 10 * 1024, RowsPerTxn: 10, Toast: true},
@@ -874,13 +876,38 @@ func targets(res *results) []string {
 			}
 		}
 	}
+	if many, hot := summaryOf(res, "1kb-x100", cRelayKafka), summaryOf(res, "1kb-x100-hot", cRelayKafka); many != nil && hot != nil && many.RowsPerSec > 0 && many.CPUPer100k > 0 {
+		out = append(out, fmt.Sprintf("info   ordering gate: relay->kafka with one hot aggregate / with 1,000 aggregates (1 KB, 100 rows/txn, medians): rows/s x%.2f, relay CPU per row x%.2f",
+			hot.RowsPerSec/many.RowsPerSec, hot.CPUPer100k/many.CPUPer100k))
+	}
 	if l := res.Latency; l != nil && l.Received > 0 {
 		check(l.P99 < 20, "commit-to-consumer p99 at %d rows/s: %.2f ms (target < 20 ms)", l.Rate, l.P99)
+		perRow := l.RelayCPUSeconds * 1e6 / float64(l.Received)
+		bulk := ""
+		if m := summaryOf(res, "1kb-x100", cRelayKafka); m != nil && m.CPUPer100k > 0 {
+			bulk = fmt.Sprintf("; in the 1kb-x100 bulk drain %.1f µs per row (x%.1f)", m.CPUPer100k*10, perRow/(m.CPUPer100k*10))
+		}
+		check(perRow <= 50, "relay CPU at %d rows/s: %.0f µs per row (target <= 50)%s", l.Rate, perRow, bulk)
 	}
 	if peak > 0 {
 		check(peak < 150, "relay peak RSS: %.0f MB, in %s (target < 150 MB)", peak, peakAt)
 	}
 	return out
+}
+
+// summaryOf returns the median measurement of consumer in workload name.
+func summaryOf(res *results, name, consumer string) *measurement {
+	for _, w := range res.Workloads {
+		if w.Name != name {
+			continue
+		}
+		for i := range w.Summary {
+			if w.Summary[i].Consumer == consumer {
+				return &w.Summary[i]
+			}
+		}
+	}
+	return nil
 }
 
 // quietPair is the most the rest of the machine may use, as a share of its
