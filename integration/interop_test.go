@@ -180,7 +180,7 @@ func TestKafkajsReadsDefaultCompression(t *testing.T) {
 	checkCommitOrder(t, ids, got)
 }
 
-// TestKafkajsSnappyNeedsPlugin documents why gzip is the default: the
+// TestKafkajsSnappyNeedsPlugin documents why snappy is not the default: the
 // configuration accepts sink.kafka.compression: snappy, the broker takes the
 // records, and kafkajs without a codec plugin cannot read them. If kafkajs
 // ever reads snappy by itself, this test fails and the README's consumer
