@@ -1,7 +1,11 @@
 package integration
 
 import (
+	"context"
+	"encoding/json"
 	"math/rand/v2"
+	"os/exec"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -68,6 +72,52 @@ func TestExactlyOnceKillNine(t *testing.T) {
 	if len(ids) != 20000 {
 		t.Fatalf("inserted %d rows, want 20000", len(ids))
 	}
+	kcatReadCommitted(t, e.brokers, "outbox.order", ids)
+}
+
+// kcatReadCommitted reads topic with kcat (librdkafka) in read_committed
+// mode, to its end, and requires every id exactly once: an independent
+// client's view of the transactions.
+func kcatReadCommitted(t *testing.T, brokers, topic string, ids []string) {
+	t.Helper()
+	kcat, err := exec.LookPath("kcat")
+	if err != nil {
+		missingClient(t, "kcat", "apt-get install kcat (.ci/run does)")
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 120*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, kcat, "-C", "-J", "-q", "-e", "-b", brokers, "-t", topic,
+		"-o", "beginning", "-X", "isolation.level=read_committed").Output()
+	if err != nil {
+		t.Fatalf("kcat read_committed: %v", err)
+	}
+	seen := map[string]int{}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		var m struct {
+			Headers []string `json:"headers"`
+		}
+		if err := json.Unmarshal([]byte(line), &m); err != nil {
+			t.Fatalf("kcat printed %q: %v", line, err)
+		}
+		for i := 0; i+1 < len(m.Headers); i += 2 {
+			if m.Headers[i] == "message_id" {
+				seen[m.Headers[i+1]]++
+			}
+		}
+	}
+	lost, dup := 0, 0
+	for _, id := range ids {
+		switch n := seen[id]; {
+		case n == 0:
+			lost++
+		case n > 1:
+			dup++
+		}
+	}
+	if lost > 0 || dup > 0 || len(seen) != len(ids) {
+		t.Fatalf("kcat read_committed: %d ids read, %d lost, %d repeated, of %d committed", len(seen), lost, dup, len(ids))
+	}
+	t.Logf("kcat read_committed: %d of %d ids, each once", len(seen), len(ids))
 }
 
 // TestExactlyOnceKafkaOutage stops the broker mid-stream and starts it again
