@@ -11,13 +11,14 @@ var reservedNames = []string{
 // reservedPrefixes start the names of CloudEvents attributes in binary
 // content mode under each protocol binding (Kafka and Redis ce_, NATS and
 // HTTP ce-, AMQP cloudEvents: and its JMS-safe form cloudEvents_).
-var reservedPrefixes = []string{"ce_", "ce-", "cloudevents:", "cloudevents_"}
+var reservedPrefixes = []string{"ce_", "ce-", "cloudevents:", "cloudevents_", "x-outboxrelay-"}
 
 // Reserved reports whether a row header named name would repeat or
 // override a header the relay owns: id (the debezium format's event id),
 // message_id, event_type, aggregate_id, aggregate_type, traceparent,
 // tracestate, content-type (or content_type), or a name starting with ce_,
-// ce-, cloudEvents: or cloudEvents_. Names
+// ce-, cloudEvents:, cloudEvents_ or x-outboxrelay- (headers a sink sets
+// for itself, such as RabbitMQ's x-outboxrelay-publish-tag). Names
 // compare case-insensitively, as HTTP-style headers do, so Content-Type is
 // reserved too. A reserved name is reserved on every broker and in every
 // format, whether or not that broker carries the header, so that one rule

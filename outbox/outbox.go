@@ -607,7 +607,7 @@ func quoteTable(t string) (string, error) {
 // rules agree.
 var (
 	reservedNames    = []string{"id", "message_id", "event_type", "aggregate_id", "aggregate_type", "traceparent", "content-type", "content_type"}
-	reservedPrefixes = []string{"ce_", "ce-", "cloudevents:", "cloudevents_"}
+	reservedPrefixes = []string{"ce_", "ce-", "cloudevents:", "cloudevents_", "x-outboxrelay-"}
 )
 
 // ReservedHeader reports whether a header named name is one the relay sets
