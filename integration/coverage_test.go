@@ -575,3 +575,24 @@ func TestMigratePartitioned(t *testing.T) {
 	}
 	t.Logf("migrate --partitioned: %d partitions made; %d rows delivered; maintain: %s", parts, len(recs), strings.TrimSpace(out))
 }
+
+// TestCoverageTriggerIgnoresUnrelatedDDL: with coverage already broken
+// behind the trigger's back, DDL on other tables still works; DDL on the
+// outbox table is refused until coverage is fixed.
+func TestCoverageTriggerIgnoresUnrelatedDDL(t *testing.T) {
+	e := newEnv(t)
+	e.disableCoverageTrigger()
+	e.exec(`ALTER PUBLICATION outboxrelay DROP TABLE outbox`)
+	e.exec(`ALTER EVENT TRIGGER outboxrelay_coverage ENABLE`)
+	if _, err := e.db.Exec(t.Context(), `CREATE TABLE unrelated (id int)`); err != nil {
+		t.Fatalf("CREATE TABLE of an unrelated table: %v", err)
+	}
+	if _, err := e.db.Exec(t.Context(), `ALTER TABLE unrelated ADD COLUMN note text`); err != nil {
+		t.Fatalf("ALTER TABLE of an unrelated table: %v", err)
+	}
+	if _, err := e.db.Exec(t.Context(), `ALTER TABLE outbox ADD COLUMN note text`); err == nil || !strings.Contains(err.Error(), "out of publication") {
+		t.Fatalf("ALTER TABLE outbox with the table out of the publication: %v, want it refused", err)
+	}
+	e.exec(`ALTER PUBLICATION outboxrelay ADD TABLE outbox`)
+	e.exec(`ALTER TABLE outbox ADD COLUMN note text`)
+}

@@ -34,9 +34,11 @@ INSERT INTO outboxrelay.coverage VALUES ({{$.PublicationLiteral}}, {{.Schema}}, 
 --   * a new table created under a guarded name is added to the publication
 --     in the same transaction, so no insert can precede its coverage, and
 --     the slot's record of the table's OID is updated;
---   * any other command that leaves a guarded table out of the publication,
---     or the publication without inserts or publish_via_partition_root, or
---     drops the publication, fails with an error naming the fix.
+--   * any other command on a guarded table or on the publication that
+--     leaves a guarded table out of the publication, or the publication
+--     without inserts or publish_via_partition_root, or drops the
+--     publication, fails with an error naming the fix. DDL on other tables
+--     is never refused.
 -- Event triggers need a superuser; without one the relay's periodic check
 -- (postgres.coverage_interval) is the only guard, and it detects a gap
 -- after the fact instead of preventing it.
@@ -58,6 +60,12 @@ BEGIN
             RETURN; -- outboxrelay migrate verifies and repairs coverage itself
         END IF;
         FOR g IN SELECT publication, schema_name, table_name FROM outboxrelay.coverage ORDER BY 1, 2, 3 LOOP
+            rel := to_regclass(format('%I.%I', g.schema_name, g.table_name));
+            -- A table command is checked only when it touched a guarded table,
+            -- so that unrelated DDL never fails for the outbox's sake.
+            IF tg_tag NOT IN ('ALTER PUBLICATION', 'DROP PUBLICATION') THEN
+                CONTINUE WHEN rel IS NULL OR rel NOT IN (SELECT c.objid FROM pg_event_trigger_ddl_commands() c);
+            END IF;
             SELECT p.oid, p.pubinsert, p.pubviaroot, p.puballtables INTO pub FROM pg_publication p WHERE p.pubname = g.publication;
             IF NOT FOUND THEN
                 RAISE EXCEPTION 'outboxrelay: % would drop publication %, which relays outbox table %.%', tg_tag, g.publication, g.schema_name, g.table_name
@@ -67,7 +75,6 @@ BEGIN
                 RAISE EXCEPTION 'outboxrelay: % would leave publication % without publish = insert or publish_via_partition_root, so inserts into %.% would not be relayed', tg_tag, g.publication, g.schema_name, g.table_name
                     USING HINT = format('ALTER PUBLICATION %I SET (publish = ''insert'', publish_via_partition_root = true)', g.publication);
             END IF;
-            rel := to_regclass(format('%I.%I', g.schema_name, g.table_name));
             CONTINUE WHEN rel IS NULL OR pub.puballtables; -- no table of that name: nothing can be inserted into it
             SELECT pr.oid INTO member FROM pg_publication_rel pr WHERE pr.prpubid = pub.oid AND pr.prrelid = rel;
             CONTINUE WHEN FOUND;
