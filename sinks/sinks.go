@@ -142,3 +142,13 @@ func Destinations(tmpl string) (func(*relay.Message) (string, error), error) {
 	}
 	return func(m *relay.Message) (string, error) { return t.Render(m, nil), nil }, nil
 }
+
+// StaticDestination returns tmpl as the one destination of every message
+// when it has no placeholder, so that per-destination metrics exist from
+// the start, and nothing otherwise.
+func StaticDestination(tmpl string) []string {
+	if tmpl == "" || strings.Contains(tmpl, "{") {
+		return nil
+	}
+	return []string{tmpl}
+}

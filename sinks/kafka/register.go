@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"strings"
 	"syscall"
 
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -136,12 +135,5 @@ func (c *Config) ClientOpts() ([]kgo.Opt, error) {
 	return opts, nil
 }
 
-// StaticDestinations is the destination of every message when the template
-// has no placeholder (so that per-destination metrics exist from the
-// start), else nothing.
-func (c *Config) StaticDestinations() []string {
-	if c.Topic == "" || strings.Contains(c.Topic, "{") {
-		return nil
-	}
-	return []string{c.Topic}
-}
+// StaticDestinations: see sinks.StaticDestination.
+func (c *Config) StaticDestinations() []string { return sinks.StaticDestination(c.Topic) }

@@ -3,7 +3,6 @@ package nats
 import (
 	"context"
 	"fmt"
-	"strings"
 
 	"go.uber.org/zap"
 
@@ -54,12 +53,5 @@ func (c *Config) Open(ctx context.Context, log *zap.Logger) (relay.Sink, error) 
 // Warnings is empty: no NATS setting works while exposing something.
 func (c *Config) Warnings() []string { return nil }
 
-// StaticDestinations is the destination of every message when the template
-// has no placeholder (so that per-destination metrics exist from the
-// start), else nothing.
-func (c *Config) StaticDestinations() []string {
-	if c.Subject == "" || strings.Contains(c.Subject, "{") {
-		return nil
-	}
-	return []string{c.Subject}
-}
+// StaticDestinations: see sinks.StaticDestination.
+func (c *Config) StaticDestinations() []string { return sinks.StaticDestination(c.Subject) }

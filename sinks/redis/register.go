@@ -3,7 +3,6 @@ package redis
 import (
 	"context"
 	"fmt"
-	"strings"
 
 	"go.uber.org/zap"
 
@@ -47,12 +46,5 @@ func (c *Config) Open(ctx context.Context, log *zap.Logger) (relay.Sink, error) 
 // Warnings is empty: no Redis setting works while exposing something.
 func (c *Config) Warnings() []string { return nil }
 
-// StaticDestinations is the destination of every message when the template
-// has no placeholder (so that per-destination metrics exist from the
-// start), else nothing.
-func (c *Config) StaticDestinations() []string {
-	if c.Stream == "" || strings.Contains(c.Stream, "{") {
-		return nil
-	}
-	return []string{c.Stream}
-}
+// StaticDestinations: see sinks.StaticDestination.
+func (c *Config) StaticDestinations() []string { return sinks.StaticDestination(c.Stream) }
