@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -124,17 +123,7 @@ func kcatReadCommitted(t *testing.T, brokers, topic string, ids []string) {
 // on the same port and data directory.
 func TestExactlyOnceKafkaOutage(t *testing.T) {
 	e := newEnv(t)
-	e.kafka.Close()
-	port := freePort(t)
-	dir := t.TempDir()
-	newCluster := func() *kfake.Cluster {
-		cl, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.Ports(port), kfake.DataDir(dir), kfake.SyncWrites(),
-			kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(4))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return cl
-	}
+	newCluster := e.restartableKafka()
 	cluster := newCluster()
 	e.brokers = cluster.ListenAddrs()[0]
 	p := e.start(exactlyOnce)

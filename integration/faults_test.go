@@ -77,21 +77,29 @@ func TestKillNineRepeatedly(t *testing.T) {
 	}
 }
 
+// restartableKafka closes the test's broker and returns a function that
+// starts one on a fixed port and data directory: each call is the same
+// broker again, with what it stored, as after a restart.
+func (e *env) restartableKafka() func() *kfake.Cluster {
+	e.t.Helper()
+	e.kafka.Close()
+	port := freePort(e.t)
+	dir := e.t.TempDir()
+	return func() *kfake.Cluster {
+		cl, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.Ports(port), kfake.DataDir(dir), kfake.SyncWrites(),
+			kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(4))
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		return cl
+	}
+}
+
 // TestKafkaOutage stops the broker in the middle of a stream and starts it
 // again on the same port with the same data directory.
 func TestKafkaOutage(t *testing.T) {
 	e := newEnv(t)
-	e.kafka.Close()
-	port := freePort(t)
-	dir := t.TempDir()
-	newCluster := func() *kfake.Cluster {
-		cl, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.Ports(port), kfake.DataDir(dir), kfake.SyncWrites(),
-			kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(4))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return cl
-	}
+	newCluster := e.restartableKafka()
 	cluster := newCluster()
 	e.brokers = cluster.ListenAddrs()[0]
 	p := e.start()

@@ -4,8 +4,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/twmb/franz-go/pkg/kfake"
 )
 
 // lagReadings are lag_seconds as /metrics, `status --json` and the view
@@ -45,17 +43,7 @@ func (e *env) lagSeconds(base string) lagReadings {
 // once the broker is back and the backlog is delivered.
 func TestLagSecondsBrokerOutage(t *testing.T) {
 	e := newEnv(t)
-	e.kafka.Close()
-	port := freePort(t)
-	dir := t.TempDir()
-	newCluster := func() *kfake.Cluster {
-		cl, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.Ports(port), kfake.DataDir(dir), kfake.SyncWrites(),
-			kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(4))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return cl
-	}
+	newCluster := e.restartableKafka()
 	cluster := newCluster()
 	e.brokers = cluster.ListenAddrs()[0]
 	p := e.start("OUTBOXRELAY_POSTGRES_HEARTBEAT_INTERVAL=1s")

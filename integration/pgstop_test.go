@@ -9,8 +9,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/twmb/franz-go/pkg/kfake"
 )
 
 // TestPostgresStopsDuringBrokerOutage: while the broker is down and the
@@ -23,17 +21,7 @@ import (
 func TestPostgresStopsDuringBrokerOutage(t *testing.T) {
 	srv, _ := startServer(t, map[string]string{"max_wal_senders": "10", "max_replication_slots": "10"})
 	e := newEnvOn(t, srv)
-	e.kafka.Close()
-	port := freePort(t)
-	dir := t.TempDir()
-	newCluster := func() *kfake.Cluster {
-		cl, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.Ports(port), kfake.DataDir(dir), kfake.SyncWrites(),
-			kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(4))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return cl
-	}
+	newCluster := e.restartableKafka()
 	cluster := newCluster()
 	e.brokers = cluster.ListenAddrs()[0]
 	p := e.start()
