@@ -22,7 +22,7 @@ SERIAL_PKGS := ./sinks/rabbitmq ./integration
 # The unit packages, whose tests need no broker beyond kfake and the
 # PostgreSQL the harness starts, run a second time under the race detector
 # (allocation tests skip themselves there: envelope/race_test.go).
-RACE_PKGS := ./admin ./cdc ./cmd/outboxrelay ./config ./envelope ./internal/... ./metrics ./relay ./sinks/kafka ./sinks/route ./status
+RACE_PKGS := ./cdc ./cmd/outboxrelay ./envelope ./internal/... ./relay ./sinks/kafka ./sinks/route
 test: tidy-check lint
 	$(GO) vet ./...
 	$(GO) test -count=1 -timeout 15m -p 2 $$($(GO) list ./... | grep -v -e '/integration$$' -e '/sinks/rabbitmq$$')
@@ -63,7 +63,7 @@ torture:
 
 # The outbox library is a module of its own (outbox/go.mod), which the
 # root ./... does not reach: its tests and examples, and again under the
-# race detector. envelope/outbox_test.go and schema/outbox_test.go check,
+# race detector. envelope/outbox_test.go and internal/schema/outbox_test.go check,
 # from the relay's module, that the relay reads what it writes.
 test-outbox:
 	cd outbox && $(GO) vet ./... && $(GO) test -count=1 ./... && $(GO) test -race -count=1 ./...

@@ -12,7 +12,7 @@ import (
 
 	"github.com/jackc/pglogrepl"
 
-	"github.com/outboxrelay/outboxrelay/dlq"
+	"github.com/outboxrelay/outboxrelay/internal/dlq"
 	"github.com/outboxrelay/outboxrelay/relay"
 )
 

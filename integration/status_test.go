@@ -19,7 +19,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/outboxrelay/outboxrelay/status"
+	"github.com/outboxrelay/outboxrelay/internal/status"
 )
 
 // statusJSON runs `outboxrelay status --json` and decodes the object it

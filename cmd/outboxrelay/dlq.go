@@ -19,8 +19,8 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/outboxrelay/outboxrelay/config"
-	"github.com/outboxrelay/outboxrelay/dlq"
+	"github.com/outboxrelay/outboxrelay/internal/config"
+	"github.com/outboxrelay/outboxrelay/internal/dlq"
 	"github.com/outboxrelay/outboxrelay/relay"
 )
 

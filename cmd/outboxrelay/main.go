@@ -12,7 +12,7 @@ import (
 	"os"
 	"strings"
 
-	"github.com/outboxrelay/outboxrelay/config"
+	"github.com/outboxrelay/outboxrelay/internal/config"
 	"github.com/outboxrelay/outboxrelay/internal/redact"
 )
 

@@ -18,14 +18,14 @@ import (
 	"go.uber.org/zap/zapcore"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/outboxrelay/outboxrelay/admin"
 	"github.com/outboxrelay/outboxrelay/cdc"
-	"github.com/outboxrelay/outboxrelay/config"
-	"github.com/outboxrelay/outboxrelay/metrics"
+	"github.com/outboxrelay/outboxrelay/internal/admin"
+	"github.com/outboxrelay/outboxrelay/internal/config"
+	"github.com/outboxrelay/outboxrelay/internal/metrics"
+	"github.com/outboxrelay/outboxrelay/internal/status"
 	"github.com/outboxrelay/outboxrelay/relay"
 	"github.com/outboxrelay/outboxrelay/sinks"
 	"github.com/outboxrelay/outboxrelay/sinks/kafka"
-	"github.com/outboxrelay/outboxrelay/status"
 )
 
 func cmdRun(args []string, stdout, stderr io.Writer) error {

@@ -7,9 +7,9 @@ import (
 	"io"
 	"path/filepath"
 
-	"github.com/outboxrelay/outboxrelay/config"
 	"github.com/outboxrelay/outboxrelay/envelope"
-	"github.com/outboxrelay/outboxrelay/schema"
+	"github.com/outboxrelay/outboxrelay/internal/config"
+	"github.com/outboxrelay/outboxrelay/internal/schema"
 )
 
 // cmdSchema runs `outboxrelay schema check DIR`: it prints every

@@ -12,7 +12,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/outboxrelay/outboxrelay/status"
+	"github.com/outboxrelay/outboxrelay/internal/status"
 )
 
 // cmdStatus prints the checkpoint status of a slot and exits 1 when the

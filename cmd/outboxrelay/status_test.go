@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outboxrelay/outboxrelay/status"
+	"github.com/outboxrelay/outboxrelay/internal/status"
 )
 
 func TestStatusExitCodes(t *testing.T) {

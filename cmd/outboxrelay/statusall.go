@@ -14,7 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/outboxrelay/outboxrelay/status"
+	"github.com/outboxrelay/outboxrelay/internal/status"
 )
 
 // statusView is what `status --all` and `status --watch` print.

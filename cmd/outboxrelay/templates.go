@@ -1,7 +1,7 @@
 package main
 
 import (
-	"github.com/outboxrelay/outboxrelay/config"
+	"github.com/outboxrelay/outboxrelay/internal/config"
 )
 
 // checkTemplates checks the configured sink's settings, destination

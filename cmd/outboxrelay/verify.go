@@ -15,7 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 
-	"github.com/outboxrelay/outboxrelay/config"
+	"github.com/outboxrelay/outboxrelay/internal/config"
 	"github.com/outboxrelay/outboxrelay/relay"
 	rows "github.com/outboxrelay/outboxrelay/replay"
 	"github.com/outboxrelay/outboxrelay/sinks"

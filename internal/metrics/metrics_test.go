@@ -14,8 +14,8 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/outboxrelay/outboxrelay/envelope"
+	"github.com/outboxrelay/outboxrelay/internal/status"
 	"github.com/outboxrelay/outboxrelay/relay"
-	"github.com/outboxrelay/outboxrelay/status"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

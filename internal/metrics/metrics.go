@@ -19,8 +19,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/outboxrelay/outboxrelay/envelope"
+	"github.com/outboxrelay/outboxrelay/internal/status"
 	"github.com/outboxrelay/outboxrelay/relay"
-	"github.com/outboxrelay/outboxrelay/status"
 )
 
 // Namespace prefixes every metric name.

@@ -36,7 +36,7 @@ func TestEveryKeyIsDocumented(t *testing.T) {
 // TestReadmeReference keeps the README's table equal to the struct: run
 // `go test ./config -update-readme` after changing a key.
 func TestReadmeReference(t *testing.T) {
-	const path = "../README.md"
+	const path = "../../README.md"
 	const start, end = "<!-- config-keys:start -->\n", "<!-- config-keys:end -->"
 	data, err := os.ReadFile(path)
 	if err != nil {

@@ -19,7 +19,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/outboxrelay/outboxrelay/internal/redact"
-	"github.com/outboxrelay/outboxrelay/status"
+	"github.com/outboxrelay/outboxrelay/internal/status"
 )
 
 // Config configures a Server. Every func is called per request, from the

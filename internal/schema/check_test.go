@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/outboxrelay/outboxrelay/schema"
+	"github.com/outboxrelay/outboxrelay/internal/schema"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files of TestCheckGolden")
