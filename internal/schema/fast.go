@@ -488,14 +488,25 @@ func (n *fastNode) inEnum(raw []byte) bool {
 func (s *scanner) str() (raw []byte, escaped, ascii, ok bool) {
 	s.i++
 	start := s.i
-	var high byte
+	var high uint64 // or of every byte: a high bit set means non-ASCII
 	for {
+		// 16, then 8 plain bytes at a time: long strings are most of a
+		// payload's bytes.
+		for len(s.b)-s.i >= 16 {
+			w1 := binary.LittleEndian.Uint64(s.b[s.i:])
+			w2 := binary.LittleEndian.Uint64(s.b[s.i+8:])
+			if special(w1) || special(w2) {
+				break
+			}
+			high |= w1 | w2
+			s.i += 16
+		}
 		for len(s.b)-s.i >= 8 {
 			w := binary.LittleEndian.Uint64(s.b[s.i:])
 			if special(w) {
 				break
 			}
-			high |= byte((w | w>>8 | w>>16 | w>>24 | w>>32 | w>>40 | w>>48 | w>>56) & 0x80)
+			high |= w
 			s.i += 8
 		}
 		if s.i >= len(s.b) {
@@ -506,10 +517,11 @@ func (s *scanner) str() (raw []byte, escaped, ascii, ok bool) {
 		case c == '"':
 			raw = s.b[start:s.i]
 			s.i++
-			if high >= utf8.RuneSelf && !utf8.Valid(raw) {
+			ascii = high&highs == 0
+			if !ascii && !utf8.Valid(raw) {
 				return nil, false, false, false
 			}
-			return raw, escaped, high < utf8.RuneSelf, true
+			return raw, escaped, ascii, true
 		case c == '\\':
 			escaped = true
 			if !s.escape() {
@@ -519,7 +531,7 @@ func (s *scanner) str() (raw []byte, escaped, ascii, ok bool) {
 		case c < 0x20:
 			return nil, false, false, false
 		}
-		high |= c
+		high |= uint64(c)
 		s.i++
 	}
 }
