@@ -5,8 +5,11 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"math"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
+	"strings"
 	"unicode/utf8"
 	"unsafe"
 )
@@ -91,49 +94,180 @@ func isDraft2020(v any) bool {
 	return s == "https://json-schema.org/draft/2020-12/schema" || s == "https://json-schema.org/draft/2020-12/schema#"
 }
 
-// compileFast compiles the schema document doc, as encoding/json decodes
-// it with UseNumber. It returns nil when the pass could never prove a
-// payload valid against it.
-func compileFast(doc any) *fastNode {
-	n := fastSchema(doc)
+// compileFast compiles the schema document doc of the file path (absolute;
+// "" for a schema with no file), as fastDoc decodes it. It returns nil
+// when the pass could never prove a payload valid against it.
+func compileFast(doc any, path string) *fastNode {
+	fc := &fastCompiler{docs: map[string]any{}, refs: map[string]*fastNode{}}
+	fc.docs[path] = refable(doc)
+	n := fc.schema(doc, path)
 	if n.opaque {
 		return nil
 	}
 	return n
 }
 
-// fastSchema compiles one (sub)schema; a keyword it does not know makes it
-// opaque rather than ignored, so that nothing the library checks is
-// skipped.
-func fastSchema(doc any) *fastNode {
+// fastCompiler compiles one schema file and the files it refers to.
+type fastCompiler struct {
+	docs map[string]any       // by absolute path; nil: $ref into it is left to the library
+	refs map[string]*fastNode // by absolute path#fragment, so that recursive schemas end
+}
+
+// opaqueNode is a schema only the library can apply.
+var opaqueNode = &fastNode{opaque: true}
+
+// schema compiles one (sub)schema of file; a keyword it does not know
+// makes it opaque rather than ignored, so that nothing the library checks
+// is skipped.
+func (fc *fastCompiler) schema(doc any, file string) *fastNode {
+	if d, ok := doc.(map[string]any); ok {
+		if ref, ok := d["$ref"]; ok {
+			return fc.ref(d, ref, file)
+		}
+	}
 	n := newFastNode()
+	fc.fill(n, doc, file)
+	return n
+}
+
+func (fc *fastCompiler) fill(n *fastNode, doc any, file string) {
 	switch d := doc.(type) {
 	case bool:
 		n.opaque = !d
-		return n
 	case map[string]any:
 		for k, v := range d {
-			if !n.keyword(k, v) {
+			if !fc.keyword(n, k, v, file) {
 				n.opaque = true
-				return n
+				return
 			}
 		}
 	default:
 		n.opaque = true
+	}
+}
+
+// ref compiles a schema that is a $ref, to a file of the folder or into
+// its own document by JSON pointer, with nothing but annotations beside
+// it: it is the schema it refers to. Anything else ($ref beside other
+// keywords, anchors, $id) is left to the library.
+func (fc *fastCompiler) ref(d map[string]any, ref any, file string) *fastNode {
+	for k, v := range d {
+		switch k {
+		case "$ref", "$defs", "$comment", "title", "description", "default", "examples", "deprecated", "readOnly", "writeOnly":
+		case "$schema":
+			if !isDraft2020(v) {
+				return opaqueNode
+			}
+		default:
+			return opaqueNode
+		}
+	}
+	r, ok := ref.(string)
+	if !ok || strings.ContainsAny(r, "%:") {
+		return opaqueNode
+	}
+	uri, frag, _ := strings.Cut(r, "#")
+	if uri != "" {
+		if file == "" {
+			return opaqueNode // no file to resolve it against
+		}
+		file = filepath.Join(filepath.Dir(file), filepath.FromSlash(uri))
+	}
+	key := file + "#" + frag
+	if n, ok := fc.refs[key]; ok {
 		return n
 	}
+	n := newFastNode()
+	fc.refs[key] = n
+	doc, ok := fc.docs[file]
+	if !ok {
+		doc = nil
+		if b, err := os.ReadFile(file); err == nil {
+			if d, err := fastDoc(b); err == nil {
+				if m, ok := d.(map[string]any); !ok || m["$schema"] == nil || isDraft2020(m["$schema"]) {
+					doc = refable(d)
+				}
+			}
+		}
+		fc.docs[file] = doc
+	}
+	target, ok := pointer(doc, frag)
+	if t, isMap := target.(map[string]any); !ok || doc == nil || (isMap && t["$ref"] != nil) {
+		n.opaque = true // a $ref to a $ref is rare enough to leave to the library
+		return n
+	}
+	fc.fill(n, target, file)
 	return n
 }
 
-// keyword compiles one keyword into n and reports whether it is in the subset.
-func (n *fastNode) keyword(k string, v any) bool {
+// refable returns doc, or nil when it has an $id anywhere: an $id changes
+// what the $refs under it resolve against.
+func refable(doc any) any {
+	var hasID func(v any) bool
+	hasID = func(v any) bool {
+		switch v := v.(type) {
+		case map[string]any:
+			if _, ok := v["$id"]; ok {
+				return true
+			}
+			for _, e := range v {
+				if hasID(e) {
+					return true
+				}
+			}
+		case []any:
+			for _, e := range v {
+				if hasID(e) {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	if hasID(doc) {
+		return nil
+	}
+	return doc
+}
+
+// pointer resolves the URI fragment frag, "" or a JSON pointer, in doc.
+func pointer(doc any, frag string) (any, bool) {
+	if frag == "" {
+		return doc, true
+	}
+	if frag[0] != '/' {
+		return nil, false // an anchor
+	}
+	for _, tok := range strings.Split(frag[1:], "/") {
+		tok = strings.ReplaceAll(strings.ReplaceAll(tok, "~1", "/"), "~0", "~")
+		switch d := doc.(type) {
+		case map[string]any:
+			var ok bool
+			if doc, ok = d[tok]; !ok {
+				return nil, false
+			}
+		case []any:
+			i, err := strconv.Atoi(tok)
+			if err != nil || i < 0 || i >= len(d) {
+				return nil, false
+			}
+			doc = d[i]
+		default:
+			return nil, false
+		}
+	}
+	return doc, true
+}
+
+// keyword compiles one keyword of file into n and reports whether it is
+// in the subset.
+func (fc *fastCompiler) keyword(n *fastNode, k string, v any, file string) bool {
 	switch k {
 	case "$schema":
 		return isDraft2020(v)
 	case "$id", "$anchor", "$dynamicAnchor", "$comment", "$defs", "title", "description",
 		"default", "examples", "deprecated", "readOnly", "writeOnly", "format":
-		// Annotations, or definitions reached only through $ref, which
-		// is not in the subset.
+		// Annotations, or definitions reached only through $ref.
 		return true
 	case "type":
 		switch t := v.(type) {
@@ -161,9 +295,7 @@ func (n *fastNode) keyword(k string, v any) bool {
 		}
 		for name, sub := range props {
 			p := n.props[name]
-			if p.n = fastSchema(sub); !p.n.opaque && p.n.isAny() {
-				p.n = nil
-			}
+			p.n = fc.schema(sub, file)
 			n.props[name] = p
 		}
 		return true
@@ -193,10 +325,7 @@ func (n *fastNode) keyword(k string, v any) bool {
 		}
 		return true
 	case "items":
-		n.items = fastSchema(v)
-		if !n.items.opaque && n.items.isAny() {
-			n.items = nil
-		}
+		n.items = fc.schema(v, file)
 		return true
 	case "additionalProperties":
 		b, ok := v.(bool)
@@ -260,12 +389,6 @@ func (n *fastNode) keyword(k string, v any) bool {
 		return true
 	}
 	return false
-}
-
-// isAny reports whether n constrains nothing.
-func (n *fastNode) isAny() bool {
-	return n.types == 0 && len(n.props) == 0 && n.items == nil && n.minItems == 0 && n.maxItems == math.MaxInt &&
-		n.minLen == 0 && n.maxLen == math.MaxInt && len(n.bounds) == 0 && !n.hasEnum && n.pattern == nil
 }
 
 // count reads a non-negative integer keyword value.

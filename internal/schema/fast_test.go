@@ -35,6 +35,9 @@ var fastSchemas = []string{
 	`{"type": "object", "additionalProperties": false, "properties": {"a": {}}}`,
 	`{"required": ["a", "b"], "properties": {"b": {"type": "integer", "minimum": 1.5}}}`,
 	`true`,
+	`{"$ref": "#/$defs/node", "$defs": {"node": {"type": "object", "required": ["v"],
+	  "properties": {"v": {"type": "integer", "maximum": 9}, "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}}}}}`,
+	`{"properties": {"a": {"$ref": "#/$defs/x", "minimum": 1}, "b": {"$ref": "other.json"}, "c": {"$ref": "#/$defs/y"}}, "$defs": {"x": true, "y": {"$ref": "#/$defs/x"}}}`,
 }
 
 // fastPayloads are the seeds of FuzzFastPath and the cases of
@@ -59,6 +62,8 @@ var fastPayloads = []string{
 	`{"id": "ab", "lines": [{"sku": "a"}], "nested": {"deep": true}}`, `{"id": "ab", "lines": [{"sku": "a"}], "nested": {}}`,
 	`{"id": "ab", "lines": [{"sku": "a"}], "nested": 3}`,
 	`[0, 1.5, 2e3]`, `[-1]`, `"s"`, `""`, `{"a": 1, "b": 2}`, `{"b": 1}`, `{"a": 1, "b": 1.5}`, `{"a": 1, "b": 2.0}`,
+	`{"v": 1, "kids": [{"v": 2}, {"v": 3, "kids": [{"v": 9}]}]}`, `{"v": 1, "kids": [{"v": 2}, {"v": 3, "kids": [{"v": 10}]}]}`,
+	`{"v": 1, "kids": [{}]}`, `{"a": 1}`, `{"a": 0}`, `{"b": 1}`, `{"c": 1}`, `{"d": 1}`,
 	`null`, `true`, `-0`, `"a@b.c"`, `"not an email"`, `{"seq": 1, "data": "x"} x`, `{"seq": 1, "data": "x"`, ``, ` `,
 	`{"seq": 1, "data": "\x"}`, "{\"seq\": 1, \"data\": \"\x01\"}", "{\"seq\": 1, \"data\": \"\xff\"}", `[1,]`, `01`,
 }
@@ -94,11 +99,14 @@ func compileBoth(t testing.TB) []fastCase {
 		if err := c.AddResource("mem:///s.json", doc); err != nil {
 			t.Fatalf("schema %d: %v", i, err)
 		}
+		if err := c.AddResource("mem:///other.json", map[string]any{"type": "integer"}); err != nil {
+			t.Fatal(err)
+		}
 		sch, err := c.Compile("mem:///s.json")
 		if err != nil {
 			t.Fatalf("schema %d: %v", i, err)
 		}
-		out = append(out, fastCase{text, sch, compileFast(doc)})
+		out = append(out, fastCase{text, sch, compileFast(doc, "")})
 	}
 	return out
 }
@@ -131,10 +139,12 @@ func TestFastPathAgrees(t *testing.T) {
 			`{"id": "ab", "lines": [{"sku": "a"}], "kind": "orde\u0072"}`,     // escapes and const
 			`{"id": "ab", "lines": [{"sku": "a"}], "x": 0.1}`,                 // at the bound, which float64 cannot compare exactly
 			`{"id": "ab", "lines": [{"sku": "a"}], "x": 0.10000000000000001}`, // rounds to the bound
-			`{"id": "ab", "lines": [{"sku": "a"}], "ref": "r"}`,               // $ref
 			`{"id": "ab", "lines": [{"sku": "a"}], "big": 1}`,                 // a bound beyond float64
 		},
 		5: {`{"a": 1, "b": 2.0}`},
+		// $ref beside a constraint, to a file a schema with no file cannot
+		// resolve, or to a $ref
+		8: {`{"a": 1}`, `{"b": 1}`, `{"b": 1.5}`, `{"a": 1, "b": 1.5}`, `{"a": 1, "b": 2}`, `{"a": 1, "b": 2.0}`, `{"a": 0}`, `{"c": 1}`, `{"se\u0071": 1, "data": "x"}`},
 	}
 	cases := compileBoth(t)
 	for _, i := range []int{3, 4} {
@@ -187,9 +197,12 @@ func TestLoadCompilesFastPath(t *testing.T) {
 	if c.fast == nil {
 		t.Fatal("order.created v2 has no fast path")
 	}
-	// total is a $ref: a payload with it is the library's to decide.
-	if c.fast.valid([]byte(`{"order_id": 42, "total": "99.90"}`)) {
-		t.Fatal("fast path decided a $ref")
+	// total is a $ref to _shared/money.json, a pattern.
+	if !c.fast.valid([]byte(`{"order_id": 42, "total": "99.90", "lines": [{"sku": "a", "qty": 1}]}`)) {
+		t.Fatal("fast path left a valid order to the library")
+	}
+	if c.fast.valid([]byte(`{"order_id": 42, "total": "99.9.0"}`)) {
+		t.Fatal("fast path accepted a total that breaks _shared/money.json")
 	}
 	err = s.Validate("order.created", 2, []byte(`{"order_id": 42, "total": "1", "lines": [{"sku": "", "qty": 1}]}`))
 	if err == nil || !strings.Contains(err.Error(), `at "/lines/0/sku", rule order.created/v2.json#/properties/lines/items/properties/sku/minLength`) {

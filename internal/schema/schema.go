@@ -99,7 +99,7 @@ func Load(dir string, opts ...Option) (*Set, error) {
 		if err != nil {
 			return nil, fmt.Errorf("schema %s: %w", f.rel, err) // compiled, so unreachable in practice
 		}
-		s.schemas[f.key] = &compiled{file: f.rel, sch: sch, fast: compileFast(doc)}
+		s.schemas[f.key] = &compiled{file: f.rel, sch: sch, fast: compileFast(doc, f.path)}
 	}
 	return s, nil
 }
