@@ -349,51 +349,65 @@ func isHex(c byte) bool {
 	return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F')
 }
 
-// number parses a number in JSON's grammar: -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?
+// number parses a number in JSON's grammar.
 func (d *decoder) number() (any, error) {
 	start := d.i
-	if d.b[d.i] == '-' {
-		d.i++
+	end, _, _, msg := lexNumber(d.b, d.i)
+	d.i = end
+	switch {
+	case msg == "":
+		return json.Number(d.b[start:end]), nil
+	case end >= len(d.b):
+		return nil, errEnd
+	}
+	return nil, d.errorf(msg, d.b[end])
+}
+
+// lexNumber finds the end of the number at b[i], in JSON's grammar
+// -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?, the end of its integer
+// part, and whether it has neither fraction nor exponent. When b[i:] does
+// not start with a number, end is where it goes wrong and msg, a format
+// for the byte there, says how (unless end is len(b)).
+func lexNumber(b []byte, i int) (end, intEnd int, integer bool, msg string) {
+	if b[i] == '-' {
+		i++
 	}
 	digits := func() int {
 		n := 0
-		for d.i < len(d.b) && d.b[d.i] >= '0' && d.b[d.i] <= '9' {
-			d.i++
+		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+			i++
 			n++
 		}
 		return n
 	}
-	if d.i >= len(d.b) {
-		return nil, errEnd
+	if i >= len(b) {
+		return i, 0, false, "end"
 	}
-	switch c := d.b[d.i]; {
+	switch c := b[i]; {
 	case c == '0':
-		d.i++
+		i++
 	case c >= '1' && c <= '9':
 		digits()
 	default:
-		return nil, d.errorf("invalid character %q in numeric literal", c)
+		return i, 0, false, "invalid character %q in numeric literal"
 	}
-	if d.i < len(d.b) && d.b[d.i] == '.' {
-		d.i++
-		if d.i >= len(d.b) {
-			return nil, errEnd
+	intEnd, integer = i, true
+	if i < len(b) && b[i] == '.' {
+		i++
+		integer = false
+		if digits() == 0 {
+			return i, 0, false, "invalid character %q after decimal point in numeric literal"
+		}
+	}
+	if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
+		i++
+		integer = false
+		if i < len(b) && (b[i] == '+' || b[i] == '-') {
+			i++
 		}
 		if digits() == 0 {
-			return nil, d.errorf("invalid character %q after decimal point in numeric literal", d.b[d.i])
+			return i, 0, false, "invalid character %q in exponent of numeric literal"
 		}
 	}
-	if d.i < len(d.b) && (d.b[d.i] == 'e' || d.b[d.i] == 'E') {
-		d.i++
-		if d.i < len(d.b) && (d.b[d.i] == '+' || d.b[d.i] == '-') {
-			d.i++
-		}
-		if d.i >= len(d.b) {
-			return nil, errEnd
-		}
-		if digits() == 0 {
-			return nil, d.errorf("invalid character %q in exponent of numeric literal", d.b[d.i])
-		}
-	}
-	return json.Number(d.b[start:d.i]), nil
+	return i, intEnd, integer, ""
 }

@@ -2,6 +2,7 @@ package schema
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/binary"
 	"encoding/json"
 	"math"
@@ -512,19 +513,8 @@ func (s *scanner) object(n *fastNode, depth int) bool {
 			return false
 		}
 		seen |= p.bit
-		s.space()
-		if s.i >= len(s.b) {
-			return false
-		}
-		switch s.b[s.i] {
-		case ',':
-			s.i++
-			s.space()
-		case '}':
-			s.i++
-			return seen == n.required
-		default:
-			return false
+		if more, ok := s.next('}'); !ok || !more {
+			return ok && seen == n.required
 		}
 	}
 }
@@ -540,21 +530,29 @@ func (s *scanner) array(n *fastNode, depth int) bool {
 		if items > n.maxItems || !s.value(n.items, depth) {
 			return false
 		}
-		s.space()
-		if s.i >= len(s.b) {
-			return false
-		}
-		switch s.b[s.i] {
-		case ',':
-			s.i++
-			s.space()
-		case ']':
-			s.i++
-			return items >= n.minItems
-		default:
-			return false
+		if more, ok := s.next(']'); !ok || !more {
+			return ok && items >= n.minItems
 		}
 	}
+}
+
+// next moves past the comma or the closing bracket after a member or an
+// element: more is a comma.
+func (s *scanner) next(closing byte) (more, ok bool) {
+	s.space()
+	if s.i >= len(s.b) {
+		return false, false
+	}
+	switch s.b[s.i] {
+	case ',':
+		s.i++
+		s.space()
+		return true, true
+	case closing:
+		s.i++
+		return false, true
+	}
+	return false, false
 }
 
 // string checks a string value against n.
@@ -727,48 +725,12 @@ func (s *scanner) escape() bool {
 // number checks a number value against n, in JSON's grammar.
 func (s *scanner) number(n *fastNode) bool {
 	start := s.i
-	neg := s.b[s.i] == '-'
-	if neg {
-		s.i++
-	}
-	digits := func() int {
-		k := 0
-		for s.i < len(s.b) && s.b[s.i] >= '0' && s.b[s.i] <= '9' {
-			s.i++
-			k++
-		}
-		return k
-	}
-	if s.i >= len(s.b) {
+	end, intEnd, integer, msg := lexNumber(s.b, s.i)
+	if msg != "" {
 		return false
 	}
-	switch c := s.b[s.i]; {
-	case c == '0':
-		s.i++
-	case c >= '1' && c <= '9':
-		digits()
-	default:
-		return false
-	}
-	intEnd := s.i
-	integer := true
-	if s.i < len(s.b) && s.b[s.i] == '.' {
-		s.i++
-		integer = false
-		if digits() == 0 {
-			return false
-		}
-	}
-	if s.i < len(s.b) && (s.b[s.i] == 'e' || s.b[s.i] == 'E') {
-		s.i++
-		integer = false
-		if s.i < len(s.b) && (s.b[s.i] == '+' || s.b[s.i] == '-') {
-			s.i++
-		}
-		if digits() == 0 {
-			return false
-		}
-	}
+	s.i = end
+	neg := s.b[start] == '-'
 	switch {
 	case n.types == 0 || n.types&tNumber != 0:
 	case n.types&tInteger != 0 && integer:
@@ -795,7 +757,7 @@ func (s *scanner) number(n *fastNode) bool {
 	haveF := false
 	for _, b := range n.bounds {
 		if exact && b.exact {
-			if !b.holds(cmpInt(v, b.i)) {
+			if !b.holds(cmp.Compare(v, b.i)) {
 				return false
 			}
 			continue
@@ -828,16 +790,6 @@ func (b bound) holds(c int) bool {
 		return c < 0
 	}
 	return c <= 0
-}
-
-func cmpInt(a, b int64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 func btoi(b bool) int {
