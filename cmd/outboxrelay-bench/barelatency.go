@@ -197,6 +197,9 @@ func startBareLoop(env *benchEnv, url, slot string, n int) (*bareLoopProc, error
 	}
 	p := &bareLoopProc{done: make(chan struct{})}
 	p.cmd = exec.Command(self, bareLoopCommand, "-url", url, "-slot", slot, "-publication", env.publication, "-n", strconv.Itoa(n))
+	// A runtime setting under test (-relay-env GOMAXPROCS=1, GOGC=...)
+	// applies to the reference too.
+	p.cmd.Env = append(os.Environ(), env.relayExtraEnv...)
 	logf, err := os.Create(filepath.Join(env.workDir, "bare-latency-loop.log"))
 	if err != nil {
 		return nil, err

@@ -109,7 +109,7 @@ func main() {
 	flag.IntVar(&o.latencyRate, "latency-rate", 1000, "rows/s of the live latency run (0 skips it)")
 	flag.DurationVar(&o.latencyFor, "latency-duration", 10*time.Second, "length of the live latency run")
 	flag.StringVar(&o.profile, "profile", "", "comma-separated workloads whose relay->kafka also runs once, unmeasured, under perf record; prints its top functions")
-	flag.StringVar(&o.relayEnv, "relay-env", "", "comma-separated KEY=VALUE added to the relay's environment (GOGC=400, OUTBOXRELAY_SINK_KAFKA_LINGER=1ms, ...), for experiments")
+	flag.StringVar(&o.relayEnv, "relay-env", "", "comma-separated KEY=VALUE added to the relay's environment, and to the latency run's bare loop (GOGC=400, GOMAXPROCS=1, OUTBOXRELAY_SINK_KAFKA_LINGER=1ms, ...), for experiments")
 	flag.DurationVar(&o.quietWait, "quiet-wait", 3*time.Second, "before each run, wait up to this long for the rest of the machine to use under 1/6 of its CPU")
 	flag.IntVar(&o.count, "count", 5, "repetitions of the PostgreSQL-side consumers; the table shows the median")
 	flag.IntVar(&o.countMaxRows, "count-max-rows", 200_000, "workloads with more rows run at most twice (the table then shows the faster run)")
