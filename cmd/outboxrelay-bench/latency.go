@@ -9,11 +9,14 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"os"
+	"os/exec"
 	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -96,7 +99,7 @@ type envelopeTimes struct {
 // clock). kfake makes a record readable as soon as it appends it, just
 // before it answers the produce request, so this is commit to ack plus
 // the consumer's fetch turnaround.
-func runLatency(ctx context.Context, env *benchEnv, rate int, d time.Duration) (*latencyResult, error) {
+func runLatency(ctx context.Context, env *benchEnv, rate int, d time.Duration, profile bool) (*latencyResult, error) {
 	db := "bench_latency"
 	url, err := env.prepareDatabase(ctx, db)
 	if err != nil {
@@ -192,6 +195,19 @@ func runLatency(ctx context.Context, env *benchEnv, rate int, d time.Duration) (
 	}
 	gen := newRowGen(1024)
 	interval := time.Second / time.Duration(rate)
+	var perf *exec.Cmd
+	var perfData string
+	if profile {
+		if perfData, err = profilePath(env, "relay-latency", "the measured run, under perf record"); err != nil {
+			return nil, err
+		}
+		perf = exec.Command("perf", "record", "-q", "-F", "1999", "-g", "-p", strconv.Itoa(p.cmd.Process.Pid), "-o", perfData)
+		perf.Stdout, perf.Stderr = os.Stderr, os.Stderr
+		if err := perf.Start(); err != nil {
+			perf = nil
+			fmt.Fprintln(os.Stderr, "perf record:", err)
+		}
+	}
 	cpu0, sw0 := readProc(p.cmd.Process.Pid).cpu, contextSwitches(p.cmd.Process.Pid)
 	busy0, self0, pg0 := machineBusy(), selfCPU(), postgresCPU(env.pg.DataDir())
 	start := time.Now()
@@ -225,6 +241,13 @@ func runLatency(ctx context.Context, env *benchEnv, rate int, d time.Duration) (
 	others := machineBusy() - busy0 - (selfCPU() - self0) - (rs.cpu - cpu0) - (postgresCPU(env.pg.DataDir()) - pg0)
 	wall := time.Since(start)
 	bl, bareErr := bare.result(max(time.Until(deadline), time.Second))
+	if perf != nil {
+		_ = perf.Process.Signal(syscall.SIGINT)
+		_ = perf.Wait()
+		if err := perfReport(ctx, perfData); err != nil {
+			fmt.Fprintln(os.Stderr, "profile:", err)
+		}
+	}
 	// The bare loop's CPU is its own process's: take it out of the others'.
 	others -= time.Duration(bl.CPUSeconds * float64(time.Second))
 	cancel()
@@ -237,7 +260,7 @@ func runLatency(ctx context.Context, env *benchEnv, rate int, d time.Duration) (
 		return nil, bad
 	}
 	res := &latencyResult{
-		What:     "commit (envelope source.committed_at) to receipt by a franz-go consumer of kfake; 1 KB rows, 1 row/txn, synchronous_commit=on (the server runs fsync=off)",
+		What:     "commit (envelope source.committed_at) to receipt by a franz-go consumer of kfake; 1 KB rows, 1 row/txn, synchronous_commit=on (the server runs fsync=off)" + map[bool]string{true: "; the relay ran under perf record", false: ""}[perf != nil],
 		Rate:     rate,
 		Achieved: float64(n) / elapsed.Seconds(),
 		Inserted: n, Received: len(samples), Duplicates: dups,

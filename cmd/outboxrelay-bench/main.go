@@ -108,7 +108,7 @@ func main() {
 	flag.StringVar(&o.out, "out", "", "JSON results file (default .bench/results-<time>.json in the module)")
 	flag.IntVar(&o.latencyRate, "latency-rate", 1000, "rows/s of the live latency run (0 skips it)")
 	flag.DurationVar(&o.latencyFor, "latency-duration", 10*time.Second, "length of the live latency run")
-	flag.StringVar(&o.profile, "profile", "", "comma-separated workloads whose relay->kafka also runs once, unmeasured, under perf record; prints its top functions")
+	flag.StringVar(&o.profile, "profile", "", "comma-separated workloads whose relay->kafka also runs once, unmeasured, under perf record, and \"latency\" to record the relay of the latency run (which then counts perf's own cost); prints the top functions")
 	flag.StringVar(&o.relayEnv, "relay-env", "", "comma-separated KEY=VALUE added to the relay's environment, and to the latency run's bare loop (GOGC=400, GOMAXPROCS=1, OUTBOXRELAY_SINK_KAFKA_LINGER=1ms, ...), for experiments")
 	flag.DurationVar(&o.quietWait, "quiet-wait", 3*time.Second, "before each run, wait up to this long for the rest of the machine to use under 1/6 of its CPU")
 	flag.IntVar(&o.count, "count", 5, "repetitions of the PostgreSQL-side consumers; the table shows the median")
@@ -308,7 +308,7 @@ func run(ctx context.Context, o options) error {
 	if o.latencyRate > 0 {
 		waitQuiet(o.quietWait, runtime.NumCPU())
 		fmt.Printf("== latency: %d rows/s for %s, synchronous_commit=on, into kfake\n", o.latencyRate, o.latencyFor)
-		lat, err := runLatency(ctx, env, o.latencyRate, o.latencyFor)
+		lat, err := runLatency(ctx, env, o.latencyRate, o.latencyFor, slices.Contains(strings.Split(o.profile, ","), "latency"))
 		if err != nil {
 			res.Notes = append(res.Notes, "latency run: "+err.Error())
 			fmt.Fprintln(os.Stderr, "latency run:", err)
@@ -700,7 +700,7 @@ func (m *measurement) checkDelivered(want int) {
 // profileRelay runs relay->kafka once more, unmeasured, under perf record,
 // and prints the functions that took the most CPU.
 func profileRelay(ctx context.Context, env *benchEnv, w workload, url, db string, end pglogrepl.LSN) error {
-	data, err := profilePath(env, "relay-kafka-"+w.Name)
+	data, err := profilePath(env, "relay-kafka-"+w.Name, "an extra, unmeasured run under perf record")
 	if err != nil {
 		return err
 	}
@@ -712,7 +712,7 @@ func profileRelay(ctx context.Context, env *benchEnv, w workload, url, db string
 
 // profileRelayRabbit does the same for relay->rabbitmq.
 func profileRelayRabbit(ctx context.Context, env *benchEnv, w workload, rb *rabbit, url, db string, end pglogrepl.LSN) error {
-	data, err := profilePath(env, "relay-rabbitmq-"+w.Name)
+	data, err := profilePath(env, "relay-rabbitmq-"+w.Name, "an extra, unmeasured run under perf record")
 	if err != nil {
 		return err
 	}
@@ -722,12 +722,12 @@ func profileRelayRabbit(ctx context.Context, env *benchEnv, w workload, rb *rabb
 	return perfReport(ctx, data)
 }
 
-func profilePath(env *benchEnv, name string) (string, error) {
+func profilePath(env *benchEnv, name, note string) (string, error) {
 	dir := filepath.Join(env.root, ".bench")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", err
 	}
-	fmt.Printf("   profiling %s (an extra, unmeasured run under perf record)\n", name)
+	fmt.Printf("   profiling %s (%s)\n", name, note)
 	return filepath.Join(dir, "perf-"+name+".data"), nil
 }
 
