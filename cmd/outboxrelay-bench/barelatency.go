@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -12,12 +11,13 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgproto3"
 )
 
 // bareLoopCommand is the hidden first argument that makes this binary the
@@ -89,86 +89,72 @@ func bareLatencyMain(args []string) error {
 	defer stop()
 
 	out := bareLatency{MS: make([]float64, 0, *n)}
-	var pos pglogrepl.LSN
+	// The loop receives with a context that is never done, as the relay
+	// does (a context per receive costs pgconn a watcher per message); a
+	// goroutine reports the position every 100 ms, as the relay's status
+	// writer does, and the loop answers reply requests at once.
+	var pos atomic.Uint64
+	var writeMu sync.Mutex
 	status := func() error {
+		writeMu.Lock()
+		defer writeMu.Unlock()
+		p := pglogrepl.LSN(pos.Load())
 		return pglogrepl.SendStandbyStatusUpdate(ctx, conn, pglogrepl.StandbyStatusUpdate{
-			WALWritePosition: pos, WALFlushPosition: pos, WALApplyPosition: pos, ClientTime: time.Now(),
+			WALWritePosition: p, WALFlushPosition: p, WALApplyPosition: p, ClientTime: time.Now(),
 		})
 	}
-	next := time.Now().Add(100 * time.Millisecond)
+	go func() {
+		t := time.NewTicker(100 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				_ = status() // a broken connection ends the reader too
+			}
+		}
+	}()
 	sawInsert := false
 	var cpu0 time.Duration
 	var sw0 switches
 	for len(out.MS) < *n {
-		// The deadline makes the loop report its position while idle, as
-		// the relay's status writer does.
-		rctx, rcancel := context.WithDeadline(ctx, next)
-		msg, err := conn.ReceiveMessage(rctx)
-		rcancel()
-		if now := time.Now(); !now.Before(next) {
-			if err := status(); err != nil {
-				return fmt.Errorf("send status: %w", err)
-			}
-			next = now.Add(100 * time.Millisecond)
-		}
+		msg, err := conn.ReceiveMessage(context.Background())
 		if err != nil {
-			if pgconn.Timeout(err) && ctx.Err() == nil {
-				continue
-			}
 			if ctx.Err() != nil {
 				break
 			}
 			return fmt.Errorf("receive: %w", err)
 		}
-		switch msg := msg.(type) {
-		case *pgproto3.CopyData:
-			if len(msg.Data) == 0 {
-				continue
+		xld, ka, err := replicationMessage(msg)
+		switch {
+		case err != nil:
+			return err
+		case ka != nil && ka.ReplyRequested:
+			if err := status(); err != nil {
+				return fmt.Errorf("send status: %w", err)
 			}
-			switch msg.Data[0] {
-			case pglogrepl.XLogDataByteID:
-				xld, err := pglogrepl.ParseXLogData(msg.Data[1:])
-				if err != nil {
-					return err
-				}
-				pos = max(pos, xld.WALStart)
-				if len(xld.WALData) == 0 {
+		case xld != nil && len(xld.WALData) > 0:
+			pos.Store(max(pos.Load(), uint64(xld.WALStart)))
+			switch xld.WALData[0] {
+			case 'I':
+				sawInsert = true
+			case 'C':
+				if !sawInsert {
 					continue
 				}
-				switch xld.WALData[0] {
-				case 'I':
-					sawInsert = true
-				case 'C':
-					if !sawInsert {
-						continue
-					}
-					sawInsert = false
-					lm, err := pglogrepl.Parse(xld.WALData)
-					if err != nil {
-						return fmt.Errorf("parse commit: %w", err)
-					}
-					if c, ok := lm.(*pglogrepl.CommitMessage); ok {
-						out.MS = append(out.MS, ms(time.Since(c.CommitTime)))
-						if len(out.MS) == 1 {
-							cpu0, sw0 = usage()
-						}
-					}
-				}
-			case pglogrepl.PrimaryKeepaliveMessageByteID:
-				ka, err := pglogrepl.ParsePrimaryKeepaliveMessage(msg.Data[1:])
+				sawInsert = false
+				lm, err := pglogrepl.Parse(xld.WALData)
 				if err != nil {
-					return err
+					return fmt.Errorf("parse commit: %w", err)
 				}
-				if ka.ReplyRequested {
-					if err := status(); err != nil {
-						return fmt.Errorf("send status: %w", err)
+				if c, ok := lm.(*pglogrepl.CommitMessage); ok {
+					out.MS = append(out.MS, ms(time.Since(c.CommitTime)))
+					if len(out.MS) == 1 {
+						cpu0, sw0 = usage()
 					}
 				}
 			}
-		case *pgproto3.ErrorResponse:
-			return pgconn.ErrorResponseToPgError(msg)
-		case *pgproto3.CopyDone:
-			return errors.New("walsender ended the stream")
 		}
 	}
 	if len(out.MS) > 1 {
@@ -230,13 +216,7 @@ func (p *bareLoopProc) result(wait time.Duration) (bareLatency, error) {
 	select {
 	case <-p.done:
 	case <-time.After(wait):
-		_ = p.stdin.Close()
-		select {
-		case <-p.done:
-		case <-time.After(5 * time.Second):
-			_ = p.cmd.Process.Kill()
-			<-p.done
-		}
+		p.stop()
 	}
 	var bl bareLatency
 	if p.err != nil {
