@@ -19,7 +19,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/outboxrelay/outboxrelay/internal/redact"
-	"github.com/outboxrelay/outboxrelay/internal/status"
+	"github.com/outboxrelay/outboxrelay/internal/store"
 )
 
 // Config configures a Server. Every func is called per request, from the
@@ -37,7 +37,7 @@ type Config struct {
 	Standby func() bool
 	// Status reads the checkpoint status for /status; the request's context
 	// is bounded by StatusTimeout (default 5s). Nil disables /status.
-	Status        func(ctx context.Context) (status.Status, error)
+	Status        func(ctx context.Context) (store.Status, error)
 	StatusTimeout time.Duration
 	// Metrics serves /metrics. Nil disables it.
 	Metrics http.Handler

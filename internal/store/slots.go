@@ -1,4 +1,4 @@
-package status
+package store
 
 import (
 	"context"
@@ -35,7 +35,7 @@ type Slot struct {
 
 // ReadAll returns every logical replication slot of the server, in name
 // order. It is safe for concurrent use if q is.
-func ReadAll(ctx context.Context, q Querier) ([]Slot, error) {
+func ReadSlots(ctx context.Context, q Querier) ([]Slot, error) {
 	var haveCheckpoint bool
 	if err := q.QueryRow(ctx, "SELECT to_regclass('outboxrelay.checkpoint') IS NOT NULL").Scan(&haveCheckpoint); err != nil {
 		return nil, fmt.Errorf("look for outboxrelay.checkpoint: %w", err)

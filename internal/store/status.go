@@ -1,11 +1,4 @@
-// Package status reports where a replication slot stands and how far the
-// relay has published: the figures behind `outboxrelay status`, the
-// relay's GET /status and the SQL view outboxrelay.status.
-//
-// PostgreSQL's side comes from pg_replication_slots and the current WAL
-// position; the relay's side from outboxrelay.checkpoint, which Writer keeps
-// up to date while the relay runs, and outboxrelay.dead_letters.
-package status
+package store
 
 import (
 	"context"
@@ -218,12 +211,6 @@ func (s Status) Problems(maxLagBytes int64) []string {
 	return p
 }
 
-// Querier runs queries: *pgx.Conn, *pgxpool.Pool and pgx.Tx all satisfy it.
-type Querier interface {
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-}
-
 // The current position is the replay position on a standby, where
 // pg_current_wal_lsn() fails. The view uses the same expression. The
 // failover and synced columns exist from PostgreSQL 17 on; read through
@@ -267,7 +254,7 @@ SELECT count(*) FROM outboxrelay.dead_letters WHERE slot = $1 AND replayed_at IS
 // still read and Warnings says what is missing. Read runs up to three
 // short queries; it returns ctx's error when ctx ends first. It is safe for
 // concurrent use if q is.
-func Read(ctx context.Context, q Querier, slot string) (Status, error) {
+func ReadStatus(ctx context.Context, q Querier, slot string) (Status, error) {
 	s := Status{Slot: slot}
 	var (
 		current, confirmed, restart *string

@@ -1,4 +1,4 @@
-package status
+package store
 
 import (
 	"bytes"
@@ -179,9 +179,9 @@ func (e *execRecorder) Exec(_ context.Context, _ string, args ...any) (pgconn.Co
 	return pgconn.NewCommandTag("INSERT 0 1"), nil
 }
 
-func TestWriterBatches(t *testing.T) {
+func TestProgressBatches(t *testing.T) {
 	db := &execRecorder{}
-	w := NewWriter(db, "outboxrelay", nil)
+	w := NewProgress(db, "outboxrelay", nil)
 	ctx := context.Background()
 	if err := w.Flush(ctx); err != nil || len(db.calls) != 0 {
 		t.Fatalf("flush with nothing published: %v, %d writes", err, len(db.calls))
@@ -220,9 +220,9 @@ func TestWriterBatches(t *testing.T) {
 	}
 }
 
-func TestWriterRunFlushesAtStop(t *testing.T) {
+func TestProgressRunFlushesAtStop(t *testing.T) {
 	db := &execRecorder{}
-	w := NewWriter(db, "outboxrelay", nil)
+	w := NewProgress(db, "outboxrelay", nil)
 	w.interval = time.Hour
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error)
@@ -237,12 +237,12 @@ func TestWriterRunFlushesAtStop(t *testing.T) {
 	}
 }
 
-// TestWriterRecordsLagSince: lag_since is written when it moves, alone when
+// TestProgressRecordsLagSince: lag_since is written when it moves, alone when
 // nothing was published (so that an earlier run's figures stay), and not
 // again while it stands still, as it does while the relay is stuck.
-func TestWriterRecordsLagSince(t *testing.T) {
+func TestProgressRecordsLagSince(t *testing.T) {
 	db := &execRecorder{}
-	w := NewWriter(db, "outboxrelay", nil)
+	w := NewProgress(db, "outboxrelay", nil)
 	var since time.Time
 	w.LagSince = func() time.Time { return since }
 	ctx := context.Background()
