@@ -139,7 +139,7 @@ func refuseMissingSlot(ctx context.Context, conn *pgx.Conn, rec Record, slot str
 	}
 	confirmed, ok, err := rec.Confirmed(ctx)
 	if err != nil {
-		return fmt.Errorf("read checkpoint of slot %s: %w", slot, err)
+		return err
 	}
 	if !ok {
 		return nil

@@ -181,7 +181,7 @@ func run(ctx context.Context, cfg config.Config, log *zap.Logger, acceptConfigCh
 	}
 	slot := cfg.Postgres.Slot
 	readStatus := func(ctx context.Context) (store.Status, error) { return store.ReadStatus(ctx, dur.pool, slot) }
-	checkpoint := store.NewProgress(dur.pool, slot, log)
+	progress := store.NewProgress(dur.pool, slot, log)
 	// r is set below, before the HTTP endpoint can scrape the inflight gauge.
 	var r *relay.Relay
 	build := currentBuild()
@@ -209,7 +209,7 @@ func run(ctx context.Context, cfg config.Config, log *zap.Logger, acceptConfigCh
 		MaxAttempts:       cfg.Relay.MaxAttempts,
 		Format:            relay.Format(cfg.Envelope.Format),
 		CloudEventsSource: cfg.Envelope.Source,
-		Hooks:             joinHooks(relay.Hooks{Published: checkpoint.Published}, m.Hooks()),
+		Hooks:             joinHooks(relay.Hooks{Published: progress.Published}, m.Hooks()),
 		Resolve:           guard.Resolve,
 		Tracer:            traces.Tracer(),
 		MessagingSystem:   cfg.Sink.Type,
@@ -217,10 +217,10 @@ func run(ctx context.Context, cfg config.Config, log *zap.Logger, acceptConfigCh
 	rc.Validate = validate
 	dur.apply(&rc)
 	r = relay.New(rc, sink, log)
-	checkpoint.LagSince = r.LagSince
+	progress.LagSince = r.LagSince
 
 	// relayCtx ends on SIGTERM/SIGINT, or when the HTTP endpoint fails. The
-	// parts that report on the relay (checkpoint, metrics, HTTP) outlive it
+	// parts that report on the relay (progress, metrics, HTTP) outlive it
 	// until the relay has drained, so that they see its final state.
 	relayCtx, stopRelay := context.WithCancel(ctx)
 	defer stopRelay()
@@ -272,7 +272,7 @@ func run(ctx context.Context, cfg config.Config, log *zap.Logger, acceptConfigCh
 	reportCtx, stopReport := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopReport()
 	var report errgroup.Group
-	report.Go(func() error { return checkpoint.Run(reportCtx) })
+	report.Go(func() error { return progress.Run(reportCtx) })
 	report.Go(func() error { return m.Run(reportCtx) })
 	if srv != nil {
 		report.Go(func() error {

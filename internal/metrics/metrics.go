@@ -62,7 +62,7 @@ type Config struct {
 	// Inflight reports the messages handed to the sink and not yet
 	// acknowledged (relay.Relay.Inflight); read on every scrape.
 	Inflight func() int
-	// Status reads the slot's status (status.Read) for the slot's series.
+	// Status reads the slot's status (store.ReadStatus) for the slot's series.
 	// Run calls it every
 	// PollInterval (default 5s), each call bounded by PollInterval.
 	Status       func(ctx context.Context) (store.Status, error)

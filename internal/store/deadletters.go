@@ -14,9 +14,19 @@ import (
 	"github.com/outboxrelay/outboxrelay/relay"
 )
 
-// DeadLetters is the dead-letter table of one slot. A DeadLetters whose Slot is empty
-// reads and purges the letters of every slot (List, Show, Plan, Purge);
-// Add, Park and Replay of a relay always name their slot.
+// DeadLetters stores the messages of one slot that the broker will never
+// take, in outboxrelay.dead_letters, and lists, replays and purges them. A
+// dead letter holds everything needed to publish the message again: the
+// routing fields, the row headers and the exact body.
+//
+// With relay.dead_letter_order: park, a dead letter heads its aggregate
+// (parks = true) and the aggregate's later messages wait behind it in
+// outboxrelay.parked (see parked.go) until Replay has republished the head
+// and the whole chain, or Purge deleted them.
+//
+// A DeadLetters whose Slot is empty reads and purges the letters of every
+// slot (List, Plan, Purge); Add, Park and Replay of a relay always name
+// their slot. Its methods are safe for concurrent use if DB is.
 type DeadLetters struct {
 	DB   TxDB
 	Slot string

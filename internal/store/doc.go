@@ -25,9 +25,9 @@
 //     slot's confirmed_flush_lsn (PostgreSQL's copy, Status.ConfirmedFlushLSN)
 //     is never ahead of the checkpoint unless the slot was replaced (Verify).
 //   - flushed: PostgreSQL's word for the position of a standby status
-//     update, and the flush in confirmed_flush_lsn; this package does not
-//     use it otherwise. Progress.Flush writes pending progress and is not
-//     about WAL.
+//     update, as in confirmed_flush_lsn; this package uses it for nothing
+//     else. PostgreSQL's own CHECKPOINT (which removes WAL no slot needs) is
+//     not a checkpoint in the sense above.
 //   - published: acknowledged by the broker (Kafka acks=all, a publisher
 //     confirm, a PubAck, an EXEC reply). The progress columns and
 //     Status.LastPublishedLSN describe published messages, which may be

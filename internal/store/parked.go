@@ -14,7 +14,7 @@ import (
 	"github.com/outboxrelay/outboxrelay/relay"
 )
 
-// The store serialises the relay, which parks messages, with Replay and
+// DeadLetters serialises the relay, which parks messages, with Replay and
 // Purge, which release a head, through the head's row lock: Park locks the
 // head row (FOR UPDATE) and stores the message before it commits; a release
 // takes the same lock, and only then looks at the chain in a statement of

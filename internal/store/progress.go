@@ -13,7 +13,7 @@ import (
 
 // published_total grows by the count since the previous write, so that
 // several runs of the relay (one after another) add up.
-const upsertCheckpoint = `
+const upsertProgress = `
 INSERT INTO outboxrelay.checkpoint AS c (slot, last_lsn, last_message_id, last_published_at, published_total, lag_since, updated_at)
 VALUES ($1, $2::text::pg_lsn, $3, $4, $5, $6, now())
 ON CONFLICT (slot) DO UPDATE SET
@@ -80,7 +80,7 @@ func (w *Progress) Published(m *relay.Message, ackedAt time.Time) {
 	}
 }
 
-// Run writes the checkpoint every second while something changed, until
+// Run writes the progress every second while something changed, until
 // ctx is cancelled; then it writes once more (bounded by 5s, and not
 // cancelled by ctx) and returns nil. Cancel ctx only after the relay has
 // drained, so that the last write includes every acknowledgement. A failed
@@ -93,20 +93,20 @@ func (w *Progress) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			final, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 			defer cancel()
-			_ = w.Flush(final)
+			_ = w.Save(final)
 			return nil
 		case <-t.C:
 			tickCtx, cancel := context.WithTimeout(ctx, 5*w.interval)
-			_ = w.Flush(tickCtx)
+			_ = w.Save(tickCtx)
 			cancel()
 		}
 	}
 }
 
-// Flush writes the checkpoint now if something changed since the last
-// write. On failure the changes are kept for the next Flush. Run calls it;
-// it is safe for concurrent use, but concurrent Flushes may write out of order.
-func (w *Progress) Flush(ctx context.Context) error {
+// Save writes the progress now if something changed since the last
+// write. On failure the changes are kept for the next Save. Run calls it;
+// it is safe for concurrent use, but concurrent Saves may write out of order.
+func (w *Progress) Save(ctx context.Context) error {
 	var since time.Time
 	if w.LagSince != nil {
 		since = w.LagSince()
@@ -132,7 +132,7 @@ func (w *Progress) Flush(ctx context.Context) error {
 			s := lsn.String()
 			lsnText = &s
 		}
-		_, err = w.db.Exec(ctx, upsertCheckpoint, w.slot, lsnText, id, at, n, sinceArg)
+		_, err = w.db.Exec(ctx, upsertProgress, w.slot, lsnText, id, at, n, sinceArg)
 	} else {
 		_, err = w.db.Exec(ctx, upsertLagSince, w.slot, sinceArg)
 	}
@@ -151,7 +151,7 @@ func (w *Progress) Flush(ctx context.Context) error {
 			w.failing = true
 			w.log.Warn("write outboxrelay.checkpoint failed; retrying every second", zap.Error(err))
 		}
-		return fmt.Errorf("write checkpoint: %w", err)
+		return fmt.Errorf("write progress to the checkpoint: %w", err)
 	}
 	if w.failing {
 		w.failing = false

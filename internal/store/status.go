@@ -47,7 +47,7 @@ func (l *LSN) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
-// Status is the checkpoint status of one slot. Its JSON form has the same
+// Status is the status of one slot. Its JSON form has the same
 // names as the columns of the view outboxrelay.status; figures that are not
 // known (for a missing slot, or before the first publish) are null.
 type Status struct {
@@ -233,7 +233,7 @@ SELECT w.lsn::text,
 FROM (SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END AS lsn) w
 LEFT JOIN pg_replication_slots s ON s.slot_name = $1`
 
-const checkpointQuery = `
+const progressQuery = `
 SELECT last_lsn::text, last_message_id, last_published_at, published_total
 FROM outboxrelay.checkpoint WHERE slot = $1`
 
@@ -257,12 +257,12 @@ SELECT count(*) FROM outboxrelay.dead_letters WHERE slot = $1 AND replayed_at IS
 func ReadStatus(ctx context.Context, q Querier, slot string) (Status, error) {
 	s := Status{Slot: slot}
 	var (
-		current, confirmed, restart *string
-		plugin, database, currentDB string
-		haveCheckpoint, haveDLQ     bool
+		current, confirmed, restart     *string
+		plugin, database, currentDB     string
+		haveCheckpoint, haveDeadLetters bool
 	)
 	err := q.QueryRow(ctx, slotQuery, slot).Scan(&current, &s.Exists, &s.Active, &s.WALStatus, &confirmed, &restart,
-		&plugin, &database, &currentDB, &haveCheckpoint, &haveDLQ, &s.Failover, &s.Synced, &s.MaxSlotWALKeepSize)
+		&plugin, &database, &currentDB, &haveCheckpoint, &haveDeadLetters, &s.Failover, &s.Synced, &s.MaxSlotWALKeepSize)
 	if err != nil {
 		return s, fmt.Errorf("read replication slot %q: %w", slot, err)
 	}
@@ -303,7 +303,7 @@ func ReadStatus(ctx context.Context, q Querier, slot string) (Status, error) {
 		lastLSN, lastID *string
 		lastAt          *time.Time
 	)
-	err = q.QueryRow(ctx, checkpointQuery, slot).Scan(&lastLSN, &lastID, &lastAt, &s.PublishedTotal)
+	err = q.QueryRow(ctx, progressQuery, slot).Scan(&lastLSN, &lastID, &lastAt, &s.PublishedTotal)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 	case err != nil:
@@ -353,7 +353,7 @@ func ReadStatus(ctx context.Context, q Querier, slot string) (Status, error) {
 		}
 		s.LagSince = s.LagSince.UTC()
 	}
-	if haveDLQ {
+	if haveDeadLetters {
 		err = q.QueryRow(ctx, deadLettersQuery, slot).Scan(&s.DeadLetters)
 		var pgErr *pgconn.PgError
 		switch {
