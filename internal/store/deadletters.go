@@ -76,13 +76,9 @@ func (s *DeadLetters) AddHead(ctx context.Context, m *relay.Message) error {
 }
 
 func (s *DeadLetters) add(ctx context.Context, m *relay.Message, parks bool) error {
-	headers := map[string]string{}
-	for _, h := range m.Headers {
-		headers[h.Key] = h.Value
-	}
-	hj, err := json.Marshal(headers)
+	hj, attrs, err := encodeHeaders(m)
 	if err != nil {
-		return fmt.Errorf("encode headers: %w", err)
+		return err
 	}
 	errText := "unknown error"
 	if m.LastError != nil {
@@ -95,16 +91,6 @@ func (s *DeadLetters) add(ctx context.Context, m *relay.Message, parks bool) err
 	if last.IsZero() {
 		last = first
 	}
-	var attrs []byte
-	if len(m.Attributes) > 0 {
-		a := map[string]string{}
-		for _, h := range m.Attributes {
-			a[h.Key] = h.Value
-		}
-		if attrs, err = json.Marshal(a); err != nil {
-			return fmt.Errorf("encode attributes: %w", err)
-		}
-	}
 	_, err = s.DB.Exec(ctx, `INSERT INTO outboxrelay.dead_letters
 		(slot, message_id, destination, aggregate_type, aggregate_id, event_type, source_table, traceparent, headers, envelope, error, attempts, first_failed_at, last_failed_at,
 		 body, content_type, attributes, parks, commit_lsn, lsn)
@@ -116,6 +102,28 @@ func (s *DeadLetters) add(ctx context.Context, m *relay.Message, parks bool) err
 		return fmt.Errorf("store dead letter %s: %w", m.ID, err)
 	}
 	return nil
+}
+
+// encodeHeaders encodes m's row headers and its attributes (nil when it
+// has none) as the JSON objects the headers and attributes columns hold.
+func encodeHeaders(m *relay.Message) (headers, attrs []byte, err error) {
+	h := map[string]string{}
+	for _, kv := range m.Headers {
+		h[kv.Key] = kv.Value
+	}
+	if headers, err = json.Marshal(h); err != nil {
+		return nil, nil, fmt.Errorf("encode headers: %w", err)
+	}
+	if len(m.Attributes) > 0 {
+		a := map[string]string{}
+		for _, kv := range m.Attributes {
+			a[kv.Key] = kv.Value
+		}
+		if attrs, err = json.Marshal(a); err != nil {
+			return nil, nil, fmt.Errorf("encode attributes: %w", err)
+		}
+	}
+	return headers, attrs, nil
 }
 
 func nullJSON(b []byte) any {

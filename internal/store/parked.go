@@ -64,23 +64,9 @@ func (s *DeadLetters) Heads(ctx context.Context) ([]relay.Head, error) {
 // Park stores m behind the dead letter that parks its aggregate
 // (relay.Parking).
 func (s *DeadLetters) Park(ctx context.Context, m *relay.Message) (bool, error) {
-	headers := map[string]string{}
-	for _, h := range m.Headers {
-		headers[h.Key] = h.Value
-	}
-	hj, err := json.Marshal(headers)
+	hj, attrs, err := encodeHeaders(m)
 	if err != nil {
-		return false, fmt.Errorf("encode headers: %w", err)
-	}
-	var attrs []byte
-	if len(m.Attributes) > 0 {
-		a := map[string]string{}
-		for _, h := range m.Attributes {
-			a[h.Key] = h.Value
-		}
-		if attrs, err = json.Marshal(a); err != nil {
-			return false, fmt.Errorf("encode attributes: %w", err)
-		}
+		return false, err
 	}
 	parked := false
 	err = pgx.BeginFunc(ctx, s.DB, func(tx pgx.Tx) error {
