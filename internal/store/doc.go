@@ -1,8 +1,12 @@
-// Package store owns the relay's state in PostgreSQL: every statement that
-// reads or writes the outboxrelay schema while the relay runs or an operator
-// inspects it, and the statements that delete or detach outbox rows. cdc
-// streams, decodes and sets up replication; it reads the checkpoint only
-// through cdc.Record, which Checkpoint implements.
+// Package store owns the relay's state in PostgreSQL: the statements that
+// read and write the checkpoint, the dead letters and parked messages and
+// the coverage registrations, the status reads, and the statements that
+// delete or detach outbox rows. cdc streams, decodes and sets up
+// replication; it reads the checkpoint only through cdc.Record, which
+// Checkpoint implements. (Three reads stay with their features: cdc's
+// privilege check asks has_table_privilege about these tables, verify
+// counts dead letters inside its reconciliation query, and the demo queries
+// the view outboxrelay.status as a user would.)
 //
 // # Vocabulary
 //
@@ -23,7 +27,9 @@
 //     before it was acknowledged by the broker or stored as a dead letter.
 //     The relay records it in the checkpoint before it reports it, so the
 //     slot's confirmed_flush_lsn (PostgreSQL's copy, Status.ConfirmedFlushLSN)
-//     is never ahead of the checkpoint unless the slot was replaced (Verify).
+//     is never ahead of the checkpoint unless the slot was replaced, or
+//     PostgreSQL shut down while the relay confirmed unrecorded (Verify
+//     tells the two apart).
 //   - flushed: PostgreSQL's word for the position of a standby status
 //     update, as in confirmed_flush_lsn; this package uses it for nothing
 //     else. PostgreSQL's own CHECKPOINT (which removes WAL no slot needs) is
@@ -34,8 +40,10 @@
 //     ahead of the confirmed position (an earlier transaction may still be
 //     in flight).
 //   - consumer: how a slot is consumed, cdc.Consumer: the publication, the
-//     tables, and each table's identity and publication membership.
-//   - status: what Read reports about one slot, from pg_replication_slots
+//     tables, and each table's identity and publication membership. The
+//     coverage registrations (outboxrelay.coverage, RegisterCoverage) tell
+//     the coverage event trigger which tables to guard.
+//   - status: what ReadStatus reports about one slot, from pg_replication_slots
 //     and the checkpoint, with the same names as the view outboxrelay.status;
 //     ReadSlots lists every logical slot of the server.
 //   - dead letter: a message the broker will never take, in

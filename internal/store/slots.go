@@ -33,7 +33,7 @@ type Slot struct {
 	Flag string `json:"flag,omitempty"`
 }
 
-// ReadAll returns every logical replication slot of the server, in name
+// ReadSlots returns every logical replication slot of the server, in name
 // order. It is safe for concurrent use if q is.
 func ReadSlots(ctx context.Context, q Querier) ([]Slot, error) {
 	var haveCheckpoint bool

@@ -249,10 +249,10 @@ FROM outboxrelay.checkpoint WHERE slot = $1 AND lag_since IS NOT NULL`
 const deadLettersQuery = `
 SELECT count(*) FROM outboxrelay.dead_letters WHERE slot = $1 AND replayed_at IS NULL`
 
-// Read returns the status of slot. A missing slot is not an error (Exists
+// ReadStatus returns the status of slot. A missing slot is not an error (Exists
 // is false), nor is a missing outboxrelay schema: the slot's figures are
-// still read and Warnings says what is missing. Read runs up to three
-// short queries; it returns ctx's error when ctx ends first. It is safe for
+// still read and Warnings says what is missing. It runs a few short
+// queries; it returns ctx's error when ctx ends first. It is safe for
 // concurrent use if q is.
 func ReadStatus(ctx context.Context, q Querier, slot string) (Status, error) {
 	s := Status{Slot: slot}
