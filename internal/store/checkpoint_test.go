@@ -1,16 +1,11 @@
 package store
 
 import (
-	"context"
 	"errors"
 	"strings"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/outboxrelay/outboxrelay/cdc"
-	"github.com/outboxrelay/outboxrelay/integration/pgserver"
-	"github.com/outboxrelay/outboxrelay/integration/pgserver/pgservertest"
 	"github.com/outboxrelay/outboxrelay/migrations"
 )
 
@@ -18,17 +13,8 @@ import (
 // writer wrote, the confirmed position never moves back except by Reset, and
 // cdc's setup reads the record through cdc.Record.
 func TestCheckpoint(t *testing.T) {
-	srv := pgservertest.Start(t, pgserver.Options{})
 	ctx := t.Context()
-	url, err := srv.CreateDatabase(ctx, "checkpoint")
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.Background())
+	conn := connectT(t, "checkpoint")
 	cp := Checkpoint{DB: conn, Slot: "orders"}
 
 	var setupErr *cdc.SetupError
