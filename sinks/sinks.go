@@ -152,3 +152,25 @@ func StaticDestination(tmpl string) []string {
 	}
 	return []string{tmpl}
 }
+
+// Connector is a sink that connects in a step of its own, after its New.
+type Connector interface {
+	relay.Sink
+	Connect(ctx context.Context) error
+}
+
+// Open is the body of a sink's [Settings.Open], given what the sink
+// package's New returned: New's error is a configuration error, reported
+// under sink.<name>; otherwise Open connects s and, when that fails,
+// closes s and returns unreachable(err), one sentence that names what to
+// check.
+func Open(ctx context.Context, name string, s Connector, err error, unreachable func(error) error) (relay.Sink, error) {
+	if err != nil {
+		return nil, fmt.Errorf("sink.%s: %w", name, err)
+	}
+	if err := s.Connect(ctx); err != nil {
+		_ = s.Close()
+		return nil, unreachable(err)
+	}
+	return s, nil
+}

@@ -33,14 +33,9 @@ func init() {
 // Open creates the sink and checks that the server answers.
 func (c *Config) Open(ctx context.Context, log *zap.Logger) (relay.Sink, error) {
 	s, err := New(*c, log)
-	if err != nil {
-		return nil, fmt.Errorf("sink.redis: %w", err)
-	}
-	if err := s.Connect(ctx); err != nil {
-		_ = s.Close()
-		return nil, fmt.Errorf("cannot reach Redis: %w", err)
-	}
-	return s, nil
+	return sinks.Open(ctx, "redis", s, err, func(err error) error {
+		return fmt.Errorf("cannot reach Redis: %w", err)
+	})
 }
 
 // Warnings is empty: no Redis setting works while exposing something.
