@@ -1,6 +1,7 @@
 package redis
 
 import (
+	"cmp"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -73,24 +74,12 @@ type Config struct {
 }
 
 func (c Config) withDefaults() Config {
-	if c.URL == "" {
-		c.URL = DefaultURL
-	}
-	if c.Stream == "" {
-		c.Stream = DefaultStream
-	}
-	if c.BatchSize == 0 {
-		c.BatchSize = DefaultBatchSize
-	}
-	if c.MaxPending == 0 {
-		c.MaxPending = DefaultMaxPending
-	}
-	if c.DialTimeout == 0 {
-		c.DialTimeout = DefaultDialTimeout
-	}
-	if c.Timeout == 0 {
-		c.Timeout = DefaultTimeout
-	}
+	c.URL = cmp.Or(c.URL, DefaultURL)
+	c.Stream = cmp.Or(c.Stream, DefaultStream)
+	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
+	c.MaxPending = cmp.Or(c.MaxPending, DefaultMaxPending)
+	c.DialTimeout = cmp.Or(c.DialTimeout, DefaultDialTimeout)
+	c.Timeout = cmp.Or(c.Timeout, DefaultTimeout)
 	return c
 }
 
