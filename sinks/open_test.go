@@ -3,7 +3,6 @@ package sinks
 import (
 	"context"
 	"errors"
-	"fmt"
 	"testing"
 
 	"github.com/outboxrelay/outboxrelay/relay"
@@ -18,7 +17,7 @@ func (s *unreachableSink) Close() error                                         
 func (s *unreachableSink) Connect(context.Context) error                                        { return errors.New("refused") }
 
 func TestOpen(t *testing.T) {
-	unreachable := func(err error) error { return fmt.Errorf("cannot reach X: %w", err) }
+	unreachable := Unreachable("X")
 	_, err := Open(t.Context(), "x", (*unreachableSink)(nil), errors.New("bad port"), unreachable)
 	if err == nil || err.Error() != "sink.x: bad port" {
 		t.Errorf("New failed: got %v, want sink.x: bad port", err)

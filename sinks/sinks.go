@@ -159,6 +159,12 @@ type Connector interface {
 	Connect(ctx context.Context) error
 }
 
+// Unreachable is the unreachable function of [Open] for a sink whose
+// Connect error names what to check: "cannot reach <broker>: <err>".
+func Unreachable(broker string) func(error) error {
+	return func(err error) error { return fmt.Errorf("cannot reach %s: %w", broker, err) }
+}
+
 // Open is the body of a sink's [Settings.Open], given what the sink
 // package's New returned: New's error is a configuration error, reported
 // under sink.<name>; otherwise Open connects s and, when that fails,

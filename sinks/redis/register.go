@@ -2,7 +2,6 @@ package redis
 
 import (
 	"context"
-	"fmt"
 
 	"go.uber.org/zap"
 
@@ -33,9 +32,7 @@ func init() {
 // Open creates the sink and checks that the server answers.
 func (c *Config) Open(ctx context.Context, log *zap.Logger) (relay.Sink, error) {
 	s, err := New(*c, log)
-	return sinks.Open(ctx, "redis", s, err, func(err error) error {
-		return fmt.Errorf("cannot reach Redis: %w", err)
-	})
+	return sinks.Open(ctx, "redis", s, err, sinks.Unreachable("Redis"))
 }
 
 // Warnings is empty: no Redis setting works while exposing something.
