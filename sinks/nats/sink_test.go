@@ -309,17 +309,7 @@ func TestConnectUnreachable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.Close()
-	err = s.Connect(t.Context())
-	if err == nil {
-		t.Fatal("Connect to a closed port succeeded")
-	}
-	if strings.Contains(err.Error(), "s3cret") {
-		t.Errorf("error shows the password: %v", err)
-	}
-	if !strings.Contains(err.Error(), "sink.nats.url") {
-		t.Errorf("error does not name the setting: %v", err)
-	}
+	sinktest.CheckUnreachable(t, s, "s3cret", "sink.nats.url")
 }
 
 // TestPermanentFailures: messages the server will never store fail with

@@ -2,6 +2,7 @@ package sinktest
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -138,4 +139,34 @@ func BenchmarkPublish(b *testing.B, s relay.Sink, msgs []*relay.Message) {
 		b.Fatal(failed)
 	}
 	b.ReportMetric(float64(len(msgs))/b.Elapsed().Seconds(), "msgs/s")
+}
+
+// Connector is a sink that connects in a step of its own.
+type Connector interface {
+	relay.Sink
+	Connect(ctx context.Context) error
+}
+
+// CheckUnreachable connects s, whose broker URL holds the password secret
+// and names a port nothing listens on, and fails t unless Connect fails
+// with an error that hides secret and names each of want (the setting to
+// check), and s is not Ready after. It closes s.
+func CheckUnreachable(t testing.TB, s Connector, secret string, want ...string) {
+	t.Helper()
+	defer s.Close()
+	err := s.Connect(context.Background())
+	if err == nil {
+		t.Fatal("Connect to a closed port succeeded")
+	}
+	if strings.Contains(err.Error(), secret) {
+		t.Errorf("error shows the password: %v", err)
+	}
+	for _, w := range want {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("error does not name %s: %v", w, err)
+		}
+	}
+	if s.Ready() {
+		t.Error("Ready after a failed Connect")
+	}
 }
