@@ -62,11 +62,13 @@ type Config struct {
 
 	// DialTimeout bounds each connection attempt, default
 	// [DefaultDialTimeout].
-	DialTimeout time.Duration `yaml:"-"`
+	DialTimeout time.Duration `yaml:"dial_timeout"`
 
-	// Timeout bounds writing a batch and reading its replies, default
-	// [DefaultTimeout]. A batch that times out is sent again.
-	Timeout time.Duration `yaml:"-"`
+	// Timeout bounds writing a batch and reading its replies, and a
+	// health ping, default [DefaultTimeout]. A batch that times out is
+	// sent again and may then be stored twice; raise it for large batches
+	// over a slow link rather than let them time out.
+	Timeout time.Duration `yaml:"timeout"`
 
 	// TLS, when set, is used for the connection (rediss:// URLs get a
 	// default TLS configuration without it).

@@ -16,15 +16,20 @@ func init() {
 	sinks.Register(sinks.Type{
 		Name: "redis",
 		Defaults: func() sinks.Settings {
-			return &Config{URL: DefaultURL, Stream: DefaultStream, BatchSize: DefaultBatchSize, MaxPending: DefaultMaxPending}
+			return &Config{
+				URL: DefaultURL, Stream: DefaultStream, BatchSize: DefaultBatchSize, MaxPending: DefaultMaxPending,
+				DialTimeout: DefaultDialTimeout, Timeout: DefaultTimeout,
+			}
 		},
 		Docs: map[string]string{
-			"url":         "Redis URL (`rediss://` for TLS)",
-			"url_file":    "file holding `sink.redis.url`",
-			"stream":      "stream key template: `{aggregate_type}`, `{event_type}`, `{table}`",
-			"max_len":     "trim streams to about this many entries (`MAXLEN ~`); 0 never trims",
-			"batch_size":  "XADDs per MULTI/EXEC round trip",
-			"max_pending": "queued messages before Publish waits",
+			"url":          "Redis URL (`rediss://` for TLS)",
+			"url_file":     "file holding `sink.redis.url`",
+			"stream":       "stream key template: `{aggregate_type}`, `{event_type}`, `{table}`",
+			"max_len":      "trim streams to about this many entries (`MAXLEN ~`); 0 never trims",
+			"batch_size":   "XADDs per MULTI/EXEC round trip",
+			"max_pending":  "queued messages before Publish waits",
+			"dial_timeout": "bound of each connection attempt",
+			"timeout":      "bound of writing a batch and reading its replies; a batch that times out is sent again",
 		},
 	})
 }
