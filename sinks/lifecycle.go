@@ -71,6 +71,15 @@ func (l *Lifecycle) Stopped() bool {
 // Sleep waits for d and reports true, or false as soon as ctx is done or
 // the sink is stopped.
 func (l *Lifecycle) Sleep(ctx context.Context, d time.Duration) bool {
+	return sleep(ctx, l.quit, d)
+}
+
+// Sleep waits for d and reports true, or false as soon as ctx is done: a
+// sink's pause between attempts.
+func Sleep(ctx context.Context, d time.Duration) bool { return sleep(ctx, nil, d) }
+
+// sleep is Sleep that ends early, too, when quit (which may be nil) closes.
+func sleep(ctx context.Context, quit <-chan struct{}, d time.Duration) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
@@ -78,7 +87,7 @@ func (l *Lifecycle) Sleep(ctx context.Context, d time.Duration) bool {
 		return true
 	case <-ctx.Done():
 		return false
-	case <-l.quit:
+	case <-quit:
 		return false
 	}
 }

@@ -275,7 +275,7 @@ func (s *Sink) Run(ctx context.Context) error {
 		}
 		wait := bo.Next()
 		s.log.Warn("cannot connect to nats, retrying", zap.Error(err), zap.Duration("retry_in", wait))
-		if !sleep(ctx, wait) {
+		if !sinks.Sleep(ctx, wait) {
 			return nil
 		}
 	}
@@ -616,15 +616,4 @@ func (s *Sink) Close() error {
 		s.finish(p, fmt.Errorf("publish to nats subject %q: %w", p.m.Destination, ErrClosed))
 	}
 	return nil
-}
-
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
 }
