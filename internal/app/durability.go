@@ -1,4 +1,4 @@
-package main
+package app
 
 import (
 	"context"
@@ -24,12 +24,12 @@ type durability struct {
 func openDurability(ctx context.Context, cfg config.Config, log *zap.Logger) (*durability, error) {
 	pcfg, err := pgxpool.ParseConfig(cfg.Postgres.URL)
 	if err != nil {
-		return nil, usageErr("invalid PostgreSQL URL: %v", err)
+		return nil, fmt.Errorf("invalid PostgreSQL URL: %v", err)
 	}
 	pcfg.MaxConns = 4
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
-		return nil, usageErr("cannot connect to PostgreSQL: %v%s", err, tlsHint(err, "sslrootcert and sslmode in postgres.url"))
+		return nil, fmt.Errorf("cannot connect to PostgreSQL: %v%s", err, tlsHint(err))
 	}
 	return &durability{pool: pool, cfg: cfg, log: log}, nil
 }
@@ -52,7 +52,7 @@ func (d *durability) apply(rc *relay.Config) {
 // returns the guard that keeps checking coverage.
 func (d *durability) consumer(ctx context.Context) (*cdc.Guard, error) {
 	pg := d.cfg.Postgres
-	tables := qualifiedTables(pg.Tables)
+	tables := QualifiedTables(pg.Tables)
 	state, err := cdc.ReadCoverage(ctx, d.pool, pg.Publication, tables)
 	if err != nil {
 		return nil, err
@@ -74,7 +74,7 @@ func (d *durability) consumer(ctx context.Context) (*cdc.Guard, error) {
 		d.log.Warn("the coverage event trigger is not installed or disabled: a table swap or ALTER PUBLICATION is found only by the periodic check (postgres.coverage_interval), after inserts may have been missed; run `outboxrelay migrate` as a superuser to install it")
 	}
 	return cdc.NewGuard(d.pool, cp, cdc.GuardConfig{
-		Publication: pg.Publication, Tables: tables, Ignored: qualifiedTables(pg.IgnoreTables), Interval: pg.CoverageInterval,
+		Publication: pg.Publication, Tables: tables, Ignored: QualifiedTables(pg.IgnoreTables), Interval: pg.CoverageInterval,
 	}, state.Tables, d.log), nil
 }
 
