@@ -18,7 +18,10 @@ import (
 	"golang.org/x/sync/errgroup"
 )
 
-// Relay moves committed outbox rows from a Source to a Sink. Run it once.
+// Relay moves committed outbox rows from a Source to a Sink. Run it once:
+// Run owns every goroutine of the relay and stops them all before it
+// returns. Fail, Inflight, LagSince, Retrying and Unanswered are safe for
+// concurrent use, before, during and after Run.
 type Relay struct {
 	// Relay is the lifecycle: Run starts every goroutine of the pipeline
 	// and stops them all before it returns. The parts, each documented
@@ -163,7 +166,8 @@ func (r *Relay) Retrying() bool { return r.pub.retries.waiting.Load() > 0 || r.p
 func (r *Relay) Unanswered() (time.Duration, int) { return r.pub.unanswered() }
 
 // failure is the relay's first fatal error: it stops the stream, and Run
-// returns it. Safe for concurrent use.
+// returns it. Any goroutine may fail it; Run, which owns it, returns err
+// as it ends.
 type failure struct {
 	log  *zap.Logger
 	once sync.Once
@@ -186,8 +190,8 @@ func (f *failure) fail(err error) {
 }
 
 // background runs the goroutines that store dead letters and parked
-// messages; Run waits for them before it closes the sink. Safe for
-// concurrent use.
+// messages; Run, which owns it, closes it at shutdown and waits for them
+// before it closes the sink. Safe for concurrent use.
 type background struct {
 	mu      sync.Mutex
 	closing bool
