@@ -3,7 +3,6 @@ package relay
 import (
 	"context"
 	"fmt"
-	"time"
 
 	"go.uber.org/zap"
 )
@@ -98,32 +97,19 @@ func (p *publisher) park(m *Message) {
 	p.bg.start(func() {
 		p.storing.Add(1)
 		defer p.storing.Add(-1)
-		for attempt := 1; ; attempt++ {
-			parked, err := p.cfg.Parking.Park(p.ctx, m)
-			if err == nil {
-				if !parked {
-					p.order.unpark(keyOf(m))
-					p.log.Info("aggregate released from its dead letter; publishing again",
-						zap.String("aggregate_type", m.AggregateType), zap.String("aggregate_id", m.AggregateID))
-					p.handoff <- m
-					return
-				}
-				break
-			}
-			if p.ctx.Err() != nil {
-				return // unconfirmed: delivered again after restart
-			}
-			if permanentStoreError(err) {
-				p.failure.fail(fmt.Errorf("park message %s: %w", m.ID, err))
-				return
-			}
-			wait := p.backoff(attempt)
-			p.log.Warn("park message failed; retrying", zap.String("message_id", m.ID), zap.Duration("retry_in", wait), zap.Error(err))
-			select {
-			case <-time.After(wait):
-			case <-p.ctx.Done():
-				return
-			}
+		var parked bool
+		if !p.store(m, "park message", "park message %s: %w", func(ctx context.Context) (err error) {
+			parked, err = p.cfg.Parking.Park(ctx, m)
+			return err
+		}) {
+			return
+		}
+		if !parked {
+			p.order.unpark(keyOf(m))
+			p.log.Info("aggregate released from its dead letter; publishing again",
+				zap.String("aggregate_type", m.AggregateType), zap.String("aggregate_id", m.AggregateID))
+			p.handoff <- m
+			return
 		}
 		p.log.Debug("parked behind a dead letter", zap.String("message_id", m.ID),
 			zap.String("aggregate_type", m.AggregateType), zap.String("aggregate_id", m.AggregateID))

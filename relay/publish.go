@@ -215,25 +215,8 @@ func (p *publisher) deadLetter(m *Message, gated bool) {
 		defer p.deadLetters.Done()
 		p.storing.Add(1) // /readyz shows a dead letter that cannot be stored yet
 		defer p.storing.Add(-1)
-		for attempt := 1; ; attempt++ {
-			err := store(p.ctx, m)
-			if err == nil {
-				break
-			}
-			if p.ctx.Err() != nil {
-				return
-			}
-			if permanentStoreError(err) {
-				p.failure.fail(fmt.Errorf("store dead letter for message %s: %w", m.ID, err))
-				return
-			}
-			wait := p.backoff(attempt)
-			p.log.Warn("store dead letter failed; retrying", zap.String("message_id", m.ID), zap.Duration("retry_in", wait), zap.Error(err))
-			select {
-			case <-time.After(wait):
-			case <-p.ctx.Done():
-				return
-			}
+		if !p.store(m, "store dead letter", "store dead letter for message %s: %w", func(ctx context.Context) error { return store(ctx, m) }) {
+			return
 		}
 		p.log.Warn("dead-lettered", zap.String("message_id", m.ID), zap.String("destination", m.Destination),
 			zap.Int("attempts", m.Attempts), zap.Bool("parks_aggregate", head), zap.Error(m.LastError))
@@ -248,6 +231,34 @@ func (p *publisher) deadLetter(m *Message, gated bool) {
 	})
 	if !started {
 		p.deadLetters.Done()
+	}
+}
+
+// store calls save until it succeeds, and reports whether it did. It gives
+// up when the relay shuts down (m stays unconfirmed: it is delivered again
+// after a restart) and fails the relay when an error is permanent
+// (permanentStoreError). op names the store in the log; failure is the
+// format of the error that stops the relay, given m.ID and the error.
+func (p *publisher) store(m *Message, op, failure string, save func(ctx context.Context) error) bool {
+	for attempt := 1; ; attempt++ {
+		err := save(p.ctx)
+		if err == nil {
+			return true
+		}
+		if p.ctx.Err() != nil {
+			return false
+		}
+		if permanentStoreError(err) {
+			p.failure.fail(fmt.Errorf(failure, m.ID, err))
+			return false
+		}
+		wait := p.backoff(attempt)
+		p.log.Warn(op+" failed; retrying", zap.String("message_id", m.ID), zap.Duration("retry_in", wait), zap.Error(err))
+		select {
+		case <-time.After(wait):
+		case <-p.ctx.Done():
+			return false
+		}
 	}
 }
 
