@@ -237,9 +237,9 @@ func (p *publisher) deadLetter(m *Message, gated bool) {
 // store calls save until it succeeds, and reports whether it did. It gives
 // up when the relay shuts down (m stays unconfirmed: it is delivered again
 // after a restart) and fails the relay when an error is permanent
-// (permanentStoreError). op names the store in the log; failure is the
+// (permanentStoreError). op names the store in the log; failFormat is the
 // format of the error that stops the relay, given m.ID and the error.
-func (p *publisher) store(m *Message, op, failure string, save func(ctx context.Context) error) bool {
+func (p *publisher) store(m *Message, op, failFormat string, save func(ctx context.Context) error) bool {
 	for attempt := 1; ; attempt++ {
 		err := save(p.ctx)
 		if err == nil {
@@ -249,7 +249,7 @@ func (p *publisher) store(m *Message, op, failure string, save func(ctx context.
 			return false
 		}
 		if permanentStoreError(err) {
-			p.failure.fail(fmt.Errorf(failure, m.ID, err))
+			p.failure.fail(fmt.Errorf(failFormat, m.ID, err))
 			return false
 		}
 		wait := p.backoff(attempt)
