@@ -15,7 +15,7 @@ import (
 
 	"github.com/outboxrelay/outboxrelay/cdc"
 	"github.com/outboxrelay/outboxrelay/internal/config"
-	"github.com/outboxrelay/outboxrelay/internal/dlq"
+	"github.com/outboxrelay/outboxrelay/internal/store"
 	"github.com/outboxrelay/outboxrelay/relay"
 	"github.com/outboxrelay/outboxrelay/sinks/kafka"
 )
@@ -64,7 +64,7 @@ func startRelay(ctx context.Context, cfg config.Config, log *zap.Logger) (*runni
 		return nil, fmt.Errorf("connect to PostgreSQL: %w", err)
 	}
 	database := conn.Config().Database
-	err = cdc.Setup(ctx, conn, cfg.CDC(), cfg.Postgres.Columns.Required())
+	err = cdc.Setup(ctx, conn, store.Checkpoint{DB: conn, Slot: cfg.Postgres.Slot}, cfg.CDC(), cfg.Postgres.Columns.Required())
 	conn.Close(context.WithoutCancel(ctx))
 	if err != nil {
 		return nil, fmt.Errorf("prepare PostgreSQL: %w", err)
@@ -93,7 +93,7 @@ func startRelay(ctx context.Context, cfg config.Config, log *zap.Logger) (*runni
 		pool.Close()
 		return nil, errors.Join(err, sink.Close())
 	}
-	cp := cdc.Checkpoints{DB: pool, Slot: cfg.Postgres.Slot}
+	cp := store.Checkpoint{DB: pool, Slot: cfg.Postgres.Slot}
 	rc := relay.Config{
 		Database:         database,
 		Columns:          cfg.Postgres.Columns,
@@ -101,15 +101,15 @@ func startRelay(ctx context.Context, cfg config.Config, log *zap.Logger) (*runni
 		MaxInFlight:      cfg.Relay.MaxInFlight,
 		MaxInFlightBytes: cfg.Relay.MaxInFlightBytes,
 		MaxAttempts:      cfg.Relay.MaxAttempts,
-		Checkpoint:       cp.Save,
+		Checkpoint:       cp.Confirm,
 		Verify:           cp.Verify,
 		// Record and confirm positions quickly, so that the status shown
 		// at the end is current.
 		CheckpointInterval: 200 * time.Millisecond,
 	}
 	if cfg.Relay.DeadLetters {
-		store := &dlq.Store{DB: pool, Slot: cfg.Postgres.Slot}
-		rc.DeadLetter = store.Add
+		dead := &store.DeadLetters{DB: pool, Slot: cfg.Postgres.Slot}
+		rc.DeadLetter = dead.Add
 	}
 	r := relay.New(rc, sink, log)
 

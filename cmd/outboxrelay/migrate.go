@@ -16,6 +16,7 @@ import (
 
 	"github.com/outboxrelay/outboxrelay/cdc"
 	"github.com/outboxrelay/outboxrelay/internal/config"
+	"github.com/outboxrelay/outboxrelay/internal/store"
 	"github.com/outboxrelay/outboxrelay/migrations"
 )
 
@@ -238,7 +239,7 @@ func maintainOnce(ctx context.Context, url string, tables []string, retention ti
 		return usageErr("invalid PostgreSQL URL: %v", err)
 	}
 	defer pool.Close()
-	done, err := cdc.Maintain(ctx, pool, cdc.MaintainConfig{Tables: tables, MaxAge: retention})
+	done, err := store.Maintain(ctx, pool, store.MaintainConfig{Tables: tables, MaxAge: retention})
 	for _, d := range done {
 		fmt.Fprintln(stdout, d)
 	}

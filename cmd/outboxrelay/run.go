@@ -22,7 +22,7 @@ import (
 	"github.com/outboxrelay/outboxrelay/internal/admin"
 	"github.com/outboxrelay/outboxrelay/internal/config"
 	"github.com/outboxrelay/outboxrelay/internal/metrics"
-	"github.com/outboxrelay/outboxrelay/internal/status"
+	"github.com/outboxrelay/outboxrelay/internal/store"
 	"github.com/outboxrelay/outboxrelay/relay"
 	"github.com/outboxrelay/outboxrelay/sinks"
 	"github.com/outboxrelay/outboxrelay/sinks/kafka"
@@ -128,7 +128,7 @@ func run(ctx context.Context, cfg config.Config, log *zap.Logger, acceptConfigCh
 	// Everything is checked before the slot is created: a slot that no relay
 	// reads keeps WAL until the disk fills, so a start that fails must leave
 	// pg_replication_slots as it found it.
-	err = cdc.Prepare(setupCtx, conn, cdcCfg, cfg.Postgres.Columns.Required())
+	err = cdc.Prepare(setupCtx, conn, store.Checkpoint{DB: conn, Slot: cfg.Postgres.Slot}, cdcCfg, cfg.Postgres.Columns.Required())
 	if err == nil {
 		p := cdc.Privileges{
 			DeadLetters: cfg.Relay.DeadLetters, Heartbeat: cfg.Postgres.HeartbeatInterval > 0,
@@ -180,8 +180,8 @@ func run(ctx context.Context, cfg config.Config, log *zap.Logger, acceptConfigCh
 		return startErr(fmt.Errorf("prepare PostgreSQL: %w", err))
 	}
 	slot := cfg.Postgres.Slot
-	readStatus := func(ctx context.Context) (status.Status, error) { return status.Read(ctx, dur.pool, slot) }
-	checkpoint := status.NewWriter(dur.pool, slot, log)
+	readStatus := func(ctx context.Context) (store.Status, error) { return store.ReadStatus(ctx, dur.pool, slot) }
+	progress := store.NewProgress(dur.pool, slot, log)
 	// r is set below, before the HTTP endpoint can scrape the inflight gauge.
 	var r *relay.Relay
 	build := currentBuild()
@@ -209,7 +209,7 @@ func run(ctx context.Context, cfg config.Config, log *zap.Logger, acceptConfigCh
 		MaxAttempts:       cfg.Relay.MaxAttempts,
 		Format:            relay.Format(cfg.Envelope.Format),
 		CloudEventsSource: cfg.Envelope.Source,
-		Hooks:             relay.JoinHooks(relay.Hooks{Published: checkpoint.Published}, m.Hooks()),
+		Hooks:             relay.JoinHooks(relay.Hooks{Published: progress.Published}, m.Hooks()),
 		Resolve:           guard.Resolve,
 		Tracer:            traces.Tracer(),
 		MessagingSystem:   cfg.Sink.Type,
@@ -217,10 +217,10 @@ func run(ctx context.Context, cfg config.Config, log *zap.Logger, acceptConfigCh
 	rc.Validate = validate
 	dur.apply(&rc)
 	r = relay.New(rc, sink, log)
-	checkpoint.LagSince = r.LagSince
+	progress.LagSince = r.LagSince
 
 	// relayCtx ends on SIGTERM/SIGINT, or when the HTTP endpoint fails. The
-	// parts that report on the relay (checkpoint, metrics, HTTP) outlive it
+	// parts that report on the relay (progress, metrics, HTTP) outlive it
 	// until the relay has drained, so that they see its final state.
 	relayCtx, stopRelay := context.WithCancel(ctx)
 	defer stopRelay()
@@ -272,7 +272,7 @@ func run(ctx context.Context, cfg config.Config, log *zap.Logger, acceptConfigCh
 	reportCtx, stopReport := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopReport()
 	var report errgroup.Group
-	report.Go(func() error { return checkpoint.Run(reportCtx) })
+	report.Go(func() error { return progress.Run(reportCtx) })
 	report.Go(func() error { return m.Run(reportCtx) })
 	if srv != nil {
 		report.Go(func() error {
@@ -301,7 +301,7 @@ func run(ctx context.Context, cfg config.Config, log *zap.Logger, acceptConfigCh
 	})
 	report.Go(func() error { return dur.retention(relayCtx) })
 	report.Go(func() error {
-		cdc.RunMaintenance(relayCtx, dur.pool, cdc.MaintainConfig{Tables: qualifiedTables(cfg.Postgres.Tables), MaxAge: cfg.Postgres.Retention},
+		store.RunMaintenance(relayCtx, dur.pool, store.MaintainConfig{Tables: qualifiedTables(cfg.Postgres.Tables), MaxAge: cfg.Postgres.Retention},
 			time.Hour, log.Named("partitions"))
 		return nil
 	})
@@ -314,7 +314,7 @@ func run(ctx context.Context, cfg config.Config, log *zap.Logger, acceptConfigCh
 	err = r.Run(relayCtx, stream)
 	if err != nil {
 		recCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 3*time.Second)
-		if rerr := (cdc.Checkpoints{DB: dur.pool, Slot: slot}).RecordError(recCtx, err); rerr != nil {
+		if rerr := (store.Checkpoint{DB: dur.pool, Slot: slot}).RecordError(recCtx, err); rerr != nil {
 			log.Warn("could not record the error for status", zap.Error(rerr))
 		}
 		cancel()
