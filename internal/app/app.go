@@ -187,7 +187,7 @@ func (a *App) Run(ctx context.Context) error {
 		MaxAttempts:       cfg.Relay.MaxAttempts,
 		Format:            relay.Format(cfg.Envelope.Format),
 		CloudEventsSource: cfg.Envelope.Source,
-		Hooks:             joinHooks(relay.Hooks{Published: progress.Published}, m.Hooks()),
+		Hooks:             relay.JoinHooks(relay.Hooks{Published: progress.Published}, m.Hooks()),
 		Resolve:           guard.Resolve,
 		Tracer:            traces.Tracer(),
 		MessagingSystem:   cfg.Sink.Type,
@@ -311,61 +311,6 @@ func staticDestinations(cfg config.Config) []string {
 		return d.StaticDestinations()
 	}
 	return nil
-}
-
-// joinHooks returns hooks that call the set hooks of hs, in order.
-func joinHooks(hs ...relay.Hooks) relay.Hooks {
-	var (
-		published []func(*relay.Message, time.Time)
-		failed    []func(*relay.Message, error)
-		dead      []func(*relay.Message)
-		skipped   []func(string)
-		reserved  []func(*relay.Message, string)
-	)
-	for _, h := range hs {
-		if h.Published != nil {
-			published = append(published, h.Published)
-		}
-		if h.PublishFailed != nil {
-			failed = append(failed, h.PublishFailed)
-		}
-		if h.DeadLettered != nil {
-			dead = append(dead, h.DeadLettered)
-		}
-		if h.Skipped != nil {
-			skipped = append(skipped, h.Skipped)
-		}
-		if h.ReservedHeaderDropped != nil {
-			reserved = append(reserved, h.ReservedHeaderDropped)
-		}
-	}
-	return relay.Hooks{
-		Published: func(m *relay.Message, at time.Time) {
-			for _, f := range published {
-				f(m, at)
-			}
-		},
-		PublishFailed: func(m *relay.Message, err error) {
-			for _, f := range failed {
-				f(m, err)
-			}
-		},
-		DeadLettered: func(m *relay.Message) {
-			for _, f := range dead {
-				f(m)
-			}
-		},
-		Skipped: func(table string) {
-			for _, f := range skipped {
-				f(table)
-			}
-		},
-		ReservedHeaderDropped: func(m *relay.Message, name string) {
-			for _, f := range reserved {
-				f(m, name)
-			}
-		},
-	}
 }
 
 // OpenSink creates the configured sink, non-transactionally, and checks
