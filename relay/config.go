@@ -148,8 +148,8 @@ type Config struct {
 	DeadLetterOrder DeadLetterOrder
 	Parking         Parking
 	// Checkpoint durably records a position before the relay confirms it to
-	// PostgreSQL (cdc.Checkpoints.Save); Verify checks the slot against the
-	// record when a session starts (cdc.Checkpoints.Verify). Both optional.
+	// PostgreSQL (internal/store Checkpoint.Confirm); Verify checks the slot against the
+	// record when a session starts (Checkpoint.Verify). Both optional.
 	Checkpoint func(ctx context.Context, lsn cdc.LSN) error
 	Verify     func(ctx context.Context, slotConfirmed cdc.LSN) error
 	// CheckpointInterval is how often a new position is recorded (default
