@@ -61,7 +61,7 @@ func (s *rowSource) Run(ctx context.Context, h cdc.Handler) error {
 // of 1,000 aggregates through a sink that acknowledges at once, without
 // ("schemas=off", the reference, run just before in the same process) and
 // with every payload validated through relay.Config.Validate as
-// cmd/outboxrelay wires it. "x-off" is throughput with validation as a
+// internal/app wires it. "x-off" is throughput with validation as a
 // fraction of the reference, "cpu-x-off" the same for the process's CPU
 // time per row. Run with -benchtime=3x and -count.
 func BenchmarkValidateCost(b *testing.B) {
