@@ -53,9 +53,6 @@ func encodeAvro(s avro.Schema, payload []byte) ([]byte, error) {
 // mismatch is the error of a payload value that s cannot hold, at the JSON
 // pointer ptr of the payload.
 func mismatch(ptr string, s avro.Schema, v any, why string) error {
-	if ptr == "" {
-		ptr = "/"
-	}
 	return fmt.Errorf("at %q: %s, want Avro %s%s", ptr, describeJSON(v), avroTypeName(s), why)
 }
 

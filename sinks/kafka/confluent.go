@@ -378,13 +378,15 @@ func (v *values) register(ctx context.Context, subject string, vs *valueSchema) 
 	if vs.avro != nil {
 		s.Type = sr.TypeAvro
 	}
-	ss, err := v.client.CreateSchema(ctx, subject, s)
+	id, err := v.client.RegisterSchema(ctx, subject, s, -1, -1)
 	var re *sr.ResponseError
 	if errors.As(err, &re) && re.StatusCode == http.StatusForbidden {
+		var ss sr.SubjectSchema
 		ss, err = v.client.LookupSchema(ctx, subject, s)
+		id = ss.ID
 	}
 	if err == nil {
-		return ss.ID, nil
+		return id, nil
 	}
 	return 0, v.registryError(subject, vs, err)
 }
