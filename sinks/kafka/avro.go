@@ -215,8 +215,8 @@ func avroPrimitive(s *avro.PrimitiveSchema, v any, ptr string) (any, error) {
 		}
 		return b, nil
 	case avro.Int, avro.Long:
-		if str, ok := v.(string); ok {
-			t, err := avroTime(logical, str)
+		if str, ok := v.(string); ok && avroTimes[logical] != "" {
+			t, err := time.Parse(avroTimes[logical], str)
 			if err != nil {
 				return nil, mismatch(ptr, s, v, ": "+err.Error())
 			}
@@ -261,15 +261,13 @@ func avroPrimitive(s *avro.PrimitiveSchema, v any, ptr string) (any, error) {
 	return nil, fmt.Errorf("at %q: Avro %s is not supported", ptr, s.Type())
 }
 
-// avroTime parses the string form of a date or timestamp.
-func avroTime(logical avro.LogicalType, s string) (time.Time, error) {
-	switch logical {
-	case avro.Date:
-		return time.Parse(time.DateOnly, s)
-	case avro.TimestampMillis, avro.TimestampMicros, avro.LocalTimestampMillis, avro.LocalTimestampMicros:
-		return time.Parse(time.RFC3339Nano, s)
-	}
-	return time.Time{}, errors.New("only a date or timestamp takes a string")
+// avroTimes are the layouts of the logical types that take a string.
+var avroTimes = map[avro.LogicalType]string{
+	avro.Date:                 time.DateOnly,
+	avro.TimestampMillis:      time.RFC3339Nano,
+	avro.TimestampMicros:      time.RFC3339Nano,
+	avro.LocalTimestampMillis: time.RFC3339Nano,
+	avro.LocalTimestampMicros: time.RFC3339Nano,
 }
 
 func avroBytes(s avro.Schema, v any, ptr string) ([]byte, error) {
