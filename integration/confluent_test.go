@@ -1,14 +1,10 @@
 package integration
 
 import (
-	"bufio"
-	"bytes"
-	"context"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -22,7 +18,8 @@ import (
 // The Confluent Schema Registry wire format (sink.kafka.value_format),
 // against srtest's registry, which answers the registry's REST API: the
 // relay's records decoded here and by Confluent's own JavaScript
-// deserializer (@confluentinc/schemaregistry, installed by .ci/interop-deps).
+// deserializer (@confluentinc/schemaregistry, installed by .ci/interop-deps, run by
+// interop/kafka-read.js).
 
 const (
 	confluentJSONSchema = `{"$schema": "https://json-schema.org/draft/2020-12/schema", "title": "OrderCreated", "type": "object",
@@ -149,19 +146,22 @@ func TestConfluentWireFormat(t *testing.T) {
 				}
 			}
 
-			jsFormat := map[string]string{"confluent-json-schema": "json", "confluent-avro": "avro"}[format]
-			js := confluentRead(t, e, mods, "outbox.order", len(recs), reg.URL, jsFormat)
-			for _, r := range js {
-				mid := r.Headers["message_id"]
-				if r.Error != "" {
-					t.Errorf("Confluent's deserializer: record %s: %s", mid, r.Error)
+			flag := map[string]string{"confluent-json-schema": "--confluent-json", "confluent-avro": "--confluent-avro"}[format]
+			jsRecs, code := e.kafkajsRead(mods, "outbox.order", len(recs), flag, reg.URL)
+			if code != 0 || len(jsRecs) != len(recs) {
+				t.Fatalf("kafka-read.js exited %d with %d records: %v", code, len(jsRecs), jsRecs)
+			}
+			for _, r := range jsRecs {
+				mid := one(t, r, "message_id")
+				if r.DecodeError != "" {
+					t.Errorf("Confluent's deserializer: record %s: %s", mid, r.DecodeError)
 					continue
 				}
-				if r.Value["order_id"] != want[mid] {
-					t.Errorf("Confluent's deserializer decoded %s as %v, want order_id %v", mid, r.Value, want[mid])
+				if r.Decoded["order_id"] != want[mid] {
+					t.Errorf("Confluent's deserializer decoded %s as %v, want order_id %v", mid, r.Decoded, want[mid])
 				}
 			}
-			t.Logf("%s: %d records under schema id %d, decoded by @confluentinc/schemaregistry", format, len(js), id)
+			t.Logf("%s: %d records under schema id %d, decoded by @confluentinc/schemaregistry", format, len(jsRecs), id)
 			p.stop()
 		})
 	}
@@ -215,41 +215,4 @@ func confluentNodeModules(t *testing.T) string {
 		missingClient(t, "npm package @confluentinc/schemaregistry", "run .ci/interop-deps")
 	}
 	return mods
-}
-
-// srRecord is one record as confluent-read.js printed it.
-type srRecord struct {
-	Key     *string           `json:"key"`
-	Headers map[string]string `json:"headers"`
-	Value   map[string]any    `json:"value"`
-	Error   string            `json:"error"`
-}
-
-// confluentRead runs confluent-read.js against the test's broker and
-// registry.
-func confluentRead(t *testing.T, e *env, mods, topic string, n int, registry, format string) []srRecord {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 120*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "node", "interop/confluent-read.js", e.brokers, topic, fmt.Sprint(n), registry, format)
-	cmd.Env = append(os.Environ(), "NODE_PATH="+mods)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("node confluent-read.js: %v\nstderr: %s\nstdout: %s", err, stderr.String(), stdout.String())
-	}
-	var recs []srRecord
-	sc := bufio.NewScanner(&stdout)
-	sc.Buffer(nil, 1<<20)
-	for sc.Scan() {
-		var r srRecord
-		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
-			t.Fatalf("confluent-read.js printed %q: %v", sc.Text(), err)
-		}
-		recs = append(recs, r)
-	}
-	if len(recs) != n {
-		t.Fatalf("confluent-read.js printed %d records, want %d", len(recs), n)
-	}
-	return recs
 }
