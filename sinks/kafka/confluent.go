@@ -77,6 +77,23 @@ type SchemaRegistry struct {
 	SubjectStrategy string `yaml:"subject_strategy"`
 }
 
+// registryWarnings names registry settings that work but expose the
+// password or accept any registry.
+func (c Config) registryWarnings() []string {
+	if !confluent(c.ValueFormat) {
+		return nil
+	}
+	var ws []string
+	r := c.SchemaRegistry
+	if u, err := url.Parse(r.URL); err == nil && u.Scheme == "http" && (r.Password != "" || u.User != nil) {
+		ws = append(ws, "sink.kafka.schema_registry.url is http:// and sends the registry password unencrypted; use https://")
+	}
+	if r.TLSFiles.Enabled && r.TLSFiles.InsecureSkipVerify {
+		ws = append(ws, "sink.kafka.schema_registry.tls.insecure_skip_verify accepts any registry certificate; use sink.kafka.schema_registry.tls.ca_file instead")
+	}
+	return ws
+}
+
 // confluent returns whether format is one of the Confluent value formats.
 func confluent(format string) bool {
 	return format == ValueConfluentJSONSchema || format == ValueConfluentAvro
@@ -278,7 +295,9 @@ func (v *values) ping(ctx context.Context) error {
 		if errors.As(err, &re) && (re.StatusCode == http.StatusUnauthorized || re.StatusCode == http.StatusForbidden) {
 			return &registryDown{fmt.Sprintf("the schema registry at %s refused the relay (HTTP %d: %s); check sink.kafka.schema_registry.username and password", v.url, re.StatusCode, re.Message)}
 		}
-		return &registryDown{fmt.Sprintf("cannot reach the schema registry at %s (%v); check sink.kafka.schema_registry.url and that the registry is running", v.url, redact.Error(err, v.url))}
+		// The client's URL carries no password (newValues moved it to
+		// basic authentication), so its errors quote none.
+		return &registryDown{fmt.Sprintf("cannot reach the schema registry at %s (%v); check sink.kafka.schema_registry.url and that the registry is running", v.url, err)}
 	}
 	return nil
 }
@@ -399,7 +418,7 @@ func (v *values) register(ctx context.Context, subject string, vs *valueSchema) 
 func (v *values) registryError(subject string, vs *valueSchema, err error) error {
 	var re *sr.ResponseError
 	if !errors.As(err, &re) {
-		return fmt.Errorf("schema registry at %s did not answer for subject %q: %w", v.url, subject, redact.Error(err, v.url))
+		return fmt.Errorf("schema registry at %s did not answer for subject %q: %w", v.url, subject, err)
 	}
 	what := fmt.Sprintf("the schema registry at %s refused %s for subject %q (HTTP %d, error %d: %s)", v.url, vs.file, subject, re.StatusCode, re.ErrorCode, re.Message)
 	switch {

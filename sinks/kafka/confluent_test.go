@@ -358,6 +358,17 @@ func TestConfluentConfig(t *testing.T) {
 		}
 	}
 
+	c := base
+	c.SchemaRegistry.Username, c.SchemaRegistry.Password = "u", "p"
+	c.SchemaRegistry.TLSFiles.InsecureSkipVerify, c.SchemaRegistry.TLSFiles.Enabled = true, true
+	if ws := strings.Join(c.Warnings(), "\n"); !strings.Contains(ws, "schema_registry.url is http:// and sends the registry password unencrypted") ||
+		!strings.Contains(ws, "schema_registry.tls.insecure_skip_verify accepts any registry certificate") {
+		t.Errorf("Warnings = %q", ws)
+	}
+	if ws := base.Warnings(); len(ws) != 0 {
+		t.Errorf("Warnings without a password = %q", ws)
+	}
+
 	// Files that cannot be registered stop the sink at New.
 	for files, want := range map[string]string{
 		`{"type": "record", "name": "X", "fields": [{"name": "a", "type": "nosuch"}]}`: "avro schema order.created/v1.avsc:",
@@ -368,7 +379,7 @@ func TestConfluentConfig(t *testing.T) {
 			t.Errorf("New = %v, want %q", err, want)
 		}
 	}
-	c := base
+	c = base
 	c.ValueFormat = ValueConfluentJSONSchema
 	c.SchemasDir = schemaDir(t, map[string]string{"order.created/v1.json": `{"$ref": "../_shared/money.json"}`})
 	if _, err := New(c, nil); err == nil || !strings.Contains(err.Error(), `schema order.created/v1.json: $ref "../_shared/money.json" names another file`) {

@@ -106,8 +106,8 @@ func (c *Config) pingError(err error) error {
 	return fmt.Errorf("cannot reach Kafka: %w", err)
 }
 
-// Warnings names settings that work but expose the password or accept any
-// broker.
+// Warnings names settings that work but expose a password or accept any
+// broker or schema registry.
 func (c *Config) Warnings() []string {
 	var ws []string
 	if c.SASL.Mechanism == SASLPlain && !c.TLSFiles.Enabled && c.TLS == nil {
@@ -116,7 +116,7 @@ func (c *Config) Warnings() []string {
 	if c.TLSFiles.Enabled && c.TLSFiles.InsecureSkipVerify {
 		ws = append(ws, "sink.kafka.tls.insecure_skip_verify accepts any broker certificate; use sink.kafka.tls.ca_file instead")
 	}
-	return ws
+	return append(ws, c.registryWarnings()...)
 }
 
 // mechanism returns the configured SASL mechanism, or nil for none.
