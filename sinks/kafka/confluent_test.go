@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
+	"encoding/pem"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/outboxrelay/outboxrelay/envelope"
 	"github.com/outboxrelay/outboxrelay/relay"
+	"github.com/outboxrelay/outboxrelay/sinks"
 	"github.com/outboxrelay/outboxrelay/sinks/kafka/srtest"
 )
 
@@ -276,6 +278,30 @@ func TestConfluentBasicAuth(t *testing.T) {
 	_, err := cfg.Open(t.Context(), nil)
 	if err == nil || !strings.Contains(err.Error(), "refused the relay (HTTP 401") || strings.Contains(err.Error(), "wrong") {
 		t.Errorf("wrong password: %v", err)
+	}
+}
+
+func TestConfluentTLS(t *testing.T) {
+	dir := schemaDir(t, map[string]string{"order.created/v1.json": orderJSONSchema})
+	c := newCluster(t)
+	reg := srtest.NewTLS(t)
+	ca := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: reg.Certificate().Raw}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := confluentConfig(reg, ValueConfluentJSONSchema, dir)
+	cfg.Brokers = c.ListenAddrs()
+	_, err := cfg.Open(t.Context(), nil)
+	if err == nil || !strings.Contains(err.Error(), "cannot reach the schema registry at "+reg.URL) || !strings.Contains(err.Error(), "certificate") {
+		t.Errorf("Open without the registry's CA: %v", err)
+	}
+	cfg.SchemaRegistry.TLSFiles = sinks.TLS{Enabled: true, CAFile: ca}
+	s := newSink(t, c, cfg)
+	if err := publishOne(t, s, ceMessage("m", "1", "order.created", 1, `{"order_id": 1}`)); err != nil {
+		t.Fatal(err)
+	}
+	if len(reg.Subjects()["outbox.order-value"]) != 1 {
+		t.Errorf("subjects %v", reg.Subjects())
 	}
 }
 

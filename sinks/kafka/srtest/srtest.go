@@ -45,10 +45,17 @@ type stored struct {
 	SchemaType string `json:"schemaType,omitempty"`
 }
 
-// New starts a registry; it stops with the test.
-func New(t interface {
-	Cleanup(func())
-}) *Registry {
+// TB is the part of testing.TB a Registry needs.
+type TB interface{ Cleanup(func()) }
+
+// New starts a registry on http://127.0.0.1; it stops with the test.
+func New(t TB) *Registry { return start(t, false) }
+
+// NewTLS starts a registry on https://127.0.0.1 whose certificate
+// Certificate returns (httptest's, for 127.0.0.1 and example.com).
+func NewTLS(t TB) *Registry { return start(t, true) }
+
+func start(t TB, useTLS bool) *Registry {
 	r := &Registry{subjects: map[string][]int{}, rejected: map[string]bool{}, requests: map[string]int{}}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /subjects", r.listSubjects)
@@ -56,7 +63,7 @@ func New(t interface {
 	mux.HandleFunc("POST /subjects/{subject}", r.lookup)
 	mux.HandleFunc("GET /subjects/{subject}/versions/latest", r.latest)
 	mux.HandleFunc("GET /schemas/ids/{id}", r.byID)
-	r.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+	r.Server = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		r.mu.Lock()
 		r.requests[req.Method+" "+req.URL.Path]++
 		user := r.user
@@ -70,6 +77,11 @@ func New(t interface {
 		}
 		mux.ServeHTTP(w, req)
 	}))
+	if useTLS {
+		r.StartTLS()
+	} else {
+		r.Start()
+	}
 	t.Cleanup(r.Close)
 	return r
 }
