@@ -59,8 +59,8 @@ func start(t TB, useTLS bool) *Registry {
 	r := &Registry{subjects: map[string][]int{}, rejected: map[string]bool{}, requests: map[string]int{}}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /subjects", r.listSubjects)
-	mux.HandleFunc("POST /subjects/{subject}/versions", r.register)
-	mux.HandleFunc("POST /subjects/{subject}", r.lookup)
+	mux.HandleFunc("POST /subjects/{subject}/versions", r.withSchema(r.register))
+	mux.HandleFunc("POST /subjects/{subject}", r.withSchema(r.lookup))
 	mux.HandleFunc("GET /subjects/{subject}/versions/latest", r.latest)
 	mux.HandleFunc("GET /schemas/ids/{id}", r.byID)
 	r.Server = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
@@ -213,14 +213,21 @@ func (r *Registry) listSubjects(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, subjects)
 }
 
-func (r *Registry) register(w http.ResponseWriter, req *http.Request) {
-	s, ok := readSchema(w, req)
-	if !ok {
-		return
+// withSchema serves a request that posts a schema to a subject: h runs
+// with r.mu held.
+func (r *Registry) withSchema(h func(w http.ResponseWriter, subject string, s stored)) http.HandlerFunc {
+	return func(w http.ResponseWriter, req *http.Request) {
+		s, ok := readSchema(w, req)
+		if !ok {
+			return
+		}
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		h(w, req.PathValue("subject"), s)
 	}
-	subject := req.PathValue("subject")
-	r.mu.Lock()
-	defer r.mu.Unlock()
+}
+
+func (r *Registry) register(w http.ResponseWriter, subject string, s stored) {
 	if r.readOnly {
 		writeError(w, http.StatusForbidden, 40301, "User is denied operation Write on Subject: "+subject)
 		return
@@ -235,14 +242,7 @@ func (r *Registry) register(w http.ResponseWriter, req *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]int{"id": id})
 }
 
-func (r *Registry) lookup(w http.ResponseWriter, req *http.Request) {
-	s, ok := readSchema(w, req)
-	if !ok {
-		return
-	}
-	subject := req.PathValue("subject")
-	r.mu.Lock()
-	defer r.mu.Unlock()
+func (r *Registry) lookup(w http.ResponseWriter, subject string, s stored) {
 	ids, ok := r.subjects[subject]
 	if !ok {
 		writeError(w, http.StatusNotFound, 40401, "Subject '"+subject+"' not found.")
