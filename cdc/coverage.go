@@ -2,7 +2,6 @@ package cdc
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -11,9 +10,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap"
-
-	"github.com/outboxrelay/outboxrelay/internal/redact"
 )
 
 // pgoutput decides what to send with the catalog as it was when each change
@@ -61,6 +59,12 @@ type CoverageState struct {
 type CatalogReader interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// Querier runs statements and queries: *pgx.Conn and *pgxpool.Pool satisfy it.
+type Querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	CatalogReader
 }
 
 // ReadCoverage reads the state of publication pub for tables (schema.name).
@@ -197,62 +201,29 @@ type ConsumerError struct{ Msg string }
 
 func (e *ConsumerError) Error() string { return e.Msg }
 
-// Consumer is how a slot is consumed: recorded in outboxrelay.checkpoint.
+// Consumer is how a slot is consumed: through which publication, for which
+// tables, and the state of each table then. The relay keeps it in its
+// record of the slot (see Record).
 type Consumer struct {
 	Publication string
 	Tables      []string
 	Relations   map[string]TableState
 }
 
-// ReadConsumer returns how the slot was last consumed; ok is false when
-// nothing is recorded.
-func (c Checkpoints) ReadConsumer(ctx context.Context) (rec Consumer, ok bool, err error) {
-	var pub *string
-	var rels []byte
-	err = c.DB.QueryRow(ctx, `SELECT publication, coalesce(tables, '{}'), relations FROM outboxrelay.checkpoint WHERE slot = $1`, c.Slot).
-		Scan(&pub, &rec.Tables, &rels)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return rec, false, nil
-	}
-	if err != nil {
-		return rec, false, fmt.Errorf("read checkpoint: %w", err)
-	}
-	if pub == nil {
-		return rec, false, nil
-	}
-	rec.Publication = *pub
-	if len(rels) > 0 {
-		if err := json.Unmarshal(rels, &rec.Relations); err != nil {
-			return rec, false, fmt.Errorf("read checkpoint relations: %w", err)
-		}
-	}
-	return rec, true, nil
-}
-
-// RecordConsumer records how the slot is consumed from now on.
-func (c Checkpoints) RecordConsumer(ctx context.Context, cur Consumer) error {
-	rels, err := json.Marshal(cur.Relations)
-	if err != nil {
-		return err
-	}
-	_, err = c.DB.Exec(ctx, `INSERT INTO outboxrelay.checkpoint AS c (slot, publication, tables, relations, updated_at) VALUES ($1, $2, $3, $4, now())
-		ON CONFLICT (slot) DO UPDATE SET publication = EXCLUDED.publication, tables = EXCLUDED.tables, relations = EXCLUDED.relations,
-			error = NULL, error_at = NULL`,
-		c.Slot, cur.Publication, cur.Tables, rels)
-	if err != nil {
-		return fmt.Errorf("record how slot %s is consumed: %w", c.Slot, err)
-	}
-	return nil
-}
-
-// RecordError records why the relay stopped, for status to report.
-func (c Checkpoints) RecordError(ctx context.Context, stopErr error) error {
-	_, err := c.DB.Exec(ctx, `INSERT INTO outboxrelay.checkpoint AS c (slot, error, error_at, updated_at) VALUES ($1, $2, now(), now())
-		ON CONFLICT (slot) DO UPDATE SET error = EXCLUDED.error, error_at = EXCLUDED.error_at`, c.Slot, redact.Text(stopErr.Error()))
-	if err != nil {
-		return fmt.Errorf("record error: %w", err)
-	}
-	return nil
+// Record is what setup and the Guard read of the relay's record of its slot,
+// which the relay keeps in PostgreSQL (internal/store's Checkpoint
+// implements it; cdc does not write it). Implementations must be safe for
+// concurrent use when given to a Guard.
+type Record interface {
+	// Ready fails with a *SetupError naming the fix when the record cannot
+	// be kept: the relay's schema is missing or from an older version.
+	Ready(ctx context.Context) error
+	// Consumer returns how the slot was last consumed; ok is false when
+	// nothing is recorded.
+	Consumer(ctx context.Context) (c Consumer, ok bool, err error)
+	// Confirmed returns the position last recorded as confirmed for the
+	// slot; ok is false when none is.
+	Confirmed(ctx context.Context) (lsn LSN, ok bool, err error)
 }
 
 // CompareConsumer returns a *ConsumerError when cur is not a continuation
@@ -300,7 +271,7 @@ func CompareConsumer(slot string, rec, cur Consumer) error {
 // for concurrent use.
 type Guard struct {
 	db       Querier
-	cp       Checkpoints
+	rec      Record
 	pub      string
 	tables   []string
 	ignored  []string
@@ -323,15 +294,16 @@ type GuardConfig struct {
 	Interval time.Duration
 }
 
-// NewGuard returns a Guard for the state found at start, rels.
-func NewGuard(db Querier, cp Checkpoints, cfg GuardConfig, rels map[string]TableState, log *zap.Logger) *Guard {
+// NewGuard returns a Guard for the state found at start, rels. It reads the
+// catalog through db and the slot's consumer record through rec.
+func NewGuard(db Querier, rec Record, cfg GuardConfig, rels map[string]TableState, log *zap.Logger) *Guard {
 	if cfg.Interval <= 0 {
 		cfg.Interval = time.Second
 	}
 	if log == nil {
 		log = zap.NewNop()
 	}
-	return &Guard{db: db, cp: cp, pub: cfg.Publication, tables: cfg.Tables, ignored: cfg.Ignored, interval: cfg.Interval,
+	return &Guard{db: db, rec: rec, pub: cfg.Publication, tables: cfg.Tables, ignored: cfg.Ignored, interval: cfg.Interval,
 		log: log.Named("coverage"), rels: maps(rels), goodAt: time.Now()}
 }
 
@@ -392,7 +364,7 @@ func (g *Guard) Check(ctx context.Context) error {
 		if now == was || now.OID == 0 || !s.Published[t] {
 			continue // unchanged, gone (nothing can be inserted under the name), or reported above
 		}
-		rec, ok, err := g.cp.ReadConsumer(checkCtx)
+		rec, ok, err := g.rec.Consumer(checkCtx)
 		if err != nil {
 			return err
 		}

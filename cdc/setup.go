@@ -17,8 +17,8 @@ import (
 // can feed the relay and creates what is missing, the publication and the
 // logical replication slot. It is idempotent and safe to run from several
 // relays at once.
-func Setup(ctx context.Context, conn *pgx.Conn, cfg Config, requiredColumns []string) error {
-	if err := Prepare(ctx, conn, cfg, requiredColumns); err != nil {
+func Setup(ctx context.Context, conn *pgx.Conn, rec Record, cfg Config, requiredColumns []string) error {
+	if err := Prepare(ctx, conn, rec, cfg, requiredColumns); err != nil {
 		return err
 	}
 	_, err := EnsureSlot(ctx, conn, cfg.Slot, "postgres.slot", cfg.FailoverSlot)
@@ -32,8 +32,9 @@ func Setup(ctx context.Context, conn *pgx.Conn, cfg Config, requiredColumns []st
 // creates no replication slot: a slot nobody reads keeps WAL until the disk
 // fills, so the relay creates it with [EnsureSlot] only once everything else
 // it needs has been checked. Problems an operator must fix come back as
-// *SetupError with one sentence naming the fix.
-func Prepare(ctx context.Context, conn *pgx.Conn, cfg Config, requiredColumns []string) error {
+// *SetupError with one sentence naming the fix. rec is the relay's record of
+// cfg.Slot, read for how the slot was consumed and how far it was confirmed.
+func Prepare(ctx context.Context, conn *pgx.Conn, rec Record, cfg Config, requiredColumns []string) error {
 	var walLevel string
 	if err := conn.QueryRow(ctx, "SHOW wal_level").Scan(&walLevel); err != nil {
 		return fmt.Errorf("read wal_level: %w", err)
@@ -85,22 +86,10 @@ func Prepare(ctx context.Context, conn *pgx.Conn, cfg Config, requiredColumns []
 		}
 	}
 
-	var schema bool
-	if err := conn.QueryRow(ctx, "SELECT to_regclass('outboxrelay.checkpoint') IS NOT NULL").Scan(&schema); err != nil {
-		return fmt.Errorf("look for the outboxrelay schema: %w", err)
+	if err := rec.Ready(ctx); err != nil {
+		return err
 	}
-	if !schema {
-		return &SetupError{Msg: "schema outboxrelay is missing; run `outboxrelay migrate --database-url URL` first"}
-	}
-
-	var haveColumns bool
-	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = 'outboxrelay.checkpoint'::regclass AND attname = 'relations' AND NOT attisdropped)`).Scan(&haveColumns); err != nil {
-		return fmt.Errorf("inspect outboxrelay.checkpoint: %w", err)
-	}
-	if !haveColumns {
-		return &SetupError{Msg: "schema outboxrelay is from an older version; run `outboxrelay migrate` to update it"}
-	}
-	rec, ok, err := Checkpoints{DB: conn, Slot: cfg.Slot}.ReadConsumer(ctx)
+	was, ok, err := rec.Consumer(ctx)
 	if err != nil {
 		return err
 	}
@@ -116,13 +105,13 @@ func Prepare(ctx context.Context, conn *pgx.Conn, cfg Config, requiredColumns []
 			return err
 		}
 		cur := Consumer{Publication: cfg.Publication, Tables: qualify(cfg.Tables), Relations: state.Tables}
-		if err := CompareConsumer(cfg.Slot, rec, cur); err != nil {
+		if err := CompareConsumer(cfg.Slot, was, cur); err != nil {
 			if !cfg.AcceptConfigChange {
 				return err
 			}
 			cfg.logger().Warn("taking the slot over with a new configuration (--accept-config-change)", zap.String("was", err.Error()))
-		} else if rec.Publication == cfg.Publication {
-			recorded = rec.Tables
+		} else if was.Publication == cfg.Publication {
+			recorded = was.Tables
 		}
 	}
 	changed, err := EnsurePublication(ctx, conn, cfg.Publication, qualify(cfg.Tables), recorded, qualify(cfg.IgnoreTables), ModeRun)
@@ -132,7 +121,7 @@ func Prepare(ctx context.Context, conn *pgx.Conn, cfg Config, requiredColumns []
 	for _, c := range changed {
 		cfg.logger().Warn(c)
 	}
-	return refuseMissingSlot(ctx, conn, cfg.Slot)
+	return refuseMissingSlot(ctx, conn, rec, cfg.Slot)
 }
 
 // refuseMissingSlot fails when the slot does not exist although the relay
@@ -140,21 +129,25 @@ func Prepare(ctx context.Context, conn *pgx.Conn, cfg Config, requiredColumns []
 // did not follow (PostgreSQL 14-16, or a slot created without failover), and
 // a fresh slot would start at the new primary's current position, skipping
 // every row committed since the last confirmation.
-func refuseMissingSlot(ctx context.Context, conn *pgx.Conn, slot string) error {
-	var recorded *string
-	err := conn.QueryRow(ctx, `SELECT c.confirmed_lsn::text FROM outboxrelay.checkpoint c
-		WHERE c.slot = $1 AND c.confirmed_lsn IS NOT NULL
-		AND NOT EXISTS (SELECT 1 FROM pg_replication_slots s WHERE s.slot_name = c.slot)`, slot).Scan(&recorded)
-	if errors.Is(err, pgx.ErrNoRows) || (err == nil && recorded == nil) {
+func refuseMissingSlot(ctx context.Context, conn *pgx.Conn, rec Record, slot string) error {
+	var exists bool
+	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1)`, slot).Scan(&exists); err != nil {
+		return fmt.Errorf("look for slot %s: %w", slot, err)
+	}
+	if exists {
 		return nil
 	}
+	confirmed, ok, err := rec.Confirmed(ctx)
 	if err != nil {
-		return fmt.Errorf("read checkpoint of slot %s: %w", slot, err)
+		return err
+	}
+	if !ok {
+		return nil
 	}
 	return &SetupError{Msg: fmt.Sprintf(
 		"replication slot %s does not exist on this server, but the relay confirmed it up to %s here: after a failover the slot did not follow (PostgreSQL 14-16, or a slot without postgres.failover_slot), and rows committed since then may never have been relayed; "+
 			"run `outboxrelay recover --config FILE` to create the slot and republish them from the outbox table",
-		slot, *recorded)}
+		slot, confirmed)}
 }
 
 // Mode says who prepares the publication: migrate repairs what it finds,

@@ -12,7 +12,7 @@ import (
 
 	"github.com/jackc/pglogrepl"
 
-	"github.com/outboxrelay/outboxrelay/internal/dlq"
+	"github.com/outboxrelay/outboxrelay/internal/store"
 	"github.com/outboxrelay/outboxrelay/relay"
 )
 
@@ -39,8 +39,8 @@ func deadMessage(aggID, eventType string, lsn pglogrepl.LSN) *relay.Message {
 func (e *env) seedDeadLetters() (plain, head *relay.Message, chain []*relay.Message) {
 	e.t.Helper()
 	ctx := e.t.Context()
-	orders := &dlq.Store{DB: e.db, Slot: "orders"}
-	billing := &dlq.Store{DB: e.db, Slot: "billing"}
+	orders := &store.DeadLetters{DB: e.db, Slot: "orders"}
+	billing := &store.DeadLetters{DB: e.db, Slot: "billing"}
 	plain = deadMessage("1", "order.created", 0x100)
 	if err := orders.Add(ctx, plain); err != nil {
 		e.t.Fatal(err)
@@ -198,7 +198,7 @@ func TestDeadLetterReplayProgress(t *testing.T) {
 	}
 
 	// A terminal: script(1) runs the command on a pseudo-terminal.
-	orders := &dlq.Store{DB: e.db, Slot: "billing"}
+	orders := &store.DeadLetters{DB: e.db, Slot: "billing"}
 	for _, ev := range []string{"order.created", "order.paid"} {
 		if err := orders.Add(t.Context(), deadMessage("8", ev, 0x400)); err != nil {
 			t.Fatal(err)

@@ -19,15 +19,15 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/outboxrelay/outboxrelay/internal/status"
+	"github.com/outboxrelay/outboxrelay/internal/store"
 )
 
 // statusJSON runs `outboxrelay status --json` and decodes the object it
 // prints first (an unhealthy status is followed by a line on stderr).
-func (e *env) statusJSON(args ...string) (status.Status, int, string) {
+func (e *env) statusJSON(args ...string) (store.Status, int, string) {
 	e.t.Helper()
 	out, code := e.cli(append([]string{"status", "--database-url", e.dbURL, "--json"}, args...)...)
-	var st status.Status
+	var st store.Status
 	if err := json.NewDecoder(strings.NewReader(out)).Decode(&st); err != nil {
 		e.t.Fatalf("status --json exited %d with output that is not JSON: %v\n%s", code, err, out)
 	}
@@ -95,7 +95,7 @@ func TestStatusLagAndView(t *testing.T) {
 	p.stop()
 
 	// The walsender lets go of the slot just after the relay exits.
-	var after status.Status
+	var after store.Status
 	waitFor(t, 10*time.Second, "the slot to become inactive", func() bool {
 		after, code, out = e.statusJSON()
 		return code != 0 || !after.Active
@@ -363,7 +363,7 @@ func TestMetricsDuringRun(t *testing.T) {
 		t.Errorf("/readyz = %d %s while streaming", code, b)
 	}
 	code, b := get(t, base+"/status")
-	var st status.Status
+	var st store.Status
 	if err := json.Unmarshal([]byte(b), &st); code != 200 || err != nil || !st.Exists || !st.Active || st.Slot != "outboxrelay" {
 		t.Errorf("/status = %d %s", code, b)
 	}

@@ -30,7 +30,7 @@ type Options struct {
 	// Publication is the publication name (default outboxrelay).
 	Publication string
 	// Partitioned creates the outbox table range-partitioned by created_at
-	// (daily partitions, see cdc.Maintain) with a default partition.
+	// (daily partitions, see Maintain in internal/store) with a default partition.
 	Partitioned bool
 	// Debezium also creates a Debezium-shaped outbox table.
 	Debezium bool

@@ -19,7 +19,7 @@ import (
 // carries, the row's tracestate header becomes the message's Tracestate;
 // with a generated traceparent it would describe another trace, and is
 // dropped. The envelope body keeps the row's headers as written.
-func (r *Relay) brokerHeaders(m *Message, headers []envelope.Header, rowTraceparent string) ([]envelope.Header, string) {
+func (b *Builder) brokerHeaders(m *Message, headers []envelope.Header, rowTraceparent string) ([]envelope.Header, string) {
 	var tracestate string
 	kept, dropped := envelope.WithoutReserved(headers)
 	if len(dropped) == 0 {
@@ -35,13 +35,13 @@ func (r *Relay) brokerHeaders(m *Message, headers []envelope.Header, rowTracepar
 			dropped = slices.DeleteFunc(dropped, func(k string) bool { return k == "tracestate" })
 		}
 	}
-	if h := r.cfg.Hooks.ReservedHeaderDropped; h != nil {
+	if h := b.cfg.Hooks.ReservedHeaderDropped; h != nil {
 		for _, name := range dropped {
 			h(m, envelope.ReservedAs(name))
 		}
 	}
 	if len(dropped) > 0 {
-		r.log.Warn("dropped row headers whose names the relay owns; rename them",
+		b.log.Warn("dropped row headers whose names the relay owns; rename them",
 			zap.String("message_id", m.ID), zap.Strings("headers", dropped))
 	}
 	return kept, tracestate

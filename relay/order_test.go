@@ -188,7 +188,7 @@ func TestFirstDeliveriesKeepAggregateOrder(t *testing.T) {
 			}
 		}
 	}
-	if got := r.Confirmed(); got != src.lastEnd {
+	if got := r.handler.Confirmed(); got != src.lastEnd {
 		t.Errorf("confirmed %v, want %v", got, src.lastEnd)
 	}
 }

@@ -3,7 +3,6 @@ package relay
 import (
 	"context"
 	"fmt"
-	"time"
 
 	"go.uber.org/zap"
 )
@@ -57,79 +56,66 @@ type Parking interface {
 }
 
 // parking reports whether dead letters park their aggregates.
-func (r *Relay) parking() bool {
-	return r.cfg.Parking != nil && r.cfg.DeadLetterOrder == DeadLetterPark && !r.unordered
+func (p *publisher) parking() bool {
+	return p.cfg.Parking != nil && p.cfg.DeadLetterOrder == DeadLetterPark && !p.unordered
 }
 
 // loadHeads marks the aggregates the store says are parked. It only adds:
 // an aggregate marked here that the store released is found out by park.
-func (r *Relay) loadHeads(ctx context.Context) error {
-	if !r.parking() {
+func (p *publisher) loadHeads(ctx context.Context) error {
+	if !p.parking() {
 		return nil
 	}
-	heads, err := r.cfg.Parking.Heads(ctx)
+	heads, err := p.cfg.Parking.Heads(ctx)
 	if err != nil {
 		return fmt.Errorf("read parked aggregates: %w", err)
 	}
 	for _, h := range heads {
-		r.order.park(aggregateKey{h.AggregateType, h.AggregateID})
+		p.order.park(aggregateKey{h.AggregateType, h.AggregateID})
 	}
 	if len(heads) > 0 {
-		r.log.Info("aggregates parked behind dead letters", zap.Int("aggregates", len(heads)))
+		p.log.Info("aggregates parked behind dead letters", zap.Int("aggregates", len(heads)))
 	}
 	return nil
 }
 
 // send hands m, admitted by its aggregate's order, to the sink, or parks it
 // when its aggregate is parked.
-func (r *Relay) send(ctx context.Context, m *Message) {
-	if r.parking() && r.order.parked(keyOf(m)) {
-		r.park(m)
+func (p *publisher) send(ctx context.Context, m *Message) {
+	if p.parking() && p.order.parked(keyOf(m)) {
+		p.park(m)
 		return
 	}
-	r.publish(ctx, m)
+	p.publish(ctx, m)
 }
 
 // park stores m behind its aggregate's dead letter, then settles it, which
 // lets the aggregate's next message come to send. If the store says the
 // aggregate was released meanwhile, m goes to the sink instead: the
 // release has published the whole chain before it let go of the head.
-func (r *Relay) park(m *Message) {
-	r.goBackground(func() {
-		r.storing.Add(1)
-		defer r.storing.Add(-1)
-		for attempt := 1; ; attempt++ {
-			parked, err := r.cfg.Parking.Park(r.sinkCtx, m)
-			if err == nil {
-				if !parked {
-					r.order.unpark(keyOf(m))
-					r.log.Info("aggregate released from its dead letter; publishing again",
-						zap.String("aggregate_type", m.AggregateType), zap.String("aggregate_id", m.AggregateID))
-					r.handoff <- m
-					return
-				}
-				break
-			}
-			if r.sinkCtx.Err() != nil {
-				return // unconfirmed: delivered again after restart
-			}
-			if permanentStoreError(err) {
-				r.fail(fmt.Errorf("park message %s: %w", m.ID, err))
-				return
-			}
-			wait := r.backoff(attempt)
-			r.log.Warn("park message failed; retrying", zap.String("message_id", m.ID), zap.Duration("retry_in", wait), zap.Error(err))
-			select {
-			case <-time.After(wait):
-			case <-r.sinkCtx.Done():
-				return
-			}
+func (p *publisher) park(m *Message) {
+	p.bg.start(func() {
+		p.storing.Add(1)
+		defer p.storing.Add(-1)
+		var parked bool
+		if !p.store(m, "park message", "park message %s: %w", func(ctx context.Context) (err error) {
+			parked, err = p.cfg.Parking.Park(ctx, m)
+			return err
+		}) {
+			return
 		}
-		r.log.Debug("parked behind a dead letter", zap.String("message_id", m.ID),
+		if !parked {
+			p.order.unpark(keyOf(m))
+			p.log.Info("aggregate released from its dead letter; publishing again",
+				zap.String("aggregate_type", m.AggregateType), zap.String("aggregate_id", m.AggregateID))
+			p.handoff <- m
+			return
+		}
+		p.log.Debug("parked behind a dead letter", zap.String("message_id", m.ID),
 			zap.String("aggregate_type", m.AggregateType), zap.String("aggregate_id", m.AggregateID))
-		if h := r.cfg.Hooks.Parked; h != nil {
+		if h := p.cfg.Hooks.Parked; h != nil {
 			h(m)
 		}
-		r.settle(m, true)
+		p.settle(m, true)
 	})
 }

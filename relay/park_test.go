@@ -76,7 +76,7 @@ func TestDeadLetterParksAggregateInRelay(t *testing.T) {
 			if err := r.Run(ctx, src); err != nil {
 				t.Fatal(err)
 			}
-			if got := r.Confirmed(); got != src.lastEnd {
+			if got := r.handler.Confirmed(); got != src.lastEnd {
 				t.Errorf("confirmed %v, want %v: parking must let the slot advance", got, src.lastEnd)
 			}
 			var published []int // a1's, after m4

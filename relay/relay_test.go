@@ -76,7 +76,7 @@ func TestRetriesKeepPublishOrder(t *testing.T) {
 			t.Fatalf("retries changed the order within an aggregate: %v", s.order)
 		}
 	}
-	if got := r.Confirmed(); got != 200 {
+	if got := r.handler.Confirmed(); got != 200 {
 		t.Fatalf("confirmed %v, want 200 once every retry succeeded", got)
 	}
 }
@@ -145,7 +145,7 @@ func TestNonTransactionalMessageInsideTransactionKeepsWatermark(t *testing.T) {
 	if err := r.Run(ctx, interleavedSource{}); err != nil {
 		t.Fatal(err)
 	}
-	if got := r.Confirmed(); got != 300 {
+	if got := r.handler.Confirmed(); got != 300 {
 		t.Fatalf("confirmed %v after every message was acknowledged or dead-lettered, want 300: a non-transactional message inside a transaction must not stop the watermark", got)
 	}
 	if len(dl.ids) != 1 || dl.ids[0] != "loose" {
@@ -205,14 +205,14 @@ func TestUnansweredAndLagSince(t *testing.T) {
 	if d, n := r.Unanswered(); d != 0 || n != 0 {
 		t.Fatalf("nothing published: unanswered %s for %d", d, n)
 	}
-	_ = r.Begin(ctx, cdc.Begin{FinalLSN: 100, CommitTime: commit})
+	_ = r.handler.Begin(ctx, cdc.Begin{FinalLSN: 100, CommitTime: commit})
 	for i := range 3 {
 		c := fmt.Sprintf(`{"id":"m%d","aggregate_type":"order","aggregate_id":"%d","event_type":"x","payload":{}}`, i, i)
-		if err := r.Message(ctx, &cdc.LogicalMessage{Transactional: true, LSN: cdc.LSN(10 + i), Prefix: "outboxrelay", Content: []byte(c)}); err != nil {
+		if err := r.handler.Message(ctx, &cdc.LogicalMessage{Transactional: true, LSN: cdc.LSN(10 + i), Prefix: "outboxrelay", Content: []byte(c)}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	_ = r.Commit(ctx, cdc.Commit{EndLSN: 200})
+	_ = r.handler.Commit(ctx, cdc.Commit{EndLSN: 200})
 	time.Sleep(50 * time.Millisecond)
 	if d, n := r.Unanswered(); d < 50*time.Millisecond || n != 3 {
 		t.Errorf("sink holds 3: unanswered %s for %d, want >= 50ms for 3", d, n)

@@ -60,15 +60,15 @@ func (c *traceCarrier) Keys() []string { return []string{"traceparent", "tracest
 // provider without an exporter) the span context is the parent's or
 // invalid, and m keeps the values it has: the row's trace context, or the
 // derived, unsampled one.
-func (r *Relay) startSpan(m *Message, em *envelope.Message, fromRow bool) {
-	if r.cfg.Tracer == nil {
+func (b *Builder) startSpan(m *Message, em *envelope.Message, fromRow bool) {
+	if b.cfg.Tracer == nil {
 		return
 	}
 	ctx := context.Background() // a message has no caller context: its parent, if any, is the row's
 	opts := []trace.SpanStartOption{
 		trace.WithSpanKind(trace.SpanKindProducer),
 		trace.WithAttributes(
-			attribute.String("messaging.system", r.cfg.MessagingSystem),
+			attribute.String("messaging.system", b.cfg.MessagingSystem),
 			attribute.String("messaging.operation.type", "send"),
 			attribute.String("messaging.operation.name", "send"),
 			attribute.String("messaging.message.id", m.ID),
@@ -84,7 +84,7 @@ func (r *Relay) startSpan(m *Message, em *envelope.Message, fromRow bool) {
 			ctx = context.WithValue(ctx, derivedTraceKey{}, id)
 		}
 	}
-	_, span := r.cfg.Tracer.Start(ctx, "send", opts...)
+	_, span := b.cfg.Tracer.Start(ctx, "send", opts...)
 	sc := span.SpanContext()
 	if !sc.IsValid() || sc.SpanID() == parent.SpanID() {
 		// A tracer that makes no spans of its own.

@@ -23,7 +23,10 @@ type txn struct {
 // tracker computes the flushed position: the end LSN of the newest
 // transaction whose messages, and those of every earlier transaction, the
 // broker has acknowledged — a contiguous low watermark. Acknowledgements may
-// arrive in any order and from any goroutine.
+// arrive in any order and from any goroutine. The handler opens, counts and
+// commits transactions on the stream goroutine; publisher.complete acks from
+// whichever goroutine settles a message; the checkpointer reads the
+// watermark.
 type tracker struct {
 	mu        sync.Mutex
 	queue     []*txn // oldest first

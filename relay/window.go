@@ -8,6 +8,8 @@ import (
 // window bounds the messages and bytes in flight. acquire blocks while the
 // window is full; release frees room. A single message larger than the byte
 // limit is let through when nothing else is in flight, so it cannot deadlock.
+// The handler acquires on the stream goroutine; publisher.complete releases
+// from whichever goroutine settles the message.
 type window struct {
 	mu       sync.Mutex
 	maxMsgs  int

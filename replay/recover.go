@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxrelay/outboxrelay/cdc"
+	"github.com/outboxrelay/outboxrelay/internal/store"
 	"github.com/outboxrelay/outboxrelay/relay"
 )
 
@@ -35,7 +36,7 @@ func (s SlotState) Healthy() bool {
 }
 
 // ReadSlot reads the slot and the relay's checkpoint record.
-func ReadSlot(ctx context.Context, db Querier, slot string) (SlotState, error) {
+func ReadSlot(ctx context.Context, db store.DB, slot string) (SlotState, error) {
 	var st SlotState
 	var confirmed *string
 	var walStatus string
@@ -54,27 +55,9 @@ func ReadSlot(ctx context.Context, db Querier, slot string) (SlotState, error) {
 			}
 		}
 	}
-	var recLSN *string
-	var recAt *time.Time
-	err = db.QueryRow(ctx, `SELECT confirmed_lsn::text,
-			CASE WHEN confirmed_at IS NULL THEN last_published_at
-			     WHEN last_published_at IS NULL THEN confirmed_at
-			     ELSE LEAST(confirmed_at, last_published_at) END
-		FROM outboxrelay.checkpoint WHERE slot = $1`, slot).Scan(&recLSN, &recAt)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-	case err != nil:
-		return st, fmt.Errorf("read outboxrelay.checkpoint: %w", err)
-	default:
-		if recLSN != nil {
-			st.Recorded = true
-			if st.RecordedLSN, err = pglogrepl.ParseLSN(*recLSN); err != nil {
-				return st, err
-			}
-		}
-		if recAt != nil {
-			st.RecordedAt = *recAt
-		}
+	st.RecordedLSN, st.Recorded, st.RecordedAt, err = store.Checkpoint{DB: db, Slot: slot}.Recorded(ctx)
+	if err != nil {
+		return st, err
 	}
 	return st, nil
 }
@@ -176,10 +159,8 @@ func Recover(ctx context.Context, db *pgx.Conn, pub *Publisher, cfg RecoverConfi
 		return res, fmt.Errorf("%d messages were refused by the broker (see the log); the checkpoint was not reset, run recover again once they can be published: %w", len(r.Failed), ErrFailed)
 	}
 	_ = tx.Rollback(ctx)
-	_, err = db.Exec(ctx, `UPDATE outboxrelay.checkpoint SET confirmed_lsn = $2::pg_lsn, confirmed_at = now(), updated_at = now(), error = NULL, error_at = NULL
-		WHERE slot = $1`, cfg.Slot, res.ConsistentPoint.String())
-	if err != nil {
-		return res, fmt.Errorf("reset the checkpoint record: %w", err)
+	if err := (store.Checkpoint{DB: db, Slot: cfg.Slot}).Reset(ctx, res.ConsistentPoint); err != nil {
+		return res, err
 	}
 	return res, nil
 }

@@ -152,3 +152,31 @@ func StaticDestination(tmpl string) []string {
 	}
 	return []string{tmpl}
 }
+
+// Connector is a sink that connects in a step of its own, after its New.
+type Connector interface {
+	relay.Sink
+	Connect(ctx context.Context) error
+}
+
+// Unreachable is the unreachable function of [Open] for a sink whose
+// Connect error names what to check: "cannot reach <broker>: <err>".
+func Unreachable(broker string) func(error) error {
+	return func(err error) error { return fmt.Errorf("cannot reach %s: %w", broker, err) }
+}
+
+// Open is the body of a sink's [Settings.Open], given what the sink
+// package's New returned: New's error is a configuration error, reported
+// under sink.<name>; otherwise Open connects s and, when that fails,
+// closes s and returns unreachable(err), one sentence that names what to
+// check.
+func Open(ctx context.Context, name string, s Connector, err error, unreachable func(error) error) (relay.Sink, error) {
+	if err != nil {
+		return nil, fmt.Errorf("sink.%s: %w", name, err)
+	}
+	if err := s.Connect(ctx); err != nil {
+		_ = s.Close()
+		return nil, unreachable(err)
+	}
+	return s, nil
+}

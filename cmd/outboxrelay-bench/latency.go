@@ -9,11 +9,14 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"os"
+	"os/exec"
 	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -43,6 +46,16 @@ type latencyResult struct {
 	RelayP99Le      float64            `json:"relay_histogram_p99_le_ms"`
 	RelayBuckets    map[string]float64 `json:"relay_histogram_buckets,omitempty"`
 	RelayCPUSeconds float64            `json:"relay_cpu_seconds"`
+	// RelayCPUPerRow is RelayCPUSeconds per received row in microseconds;
+	// RelaySwitchesPerRow counts the context switches of all the relay's
+	// threads per row (voluntary ones are a thread going to sleep).
+	RelayCPUPerRow       float64 `json:"relay_cpu_us_per_row"`
+	RelaySwitchesPerRow  float64 `json:"relay_context_switches_per_row"`
+	RelayVoluntaryPerRow float64 `json:"relay_voluntary_switches_per_row"`
+	// Bare is the reference: a bare pglogrepl loop on a slot of its own,
+	// in a process of its own, receiving the same transactions at the same
+	// time (see bareLatencyMain).
+	Bare *bareLatencyResult `json:"bare_pglogrepl,omitempty"`
 	// Slow lists, for rows over 20 ms, when they committed (seconds into
 	// the run) and their latency, merged into windows; OthersBusy is the
 	// machine's CPU share used by everything but the relay, PostgreSQL and
@@ -50,6 +63,20 @@ type latencyResult struct {
 	Slow       []slowWindow `json:"slow,omitempty"`
 	OthersBusy float64      `json:"others_busy_share"`
 	PeakRSSMB  float64      `json:"peak_rss_mb"`
+}
+
+// bareLatencyResult is the bare loop's side of the latency run: commit to
+// the loop's receipt of the Commit message, in milliseconds, and its cost.
+type bareLatencyResult struct {
+	Received        int     `json:"received"`
+	P50             float64 `json:"p50_ms"`
+	P99             float64 `json:"p99_ms"`
+	P999            float64 `json:"p999_ms"`
+	Max             float64 `json:"max_ms"`
+	CPUPerRow       float64 `json:"cpu_us_per_row"`
+	SwitchesPerRow  float64 `json:"context_switches_per_row"`
+	VoluntaryPerRow float64 `json:"voluntary_switches_per_row"`
+	Error           string  `json:"error,omitempty"`
 }
 
 // slowWindow is a stretch of rows that took over 20 ms.
@@ -72,7 +99,7 @@ type envelopeTimes struct {
 // clock). kfake makes a record readable as soon as it appends it, just
 // before it answers the produce request, so this is commit to ack plus
 // the consumer's fetch turnaround.
-func runLatency(ctx context.Context, env *benchEnv, rate int, d time.Duration) (*latencyResult, error) {
+func runLatency(ctx context.Context, env *benchEnv, rate int, d time.Duration, profile bool) (*latencyResult, error) {
 	db := "bench_latency"
 	url, err := env.prepareDatabase(ctx, db)
 	if err != nil {
@@ -86,8 +113,8 @@ func runLatency(ctx context.Context, env *benchEnv, rate int, d time.Duration) (
 	defer kf.Close()
 	broker := kf.ListenAddrs()[0]
 
-	const slot = "latency_relay"
-	if err := createSlots(ctx, url, []string{slot}); err != nil {
+	const slot, bareSlot = "latency_relay", "latency_bare"
+	if err := createSlots(ctx, url, []string{slot, bareSlot}); err != nil {
 		return nil, err
 	}
 	listen, err := freeAddr()
@@ -99,7 +126,16 @@ func runLatency(ctx context.Context, env *benchEnv, rate int, d time.Duration) (
 		return nil, err
 	}
 	defer p.stop() // reported by the measurement below when it matters
-	if err := waitActive(ctx, url, slot, p); err != nil {
+	if err := waitActive(ctx, url, slot, p.done, "relay (log "+p.log+")"); err != nil {
+		return nil, err
+	}
+	n := int(d.Seconds() * float64(rate))
+	bare, err := startBareLoop(env, url, bareSlot, n)
+	if err != nil {
+		return nil, err
+	}
+	defer bare.stop()
+	if err := waitActive(ctx, url, bareSlot, bare.done, "bare loop"); err != nil {
 		return nil, err
 	}
 
@@ -158,9 +194,21 @@ func runLatency(ctx context.Context, env *benchEnv, rate int, d time.Duration) (
 		return nil, err
 	}
 	gen := newRowGen(1024)
-	n := int(d.Seconds() * float64(rate))
 	interval := time.Second / time.Duration(rate)
-	cpu0 := readProc(p.cmd.Process.Pid).cpu
+	var perf *exec.Cmd
+	var perfData string
+	if profile {
+		if perfData, err = profilePath(env, "relay-latency", "the measured run, under perf record"); err != nil {
+			return nil, err
+		}
+		perf = exec.Command("perf", "record", "-q", "-F", "1999", "-g", "-p", strconv.Itoa(p.cmd.Process.Pid), "-o", perfData)
+		perf.Stdout, perf.Stderr = os.Stderr, os.Stderr
+		if err := perf.Start(); err != nil {
+			perf = nil
+			fmt.Fprintln(os.Stderr, "perf record:", err)
+		}
+	}
+	cpu0, sw0 := readProc(p.cmd.Process.Pid).cpu, contextSwitches(p.cmd.Process.Pid)
 	busy0, self0, pg0 := machineBusy(), selfCPU(), postgresCPU(env.pg.DataDir())
 	start := time.Now()
 	var params [][]byte
@@ -189,8 +237,19 @@ func runLatency(ctx context.Context, env *benchEnv, rate int, d time.Duration) (
 		time.Sleep(20 * time.Millisecond)
 	}
 	rs := readProc(p.cmd.Process.Pid)
+	sw := contextSwitches(p.cmd.Process.Pid).minus(sw0)
 	others := machineBusy() - busy0 - (selfCPU() - self0) - (rs.cpu - cpu0) - (postgresCPU(env.pg.DataDir()) - pg0)
 	wall := time.Since(start)
+	bl, bareErr := bare.result(max(time.Until(deadline), time.Second))
+	if perf != nil {
+		_ = perf.Process.Signal(syscall.SIGINT)
+		_ = perf.Wait()
+		if err := perfReport(ctx, perfData); err != nil {
+			fmt.Fprintln(os.Stderr, "profile:", err)
+		}
+	}
+	// The bare loop's CPU is its own process's: take it out of the others'.
+	others -= time.Duration(bl.CPUSeconds * float64(time.Second))
 	cancel()
 	wg.Wait()
 	buckets, histErr := scrapeLatency(ctx, listen)
@@ -201,13 +260,29 @@ func runLatency(ctx context.Context, env *benchEnv, rate int, d time.Duration) (
 		return nil, bad
 	}
 	res := &latencyResult{
-		What:     "commit (envelope source.committed_at) to receipt by a franz-go consumer of kfake; 1 KB rows, 1 row/txn, synchronous_commit=on (the server runs fsync=off)",
+		What:     "commit (envelope source.committed_at) to receipt by a franz-go consumer of kfake; 1 KB rows, 1 row/txn, synchronous_commit=on (the server runs fsync=off)" + map[bool]string{true: "; the relay ran under perf record", false: ""}[perf != nil],
 		Rate:     rate,
 		Achieved: float64(n) / elapsed.Seconds(),
 		Inserted: n, Received: len(samples), Duplicates: dups,
 		RelayCPUSeconds: (rs.cpu - cpu0).Seconds(), PeakRSSMB: float64(rs.hwmKiB) / 1024,
 	}
 	res.OthersBusy = max(others.Seconds(), 0) / (wall.Seconds() * float64(runtime.NumCPU()))
+	if len(samples) > 0 {
+		rows := float64(len(samples))
+		res.RelayCPUPerRow = res.RelayCPUSeconds * 1e6 / rows
+		res.RelaySwitchesPerRow, res.RelayVoluntaryPerRow = float64(sw.total())/rows, float64(sw.voluntary)/rows
+	}
+	res.Bare = &bareLatencyResult{Received: len(bl.MS)}
+	if bareErr != nil {
+		res.Bare.Error = bareErr.Error()
+	}
+	if b := res.Bare; len(bl.MS) > 0 {
+		b.P50, b.P99, b.P999, b.Max = quantile(bl.MS, 0.5), quantile(bl.MS, 0.99), quantile(bl.MS, 0.999), quantile(bl.MS, 1)
+		if rows := float64(bl.Rows); rows > 0 {
+			b.CPUPerRow = bl.CPUSeconds * 1e6 / rows
+			b.SwitchesPerRow, b.VoluntaryPerRow = float64(bl.Voluntary+bl.Involuntary)/rows, float64(bl.Voluntary)/rows
+		}
+	}
 	var recv []float64
 	type slow struct{ at, ms float64 }
 	var slows []slow
@@ -338,8 +413,9 @@ func quantile(v []float64, q float64) float64 {
 	return v[min(max(i, 0), len(v)-1)]
 }
 
-// waitActive waits until the relay streams from slot.
-func waitActive(ctx context.Context, url, slot string, p *relayProc) error {
+// waitActive waits until a consumer streams from slot; done is closed when
+// it exits, what names it in errors.
+func waitActive(ctx context.Context, url, slot string, done <-chan struct{}, what string) error {
 	conn, err := pgx.Connect(ctx, url)
 	if err != nil {
 		return err
@@ -355,10 +431,10 @@ func waitActive(ctx context.Context, url, slot string, p *relayProc) error {
 			return nil
 		}
 		select {
-		case <-p.done:
-			return fmt.Errorf("relay exited: %v (log %s)", p.err, p.log)
+		case <-done:
+			return fmt.Errorf("%s exited before streaming", what)
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
-	return fmt.Errorf("relay did not start streaming within 30s (log %s)", p.log)
+	return fmt.Errorf("%s did not start streaming within 30s", what)
 }

@@ -68,6 +68,42 @@ func readProc(pid int) procSample {
 	return s
 }
 
+// switches counts a process's context switches, summed over its threads.
+type switches struct{ voluntary, involuntary int64 }
+
+func (s switches) total() int64 { return s.voluntary + s.involuntary }
+
+func (s switches) minus(o switches) switches {
+	return switches{s.voluntary - o.voluntary, s.involuntary - o.involuntary}
+}
+
+// contextSwitches reads the context switches of every live thread of pid. A
+// voluntary switch is a thread going to sleep (a futex, epoll or nanosleep
+// wait): the count of wakeups that a per-row goroutine handoff costs.
+func contextSwitches(pid int) switches {
+	var s switches
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		return s
+	}
+	for _, t := range tasks {
+		status, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/status", pid, t.Name()))
+		if err != nil {
+			continue
+		}
+		for line := range strings.SplitSeq(string(status), "\n") {
+			if v, ok := strings.CutPrefix(line, "voluntary_ctxt_switches:"); ok {
+				n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+				s.voluntary += n
+			} else if v, ok := strings.CutPrefix(line, "nonvoluntary_ctxt_switches:"); ok {
+				n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+				s.involuntary += n
+			}
+		}
+	}
+	return s
+}
+
 // findProcess returns the pid of a process named comm whose command line
 // contains arg, or 0.
 func findProcess(comm, arg string) int {

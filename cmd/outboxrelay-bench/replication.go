@@ -208,38 +208,54 @@ func bareLoop(ctx context.Context, cfg *pgconn.Config, slot, publication string,
 			}
 			return fmt.Errorf("receive: %w", err)
 		}
-		switch msg := msg.(type) {
-		case *pgproto3.CopyData:
-			if len(msg.Data) == 0 {
-				continue
+		xld, ka, err := replicationMessage(msg)
+		switch {
+		case err != nil:
+			return err
+		case xld != nil:
+			pos = max(pos, xld.WALStart)
+		case ka != nil:
+			pos = max(pos, ka.ServerWALEnd)
+			err = pglogrepl.SendStandbyStatusUpdate(ctx, conn, pglogrepl.StandbyStatusUpdate{
+				WALWritePosition: pos, WALFlushPosition: pos, WALApplyPosition: pos, ClientTime: time.Now(),
+			})
+			if err != nil {
+				return fmt.Errorf("send status: %w", err)
 			}
-			switch msg.Data[0] {
-			case pglogrepl.XLogDataByteID:
-				xld, err := pglogrepl.ParseXLogData(msg.Data[1:])
-				if err != nil {
-					return err
-				}
-				pos = max(pos, xld.WALStart)
-			case pglogrepl.PrimaryKeepaliveMessageByteID:
-				ka, err := pglogrepl.ParsePrimaryKeepaliveMessage(msg.Data[1:])
-				if err != nil {
-					return err
-				}
-				pos = max(pos, ka.ServerWALEnd)
-				err = pglogrepl.SendStandbyStatusUpdate(ctx, conn, pglogrepl.StandbyStatusUpdate{
-					WALWritePosition: pos, WALFlushPosition: pos, WALApplyPosition: pos, ClientTime: time.Now(),
-				})
-				if err != nil {
-					return fmt.Errorf("send status: %w", err)
-				}
-			}
-		case *pgproto3.ErrorResponse:
-			return pgconn.ErrorResponseToPgError(msg)
-		case *pgproto3.CopyDone:
-			return errors.New("walsender ended the stream")
 		}
 	}
 	return nil
+}
+
+// replicationMessage returns the XLogData or the keepalive that msg carries,
+// both nil for any other message, and an error for a message that ends the
+// stream.
+func replicationMessage(msg pgproto3.BackendMessage) (*pglogrepl.XLogData, *pglogrepl.PrimaryKeepaliveMessage, error) {
+	switch msg := msg.(type) {
+	case *pgproto3.CopyData:
+		if len(msg.Data) == 0 {
+			return nil, nil, nil
+		}
+		switch msg.Data[0] {
+		case pglogrepl.XLogDataByteID:
+			xld, err := pglogrepl.ParseXLogData(msg.Data[1:])
+			if err != nil {
+				return nil, nil, fmt.Errorf("parse xlogdata: %w", err)
+			}
+			return &xld, nil, nil
+		case pglogrepl.PrimaryKeepaliveMessageByteID:
+			ka, err := pglogrepl.ParsePrimaryKeepaliveMessage(msg.Data[1:])
+			if err != nil {
+				return nil, nil, fmt.Errorf("parse keepalive: %w", err)
+			}
+			return nil, &ka, nil
+		}
+	case *pgproto3.ErrorResponse:
+		return nil, nil, pgconn.ErrorResponseToPgError(msg)
+	case *pgproto3.CopyDone:
+		return nil, nil, errors.New("walsender ended the stream")
+	}
+	return nil, nil, nil
 }
 
 // relayProc is a running `outboxrelay run`.

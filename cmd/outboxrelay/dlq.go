@@ -20,7 +20,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/outboxrelay/outboxrelay/internal/config"
-	"github.com/outboxrelay/outboxrelay/internal/dlq"
+	"github.com/outboxrelay/outboxrelay/internal/store"
 	"github.com/outboxrelay/outboxrelay/relay"
 )
 
@@ -118,17 +118,17 @@ func cmdDeadLetters(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	store := &dlq.Store{DB: conn, Slot: *slot}
+	dead := &store.DeadLetters{DB: conn, Slot: *slot}
 
 	switch sub {
 	case "list":
-		letters, err := store.List(ctx, dlq.Filter{IncludeReplayed: *all})
+		letters, err := dead.List(ctx, store.DeadLetterFilter{IncludeReplayed: *all})
 		if err != nil {
 			return err
 		}
 		return printLetters(stdout, letters, *asJSON, *slot)
 	case "show":
-		letters, err := store.List(ctx, dlq.Filter{ID: *id, IncludeReplayed: true})
+		letters, err := dead.List(ctx, store.DeadLetterFilter{ID: *id, IncludeReplayed: true})
 		if err != nil {
 			return err
 		}
@@ -141,8 +141,8 @@ func cmdDeadLetters(args []string, stdout, stderr io.Writer) error {
 		}
 		return showLetter(stdout, &letters[0], *asJSON)
 	case "replay":
-		f := dlq.Filter{ID: *id}
-		steps, err := store.Plan(ctx, f)
+		f := store.DeadLetterFilter{ID: *id}
+		steps, err := dead.Plan(ctx, f)
 		if err != nil {
 			return err
 		}
@@ -157,7 +157,7 @@ func cmdDeadLetters(args []string, stdout, stderr io.Writer) error {
 		if *all {
 			bar = newProgress(stderr, "replaying", int64(len(steps)))
 		}
-		n, err := replay(ctx, cfg, store, f, bar, log)
+		n, err := replay(ctx, cfg, dead, f, bar, log)
 		fmt.Fprintf(stdout, "replayed %d dead letter(s) and %d parked message(s)\n", n.Letters, n.Parked)
 		return err
 	case "purge":
@@ -165,7 +165,7 @@ func cmdDeadLetters(args []string, stdout, stderr io.Writer) error {
 		if err != nil {
 			return err
 		}
-		n, err := store.Purge(ctx, t)
+		n, err := dead.Purge(ctx, t)
 		if err != nil {
 			return err
 		}
@@ -194,10 +194,10 @@ func parseBefore(s string, now time.Time) (time.Time, error) {
 	return time.Time{}, usageErr("--before %q is neither an RFC 3339 time nor an age such as 168h", s)
 }
 
-func replay(ctx context.Context, cfg config.Config, store *dlq.Store, f dlq.Filter, bar *progress, log *zap.Logger) (dlq.Replayed, error) {
+func replay(ctx context.Context, cfg config.Config, dead *store.DeadLetters, f store.DeadLetterFilter, bar *progress, log *zap.Logger) (store.Replayed, error) {
 	sink, err := openSink(ctx, cfg, log)
 	if err != nil {
-		return dlq.Replayed{}, err
+		return store.Replayed{}, err
 	}
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
@@ -211,7 +211,7 @@ func replay(ctx context.Context, cfg config.Config, store *dlq.Store, f dlq.Filt
 	if bar != nil {
 		publish = &countingSink{Sink: sink, acked: func(n int64) { bar.set(n) }}
 	}
-	n, err := store.Replay(ctx, publish, f)
+	n, err := dead.Replay(ctx, publish, f)
 	if bar != nil {
 		bar.done()
 	}
@@ -242,10 +242,10 @@ func (c *countingSink) Publish(ctx context.Context, m *relay.Message, done func(
 
 // printLetters prints letters as a table, or JSON. slot is the one slot
 // they were read for, "" for every slot.
-func printLetters(w io.Writer, letters []dlq.Letter, asJSON bool, slot string) error {
+func printLetters(w io.Writer, letters []store.DeadLetter, asJSON bool, slot string) error {
 	if asJSON {
 		if letters == nil {
-			letters = []dlq.Letter{}
+			letters = []store.DeadLetter{}
 		}
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
@@ -307,7 +307,7 @@ func printLetters(w io.Writer, letters []dlq.Letter, asJSON bool, slot string) e
 
 // showLetter prints one dead letter for a reader: its fields, its envelope
 // pretty-printed, then the messages parked behind it in replay order.
-func showLetter(w io.Writer, l *dlq.Letter, asJSON bool) error {
+func showLetter(w io.Writer, l *store.DeadLetter, asJSON bool) error {
 	if asJSON {
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
@@ -380,10 +380,10 @@ func orDefault(s, def string) string {
 }
 
 // printPlan prints what dlq replay would publish, in publishing order.
-func printPlan(w io.Writer, steps []dlq.Step, asJSON bool) error {
+func printPlan(w io.Writer, steps []store.ReplayStep, asJSON bool) error {
 	if asJSON {
 		if steps == nil {
-			steps = []dlq.Step{}
+			steps = []store.ReplayStep{}
 		}
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")

@@ -15,7 +15,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxrelay/outboxrelay/cdc"
+	"github.com/outboxrelay/outboxrelay/internal/app"
 	"github.com/outboxrelay/outboxrelay/internal/config"
+	"github.com/outboxrelay/outboxrelay/internal/store"
 	"github.com/outboxrelay/outboxrelay/migrations"
 )
 
@@ -101,7 +103,7 @@ func cmdMigrate(args []string, stdout io.Writer) error {
 	if _, err := conn.Exec(ctx, "SET outboxrelay.migrating = on"); err != nil {
 		return usageErr("migrate: %v", err)
 	}
-	changed, err := cdc.EnsurePublication(ctx, conn, o.Publication, qualifiedTables(tables), nil, nil, cdc.ModeMigrate)
+	changed, err := cdc.EnsurePublication(ctx, conn, o.Publication, app.QualifiedTables(tables), nil, nil, cdc.ModeMigrate)
 	if err != nil {
 		return usageErr("migrate: %v", err)
 	}
@@ -113,7 +115,7 @@ func cmdMigrate(args []string, stdout io.Writer) error {
 	}
 	fmt.Fprintf(stdout, "migrated: table %s, schema outboxrelay, publication %s\n", strings.Join(tables, ", "), o.Publication)
 	if o.Partitioned {
-		if err := maintainOnce(ctx, dbURL, qualifiedTables([]string{o.Table}), 0, stdout); err != nil {
+		if err := maintainOnce(ctx, dbURL, app.QualifiedTables([]string{o.Table}), 0, stdout); err != nil {
 			return err
 		}
 	}
@@ -200,16 +202,9 @@ func usualConfigSlot() string {
 
 // connect opens a regular connection, failing with one clear line.
 func connect(ctx context.Context, url string) (*pgx.Conn, error) {
-	cfg, err := pgx.ParseConfig(url)
+	conn, err := app.Connect(ctx, url)
 	if err != nil {
-		return nil, usageErr("invalid PostgreSQL URL: %v", err)
-	}
-	if cfg.ConnectTimeout == 0 {
-		cfg.ConnectTimeout = 10 * time.Second
-	}
-	conn, err := pgx.ConnectConfig(ctx, cfg)
-	if err != nil {
-		return nil, usageErr("cannot connect to PostgreSQL: %v%s", err, tlsHint(err, "sslrootcert and sslmode in postgres.url"))
+		return nil, usageErr("%v", err)
 	}
 	return conn, nil
 }
@@ -229,7 +224,7 @@ func cmdMaintain(args []string, stdout io.Writer) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	return maintainOnce(ctx, cfg.Postgres.URL, qualifiedTables(cfg.Postgres.Tables), cfg.Postgres.Retention, stdout)
+	return maintainOnce(ctx, cfg.Postgres.URL, app.QualifiedTables(cfg.Postgres.Tables), cfg.Postgres.Retention, stdout)
 }
 
 func maintainOnce(ctx context.Context, url string, tables []string, retention time.Duration, stdout io.Writer) error {
@@ -238,7 +233,7 @@ func maintainOnce(ctx context.Context, url string, tables []string, retention ti
 		return usageErr("invalid PostgreSQL URL: %v", err)
 	}
 	defer pool.Close()
-	done, err := cdc.Maintain(ctx, pool, cdc.MaintainConfig{Tables: tables, MaxAge: retention})
+	done, err := store.Maintain(ctx, pool, store.MaintainConfig{Tables: tables, MaxAge: retention})
 	for _, d := range done {
 		fmt.Fprintln(stdout, d)
 	}

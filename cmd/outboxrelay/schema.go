@@ -7,8 +7,6 @@ import (
 	"io"
 	"path/filepath"
 
-	"github.com/outboxrelay/outboxrelay/envelope"
-	"github.com/outboxrelay/outboxrelay/internal/config"
 	"github.com/outboxrelay/outboxrelay/internal/schema"
 )
 
@@ -45,27 +43,4 @@ func cmdSchema(args []string, stdout io.Writer) error {
 	}
 	fmt.Fprintf(stdout, "schemas in %s evolve compatibly\n", dir)
 	return nil
-}
-
-// schemaValidator loads relay.schemas.dir and returns the relay's
-// Validate hook, or nil when no folder is configured.
-func schemaValidator(cfg config.Schemas) (func(*envelope.Message) error, error) {
-	if cfg.Dir == "" {
-		return nil, nil
-	}
-	var opts []schema.Option
-	if cfg.Missing == config.SchemasAllow {
-		opts = append(opts, schema.AllowMissing())
-	}
-	set, err := schema.Load(cfg.Dir, opts...)
-	if err != nil {
-		return nil, usageErr("relay.schemas.dir: %v", err)
-	}
-	return func(em *envelope.Message) error {
-		err := set.Validate(em.EventType, em.SchemaVersion, em.Payload)
-		if errors.Is(err, schema.ErrNoSchema) {
-			return fmt.Errorf("%w, or set relay.schemas.missing: allow", err)
-		}
-		return err
-	}, nil
 }

@@ -12,7 +12,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/outboxrelay/outboxrelay/internal/status"
+	"github.com/outboxrelay/outboxrelay/internal/store"
 )
 
 // cmdStatus prints the checkpoint status of a slot and exits 1 when the
@@ -66,7 +66,7 @@ func cmdStatus(args []string, stdout io.Writer) error {
 		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	st, err := status.Read(ctx, conn, *slot)
+	st, err := store.ReadStatus(ctx, conn, *slot)
 	if err != nil {
 		return usageErr("status: %v", err)
 	}
@@ -76,9 +76,9 @@ func cmdStatus(args []string, stdout io.Writer) error {
 	return healthErr(st, *maxLag)
 }
 
-func printStatus(w io.Writer, st status.Status, asJSON bool, now time.Time) error {
+func printStatus(w io.Writer, st store.Status, asJSON bool, now time.Time) error {
 	if !asJSON {
-		return status.WriteText(w, st, now)
+		return store.WriteText(w, st, now)
 	}
 	b, err := json.MarshalIndent(st, "", "  ")
 	if err != nil {
@@ -90,7 +90,7 @@ func printStatus(w io.Writer, st status.Status, asJSON bool, now time.Time) erro
 
 // healthErr is nil for a healthy slot and an exit-1 error naming every
 // problem otherwise.
-func healthErr(st status.Status, maxLagBytes int64) error {
+func healthErr(st store.Status, maxLagBytes int64) error {
 	problems := st.Problems(maxLagBytes)
 	if len(problems) == 0 {
 		return nil

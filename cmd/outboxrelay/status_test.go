@@ -8,24 +8,24 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outboxrelay/outboxrelay/internal/status"
+	"github.com/outboxrelay/outboxrelay/internal/store"
 )
 
 func TestStatusExitCodes(t *testing.T) {
-	ok := status.Status{Slot: "outboxrelay", Exists: true, WALStatus: "reserved", ConfirmedFlushLSN: 0x100, CurrentWALLSN: 0x900, LagBytes: 0x800}
+	ok := store.Status{Slot: "outboxrelay", Exists: true, WALStatus: "reserved", ConfirmedFlushLSN: 0x100, CurrentWALLSN: 0x900, LagBytes: 0x800}
 	tests := []struct {
 		name   string
-		edit   func(*status.Status)
+		edit   func(*store.Status)
 		maxLag int64
 		code   int
 		msg    string
 	}{
-		{"healthy", func(*status.Status) {}, 0, exitOK, ""},
-		{"under the limit", func(*status.Status) {}, 4096, exitOK, ""},
-		{"over the limit", func(*status.Status) {}, 1024, exitUnhealthy, "lag of 2048 bytes is over the limit of 1024 bytes"},
-		{"missing", func(s *status.Status) { *s = status.Status{Slot: "outboxrelay"} }, 0, exitUnhealthy, `slot "outboxrelay" does not exist`},
-		{"lost", func(s *status.Status) { s.WALStatus = "lost" }, 0, exitUnhealthy, "wal_status=lost"},
-		{"unreserved", func(s *status.Status) { s.WALStatus = "unreserved" }, 0, exitUnhealthy, "wal_status=unreserved"},
+		{"healthy", func(*store.Status) {}, 0, exitOK, ""},
+		{"under the limit", func(*store.Status) {}, 4096, exitOK, ""},
+		{"over the limit", func(*store.Status) {}, 1024, exitUnhealthy, "lag of 2048 bytes is over the limit of 1024 bytes"},
+		{"missing", func(s *store.Status) { *s = store.Status{Slot: "outboxrelay"} }, 0, exitUnhealthy, `slot "outboxrelay" does not exist`},
+		{"lost", func(s *store.Status) { s.WALStatus = "lost" }, 0, exitUnhealthy, "wal_status=lost"},
+		{"unreserved", func(s *store.Status) { s.WALStatus = "unreserved" }, 0, exitUnhealthy, "wal_status=unreserved"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -47,7 +47,7 @@ func TestStatusExitCodes(t *testing.T) {
 }
 
 func TestPrintStatus(t *testing.T) {
-	st := status.Status{Slot: "gone", CurrentWALLSN: 0x5000}
+	st := store.Status{Slot: "gone", CurrentWALLSN: 0x5000}
 	var text, js bytes.Buffer
 	if err := printStatus(&text, st, false, time.Now()); err != nil {
 		t.Fatal(err)

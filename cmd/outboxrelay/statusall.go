@@ -14,7 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/outboxrelay/outboxrelay/internal/status"
+	"github.com/outboxrelay/outboxrelay/internal/store"
 )
 
 // statusView is what `status --all` and `status --watch` print.
@@ -73,7 +73,7 @@ func statusAll(ctx context.Context, url string, v statusView, stdout io.Writer) 
 func (v statusView) render(ctx context.Context, conn *pgx.Conn, w io.Writer, line bool) (problems []string, err error) {
 	now := time.Now()
 	if !v.all {
-		st, err := status.Read(ctx, conn, v.slot)
+		st, err := store.ReadStatus(ctx, conn, v.slot)
 		if err != nil {
 			return nil, err
 		}
@@ -88,7 +88,7 @@ func (v statusView) render(ctx context.Context, conn *pgx.Conn, w io.Writer, lin
 		}
 		return st.Problems(v.maxLag), nil
 	}
-	slots, err := status.ReadAll(ctx, conn)
+	slots, err := store.ReadSlots(ctx, conn)
 	if err != nil {
 		return nil, err
 	}
@@ -109,7 +109,7 @@ func (v statusView) render(ctx context.Context, conn *pgx.Conn, w io.Writer, lin
 		fmt.Fprintf(w, "%s slots=%d active=%d flagged=%d retained_wal_bytes=%d\n", now.UTC().Format(time.RFC3339), len(slots), active, len(flagged), retained)
 	case v.json:
 		if slots == nil {
-			slots = []status.Slot{}
+			slots = []store.Slot{}
 		}
 		b, err := json.MarshalIndent(slots, "", "  ")
 		if err != nil {
@@ -122,7 +122,7 @@ func (v statusView) render(ctx context.Context, conn *pgx.Conn, w io.Writer, lin
 	return flagged, nil
 }
 
-func writeSlots(w io.Writer, slots []status.Slot, wide bool, now time.Time) {
+func writeSlots(w io.Writer, slots []store.Slot, wide bool, now time.Time) {
 	if len(slots) == 0 {
 		fmt.Fprintln(w, "no logical replication slots")
 		return

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 
+	"github.com/outboxrelay/outboxrelay/internal/app"
 	"github.com/outboxrelay/outboxrelay/internal/config"
 	"github.com/outboxrelay/outboxrelay/relay"
 	rows "github.com/outboxrelay/outboxrelay/replay"
@@ -113,7 +114,7 @@ func openOps(ctx context.Context, path string, stderr io.Writer) (*opsEnv, error
 		db.Close(context.WithoutCancel(ctx))
 		return nil, usageErr("cannot query PostgreSQL: %v", err)
 	}
-	for _, t := range qualifiedTables(cfg.Postgres.Tables) {
+	for _, t := range app.QualifiedTables(cfg.Postgres.Tables) {
 		var exists bool
 		if err := db.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", t).Scan(&exists); err != nil || !exists {
 			db.Close(context.WithoutCancel(ctx))
@@ -121,7 +122,7 @@ func openOps(ctx context.Context, path string, stderr io.Writer) (*opsEnv, error
 		}
 	}
 	return &opsEnv{cfg: cfg, log: log, db: db, source: rows.Source{
-		Tables: qualifiedTables(cfg.Postgres.Tables), Columns: cfg.Postgres.Columns, Database: database,
+		Tables: app.QualifiedTables(cfg.Postgres.Tables), Columns: cfg.Postgres.Columns, Database: database,
 		Format: relay.Format(cfg.Envelope.Format), CloudEventsSource: cfg.Envelope.Source,
 	}}, nil
 }

@@ -1,6 +1,6 @@
 // Package admin is the relay's HTTP endpoint for operators and
 // orchestrators: /healthz (liveness), /readyz (readiness), /status (the
-// checkpoint status as JSON) and /metrics (Prometheus). An optional bearer
+// slot's status as JSON, store.Status) and /metrics (Prometheus). An optional bearer
 // token guards /status and /metrics; the probes stay open.
 package admin
 
@@ -19,7 +19,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/outboxrelay/outboxrelay/internal/redact"
-	"github.com/outboxrelay/outboxrelay/internal/status"
+	"github.com/outboxrelay/outboxrelay/internal/store"
 )
 
 // Config configures a Server. Every func is called per request, from the
@@ -35,9 +35,9 @@ type Config struct {
 	// 503 for a standby, but /readyz?standby=ok answers 200, for
 	// orchestrators that must count a standby as ready. Nil: never.
 	Standby func() bool
-	// Status reads the checkpoint status for /status; the request's context
+	// Status reads the slot's status for /status (store.ReadStatus); the request's context
 	// is bounded by StatusTimeout (default 5s). Nil disables /status.
-	Status        func(ctx context.Context) (status.Status, error)
+	Status        func(ctx context.Context) (store.Status, error)
 	StatusTimeout time.Duration
 	// Metrics serves /metrics. Nil disables it.
 	Metrics http.Handler

@@ -14,7 +14,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
-	"github.com/outboxrelay/outboxrelay/internal/status"
+	"github.com/outboxrelay/outboxrelay/internal/store"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -37,11 +37,11 @@ func TestRoutes(t *testing.T) {
 			}
 			return nil
 		},
-		Status: func(context.Context) (status.Status, error) {
+		Status: func(context.Context) (store.Status, error) {
 			if statusErr != nil {
-				return status.Status{}, statusErr
+				return store.Status{}, statusErr
 			}
-			return status.Status{Slot: "outboxrelay", Exists: true}, nil
+			return store.Status{Slot: "outboxrelay", Exists: true}, nil
 		},
 		Metrics: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "outboxrelay_x 1\n") }),
 	})
@@ -125,7 +125,7 @@ func TestToken(t *testing.T) {
 	const token = "s3cret-token-0123456789"
 	s := New(Config{
 		Ready:   func() error { return nil },
-		Status:  func(context.Context) (status.Status, error) { return status.Status{Slot: "outboxrelay"}, nil },
+		Status:  func(context.Context) (store.Status, error) { return store.Status{Slot: "outboxrelay"}, nil },
 		Metrics: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "outboxrelay_x 1\n") }),
 		Token:   token,
 	})

@@ -19,7 +19,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/outboxrelay/outboxrelay/envelope"
-	"github.com/outboxrelay/outboxrelay/internal/status"
+	"github.com/outboxrelay/outboxrelay/internal/store"
 	"github.com/outboxrelay/outboxrelay/relay"
 )
 
@@ -48,7 +48,7 @@ type Config struct {
 	// LagSince reports the commit time replication_lag_seconds counts from
 	// (relay.Relay.LagSince; zero while unknown); read on every scrape.
 	// While it is unknown, and on a standby, the gauge shows the figure PostgreSQL computes
-	// from the last record (status.Status.LagSeconds), and before any
+	// from the last record (store.Status.LagSeconds), and before any
 	// record the time since New.
 	LagSince func() time.Time
 	// Standby reports whether this process waits as a standby
@@ -62,10 +62,10 @@ type Config struct {
 	// Inflight reports the messages handed to the sink and not yet
 	// acknowledged (relay.Relay.Inflight); read on every scrape.
 	Inflight func() int
-	// Status reads the slot's status (status.Read) for the slot's series.
+	// Status reads the slot's status (store.ReadStatus) for the slot's series.
 	// Run calls it every
 	// PollInterval (default 5s), each call bounded by PollInterval.
-	Status       func(ctx context.Context) (status.Status, error)
+	Status       func(ctx context.Context) (store.Status, error)
 	PollInterval time.Duration
 	Log          *zap.Logger
 }
@@ -380,7 +380,7 @@ func (m *Metrics) Run(ctx context.Context) error {
 	}
 }
 
-func (m *Metrics) observeSlot(st status.Status) {
+func (m *Metrics) observeSlot(st store.Status) {
 	if st.LagKnown() {
 		m.lag.Set(float64(st.LagBytes))
 		m.lagBytes.Store(max(0, st.LagBytes))

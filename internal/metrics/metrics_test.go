@@ -14,7 +14,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/outboxrelay/outboxrelay/envelope"
-	"github.com/outboxrelay/outboxrelay/internal/status"
+	"github.com/outboxrelay/outboxrelay/internal/store"
 	"github.com/outboxrelay/outboxrelay/relay"
 )
 
@@ -141,15 +141,15 @@ func TestHandler(t *testing.T) {
 
 func TestRunPollsSlot(t *testing.T) {
 	var calls atomic.Int32
-	m := New(Config{PollInterval: 10 * time.Millisecond, Status: func(ctx context.Context) (status.Status, error) {
+	m := New(Config{PollInterval: 10 * time.Millisecond, Status: func(ctx context.Context) (store.Status, error) {
 		switch calls.Add(1) {
 		case 1:
-			return status.Status{Exists: true, WALStatus: "reserved", ConfirmedFlushLSN: 0x100, CurrentWALLSN: 0x1100, LagBytes: 4096}, nil
+			return store.Status{Exists: true, WALStatus: "reserved", ConfirmedFlushLSN: 0x100, CurrentWALLSN: 0x1100, LagBytes: 4096}, nil
 		case 2:
-			return status.Status{}, errors.New("connection refused")
+			return store.Status{}, errors.New("connection refused")
 		default:
 			// Lag unknown: the last known value stays.
-			return status.Status{Exists: true, WALStatus: "unreserved"}, nil
+			return store.Status{Exists: true, WALStatus: "unreserved"}, nil
 		}
 	}})
 	ctx, cancel := context.WithCancel(context.Background())
@@ -191,7 +191,7 @@ func TestLagSeconds(t *testing.T) {
 		t.Errorf("before anything is known: lag_seconds = %v, want the seconds since New", v)
 	}
 	// PostgreSQL's figure, aged since it was read.
-	m.observeSlot(status.Status{Exists: true, LagSeconds: 120, LagSince: time.Now().Add(-120 * time.Second)})
+	m.observeSlot(store.Status{Exists: true, LagSeconds: 120, LagSince: time.Now().Add(-120 * time.Second)})
 	if v := lag(); v < 120 || v > 125 {
 		t.Errorf("from the status poll: lag_seconds = %v, want about 120", v)
 	}
@@ -226,7 +226,7 @@ func TestLagSeconds(t *testing.T) {
 	// stands still: the standby reports PostgreSQL's instead.
 	old := time.Now().Add(-time.Hour)
 	since.Store(&old)
-	m.observeSlot(status.Status{Exists: true, LagSeconds: 2, LagSince: time.Now().Add(-2 * time.Second)})
+	m.observeSlot(store.Status{Exists: true, LagSeconds: 2, LagSince: time.Now().Add(-2 * time.Second)})
 	if v := lag(); v < 2 || v > 7 {
 		t.Errorf("standby: lag_seconds = %v, want PostgreSQL's 2, not its own stale hour", v)
 	}

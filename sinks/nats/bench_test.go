@@ -2,11 +2,8 @@ package nats
 
 import (
 	"bytes"
-	"context"
-	"sync"
 	"testing"
 
-	"github.com/outboxrelay/outboxrelay/relay"
 	"github.com/outboxrelay/outboxrelay/sinks/sinktest"
 )
 
@@ -28,29 +25,5 @@ func BenchmarkSink(b *testing.B) {
 	for _, m := range msgs {
 		m.Envelope = benchBody
 	}
-	var wg sync.WaitGroup
-	wg.Add(b.N)
-	var mu sync.Mutex
-	var failed error
-	done := func(_ *relay.Message, err error) {
-		if err != nil {
-			mu.Lock()
-			failed = err
-			mu.Unlock()
-		}
-		wg.Done()
-	}
-	ctx := context.Background()
-
-	b.ResetTimer()
-	for _, m := range msgs {
-		s.Publish(ctx, m, done)
-	}
-	wg.Wait()
-	b.StopTimer()
-
-	if failed != nil {
-		b.Fatal(failed)
-	}
-	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
+	sinktest.BenchmarkPublish(b, s, msgs)
 }

@@ -1,6 +1,7 @@
 package nats
 
 import (
+	"cmp"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -111,33 +112,15 @@ type Config struct {
 }
 
 func (c Config) withDefaults() Config {
-	if c.URL == "" {
-		c.URL = DefaultURL
-	}
-	if c.Subject == "" {
-		c.Subject = DefaultSubject
-	}
-	if c.Stream == "" {
-		c.Stream = DefaultStream
-	}
-	if c.DuplicateWindow == 0 {
-		c.DuplicateWindow = DefaultDuplicateWindow
-	}
-	if c.MaxPending == 0 {
-		c.MaxPending = DefaultMaxPending
-	}
-	if c.AckTimeout == 0 {
-		c.AckTimeout = DefaultAckTimeout
-	}
-	if c.DialTimeout == 0 {
-		c.DialTimeout = DefaultDialTimeout
-	}
-	if c.ReconnectWait == 0 {
-		c.ReconnectWait = DefaultReconnectWait
-	}
-	if c.ClientName == "" {
-		c.ClientName = DefaultClientName
-	}
+	c.URL = cmp.Or(c.URL, DefaultURL)
+	c.Subject = cmp.Or(c.Subject, DefaultSubject)
+	c.Stream = cmp.Or(c.Stream, DefaultStream)
+	c.DuplicateWindow = cmp.Or(c.DuplicateWindow, DefaultDuplicateWindow)
+	c.MaxPending = cmp.Or(c.MaxPending, DefaultMaxPending)
+	c.AckTimeout = cmp.Or(c.AckTimeout, DefaultAckTimeout)
+	c.DialTimeout = cmp.Or(c.DialTimeout, DefaultDialTimeout)
+	c.ReconnectWait = cmp.Or(c.ReconnectWait, DefaultReconnectWait)
+	c.ClientName = cmp.Or(c.ClientName, DefaultClientName)
 	return c
 }
 

@@ -2,7 +2,6 @@ package nats
 
 import (
 	"context"
-	"fmt"
 
 	"go.uber.org/zap"
 
@@ -40,14 +39,7 @@ func init() {
 // (or creating it) and captures the subjects.
 func (c *Config) Open(ctx context.Context, log *zap.Logger) (relay.Sink, error) {
 	s, err := New(*c, log)
-	if err != nil {
-		return nil, fmt.Errorf("sink.nats: %w", err)
-	}
-	if err := s.Connect(ctx); err != nil {
-		_ = s.Close()
-		return nil, fmt.Errorf("cannot reach NATS JetStream: %w", err)
-	}
-	return s, nil
+	return sinks.Open(ctx, "nats", s, err, sinks.Unreachable("NATS JetStream"))
 }
 
 // Warnings is empty: no NATS setting works while exposing something.

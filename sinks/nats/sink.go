@@ -81,10 +81,8 @@ type Sink struct {
 	gen     uint64                   // reconnect count the attempts in flight were sent on
 	retryAt time.Time                // no republication before
 	backoff backoff.Backoff          // pause before the next republication; reset by an ack
-	closed  bool
 
-	quit    chan struct{}
-	runMu   sync.Mutex // held by Run; Close waits for it
+	run     *sinks.Lifecycle // stopped by Close under mu
 	failing atomic.Bool
 }
 
@@ -120,7 +118,7 @@ func New(cfg Config, log *zap.Logger) (*Sink, error) {
 		slots:   make(chan struct{}, cfg.MaxPending),
 		kick:    make(chan struct{}, 1),
 		byMsg:   make(map[*natsgo.Msg]*pending),
-		quit:    make(chan struct{}),
+		run:     sinks.NewLifecycle("nats"),
 		backoff: backoff.Backoff{Min: retryMin, Max: retryMax},
 	}, nil
 }
@@ -135,7 +133,7 @@ func New(cfg Config, log *zap.Logger) (*Sink, error) {
 func (s *Sink) Connect(ctx context.Context) error {
 	s.sendMu.Lock()
 	defer s.sendMu.Unlock()
-	if s.isClosed() {
+	if s.run.Stopped() {
 		return ErrClosed
 	}
 	if s.conn.Load() != nil {
@@ -252,15 +250,15 @@ func (s *Sink) ensureStream(ctx context.Context, js jetstream.JetStream) error {
 // returns nil when ctx is done or the sink is closed. Messages still open
 // then are reported by Close.
 func (s *Sink) Run(ctx context.Context) error {
-	if !s.runMu.TryLock() {
-		return errors.New("nats sink: Run called twice")
+	if err := s.run.Enter(); err != nil {
+		return err
 	}
-	defer s.runMu.Unlock()
+	defer s.run.Exit()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() {
 		select {
-		case <-s.quit:
+		case <-s.run.Quit():
 			cancel()
 		case <-ctx.Done():
 		}
@@ -277,7 +275,7 @@ func (s *Sink) Run(ctx context.Context) error {
 		}
 		wait := bo.Next()
 		s.log.Warn("cannot connect to nats, retrying", zap.Error(err), zap.Duration("retry_in", wait))
-		if !sleep(ctx, wait) {
+		if !sinks.Sleep(ctx, wait) {
 			return nil
 		}
 	}
@@ -335,7 +333,7 @@ func (s *Sink) Publish(ctx context.Context, m *relay.Message, done func(*relay.M
 	case <-ctx.Done():
 		done(m, ctx.Err())
 		return
-	case <-s.quit:
+	case <-s.run.Quit():
 		done(m, ErrClosed)
 		return
 	}
@@ -350,7 +348,7 @@ func (s *Sink) Publish(ctx context.Context, m *relay.Message, done func(*relay.M
 	p := &pending{m: m, done: done, hdr: hdr}
 	msg := &natsgo.Msg{Subject: subject, Header: hdr, Data: m.Envelope}
 	s.mu.Lock()
-	if s.closed {
+	if s.run.Stopped() {
 		s.mu.Unlock()
 		<-s.slots
 		done(m, ErrClosed)
@@ -393,7 +391,7 @@ func (s *Sink) sync(ctx context.Context) error {
 		}
 		gen := c.nc.Stats().Reconnects
 		s.mu.Lock()
-		if s.closed {
+		if s.run.Stopped() {
 			s.mu.Unlock()
 			return ErrClosed
 		}
@@ -417,7 +415,7 @@ func (s *Sink) sync(ctx context.Context) error {
 		}
 		if wait := time.Until(s.retryAt); wait > 0 {
 			s.mu.Unlock()
-			if !sleepQuit(ctx, s.quit, wait) {
+			if !s.run.Sleep(ctx, wait) {
 				if ctx.Err() != nil {
 					return ctx.Err()
 				}
@@ -461,7 +459,7 @@ func (s *Sink) waitConnected(ctx context.Context) (*conn, error) {
 		case <-t.C:
 		case <-ctx.Done():
 			return nil, ctx.Err()
-		case <-s.quit:
+		case <-s.run.Quit():
 			return nil, ErrClosed
 		}
 	}
@@ -512,7 +510,7 @@ func (s *Sink) failed(_ jetstream.JetStream, msg *natsgo.Msg, err error) {
 	}
 	s.mu.Lock()
 	p, ok := s.byMsg[msg]
-	if !ok || s.closed {
+	if !ok || s.run.Stopped() {
 		s.mu.Unlock() // a superseded attempt, or closing: Close reports it
 		return
 	}
@@ -583,16 +581,7 @@ func (s *Sink) wake() {
 // be republished after a failed attempt. It does not block.
 func (s *Sink) Ready() bool {
 	c := s.conn.Load()
-	return c != nil && !s.isClosed() && c.nc.IsConnected() && !s.failing.Load()
-}
-
-func (s *Sink) isClosed() bool {
-	select {
-	case <-s.quit:
-		return true
-	default:
-		return false
-	}
+	return c != nil && !s.run.Stopped() && c.nc.IsConnected() && !s.failing.Load()
 }
 
 // Close stops Run, closes the connection and reports every message whose
@@ -602,18 +591,9 @@ func (s *Sink) isClosed() bool {
 // has been called when Close returns. Publish calls after Close report
 // ErrClosed. Close is idempotent and safe for concurrent use.
 func (s *Sink) Close() error {
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
+	if !s.run.Stop(&s.mu) {
 		return nil
 	}
-	s.closed = true
-	close(s.quit)
-	s.mu.Unlock()
-
-	s.runMu.Lock() // Run has returned, or was never called
-	//lint:ignore SA2001 a barrier, not a critical section: Run holds runMu while it runs
-	s.runMu.Unlock()
 	s.sendMu.Lock() // no send is in progress; later ones see closed
 	c := s.conn.Load()
 	s.sendMu.Unlock()
@@ -636,28 +616,4 @@ func (s *Sink) Close() error {
 		s.finish(p, fmt.Errorf("publish to nats subject %q: %w", p.m.Destination, ErrClosed))
 	}
 	return nil
-}
-
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
-}
-
-func sleepQuit(ctx context.Context, quit <-chan struct{}, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	case <-quit:
-		return false
-	}
 }

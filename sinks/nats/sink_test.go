@@ -2,18 +2,14 @@ package nats
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"go.uber.org/goleak"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/outboxrelay/outboxrelay/envelope"
@@ -33,18 +29,6 @@ func needServer(tb testing.TB) {
 	pgservertest.RequireTCP(tb, serverAddr, "nats-server with JetStream (nats-server -js)")
 }
 
-// verifyNoLeaks checks for leaked goroutines after every cleanup of the
-// test, the fixture's connections included.
-func verifyNoLeaks(tb testing.TB) {
-	tb.Cleanup(func() { goleak.VerifyNone(tb) })
-}
-
-func randomHex(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
-}
-
 // fixture is a stream of its own, on subjects of its own, deleted when the
 // test ends.
 type fixture struct {
@@ -56,7 +40,7 @@ type fixture struct {
 // newFixture creates a stream capturing prefix.> with cfg's settings.
 func newFixture(tb testing.TB, mod func(*jetstream.StreamConfig)) *fixture {
 	tb.Helper()
-	id := randomHex(4)
+	id := sinktest.RandomHex(4)
 	f := &fixture{stream: "TEST_" + strings.ToUpper(id), prefix: "t" + id}
 	f.nc, f.js = adminConn(tb)
 	cfg := jetstream.StreamConfig{
@@ -114,24 +98,8 @@ func startSink(tb testing.TB, cfg Config) *Sink {
 	if err := s.Connect(ctx); err != nil {
 		tb.Fatal(err)
 	}
-	runSink(tb, s)
+	sinktest.RunSink(tb, s)
 	return s
-}
-
-// runSink runs s until the test ends, then closes it.
-func runSink(tb testing.TB, s *Sink) {
-	ctx, cancel := context.WithCancel(context.Background())
-	runErr := make(chan error, 1)
-	go func() { runErr <- s.Run(ctx) }()
-	tb.Cleanup(func() {
-		cancel()
-		if err := <-runErr; err != nil {
-			tb.Errorf("Run: %v", err)
-		}
-		if err := s.Close(); err != nil {
-			tb.Errorf("Close: %v", err)
-		}
-	})
 }
 
 // factory runs the shared sink suite against one stream.
@@ -180,50 +148,8 @@ func (c *consumer) Next(ctx context.Context) (sinktest.Received, error) {
 
 func TestSinkSuite(t *testing.T) {
 	needServer(t)
-	verifyNoLeaks(t)
+	sinktest.VerifyNoLeaks(t)
 	sinktest.Run(t, factory{newFixture(t, nil)})
-}
-
-// recorder collects the outcomes of done, checking each is reported once.
-type recorder struct {
-	mu    sync.Mutex
-	errs  map[*relay.Message]error
-	calls map[*relay.Message]int
-	n     chan struct{}
-}
-
-func newRecorder() *recorder {
-	return &recorder{errs: map[*relay.Message]error{}, calls: map[*relay.Message]int{}, n: make(chan struct{}, 1<<20)}
-}
-
-func (r *recorder) done(m *relay.Message, err error) {
-	r.mu.Lock()
-	r.errs[m] = err
-	r.calls[m]++
-	r.mu.Unlock()
-	r.n <- struct{}{}
-}
-
-// wait waits for n outcomes and returns the errors, failing on a second
-// outcome for one message.
-func (r *recorder) wait(tb testing.TB, n int, d time.Duration) map[*relay.Message]error {
-	tb.Helper()
-	deadline := time.After(d)
-	for i := 0; i < n; i++ {
-		select {
-		case <-r.n:
-		case <-deadline:
-			tb.Fatalf("%d of %d outcomes after %s", i, n, d)
-		}
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for m, c := range r.calls {
-		if c != 1 {
-			tb.Errorf("message %s reported %d times", m.ID, c)
-		}
-	}
-	return r.errs
 }
 
 // clone returns copies of msgs with the same ids: what a relay that
@@ -244,7 +170,7 @@ func clone(msgs []*relay.Message) []*relay.Message {
 // aggregate.
 func TestDedupeAcrossSinks(t *testing.T) {
 	needServer(t)
-	verifyNoLeaks(t)
+	sinktest.VerifyNoLeaks(t)
 	f := newFixture(t, nil)
 	const n = 3000
 	msgs := sinktest.Messages("dedupe", n, 30)
@@ -256,21 +182,16 @@ func TestDedupeAcrossSinks(t *testing.T) {
 	if err := s1.Connect(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	r1 := newRecorder()
+	r1 := sinktest.NewRecorder()
 	for _, m := range msgs {
-		s1.Publish(t.Context(), m, r1.done)
+		s1.Publish(t.Context(), m, r1.Done)
 	}
-	for range n / 2 { // crash half-way through the acknowledgements
-		<-r1.n
-	}
+	r1.Wait(t, n/2, time.Minute)       // crash half-way through the acknowledgements
 	if err := s1.Close(); err != nil { // whatever is in flight is cut off
 		t.Fatal(err)
 	}
-	for range n - n/2 {
-		<-r1.n
-	}
 	acked := 0
-	for _, err := range r1.errs {
+	for _, err := range r1.Wait(t, n-n/2, time.Minute) {
 		if err == nil {
 			acked++
 		} else if !errors.Is(err, ErrClosed) {
@@ -287,11 +208,11 @@ func TestDedupeAcrossSinks(t *testing.T) {
 	s2 := startSink(t, f.config())
 	for round := range 2 {
 		again := clone(msgs)
-		r2 := newRecorder()
+		r2 := sinktest.NewRecorder()
 		for _, m := range again {
-			s2.Publish(t.Context(), m, r2.done)
+			s2.Publish(t.Context(), m, r2.Done)
 		}
-		for m, err := range r2.wait(t, n, 60*time.Second) {
+		for m, err := range r2.Wait(t, n, 60*time.Second) {
 			if err != nil {
 				t.Fatalf("round %d: message %s: %v", round, m.ID, err)
 			}
@@ -331,9 +252,9 @@ func (f *fixture) count(tb testing.TB) uint64 {
 // with the duplicate window, and an existing stream is left as it is.
 func TestCreateStream(t *testing.T) {
 	needServer(t)
-	verifyNoLeaks(t)
+	sinktest.VerifyNoLeaks(t)
 	_, js := adminConn(t)
-	id := randomHex(4)
+	id := sinktest.RandomHex(4)
 	name := "CREATE_" + strings.ToUpper(id)
 	t.Cleanup(func() { _ = js.DeleteStream(context.Background(), name) })
 	cfg := Config{URL: serverURL, Subject: "c" + id + ".events.{aggregate_type}.{event_type}", Stream: name, CreateStream: true, DuplicateWindow: 5 * time.Minute}
@@ -351,11 +272,11 @@ func TestCreateStream(t *testing.T) {
 		t.Errorf("duplicate window %v, want 5m", info.Config.Duplicates)
 	}
 	msgs := sinktest.Messages("created", 10, 2)
-	r := newRecorder()
+	r := sinktest.NewRecorder()
 	for _, m := range msgs {
-		s.Publish(t.Context(), m, r.done)
+		s.Publish(t.Context(), m, r.Done)
 	}
-	for m, err := range r.wait(t, len(msgs), 30*time.Second) {
+	for m, err := range r.Wait(t, len(msgs), 30*time.Second) {
 		if err != nil {
 			t.Errorf("message %s: %v", m.ID, err)
 		}
@@ -367,8 +288,8 @@ func TestCreateStream(t *testing.T) {
 
 func TestMissingStream(t *testing.T) {
 	needServer(t)
-	verifyNoLeaks(t)
-	s, err := New(Config{URL: serverURL, Stream: "MISSING_" + strings.ToUpper(randomHex(4))}, nil)
+	sinktest.VerifyNoLeaks(t)
+	s, err := New(Config{URL: serverURL, Stream: "MISSING_" + strings.ToUpper(sinktest.RandomHex(4))}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -383,29 +304,19 @@ func TestMissingStream(t *testing.T) {
 }
 
 func TestConnectUnreachable(t *testing.T) {
-	verifyNoLeaks(t)
+	sinktest.VerifyNoLeaks(t)
 	s, err := New(Config{URL: "nats://relay:s3cret@127.0.0.1:1", DialTimeout: time.Second}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.Close()
-	err = s.Connect(t.Context())
-	if err == nil {
-		t.Fatal("Connect to a closed port succeeded")
-	}
-	if strings.Contains(err.Error(), "s3cret") {
-		t.Errorf("error shows the password: %v", err)
-	}
-	if !strings.Contains(err.Error(), "sink.nats.url") {
-		t.Errorf("error does not name the setting: %v", err)
-	}
+	sinktest.CheckUnreachable(t, s, "s3cret", "sink.nats.url")
 }
 
 // TestPermanentFailures: messages the server will never store fail with
 // relay.Permanent, and the messages around them are published.
 func TestPermanentFailures(t *testing.T) {
 	needServer(t)
-	verifyNoLeaks(t)
+	sinktest.VerifyNoLeaks(t)
 	f := newFixture(t, func(c *jetstream.StreamConfig) { c.MaxMsgSize = 4096 })
 	other := newFixture(t, nil) // captures other.prefix.>
 	s := startSink(t, f.config())
@@ -431,14 +342,14 @@ func TestPermanentFailures(t *testing.T) {
 	wrong := startSink(t, wrongCfg)
 	wrongStream := perm()
 
-	r := newRecorder()
-	s.Publish(t.Context(), good[0], r.done)
+	r := sinktest.NewRecorder()
+	s.Publish(t.Context(), good[0], r.Done)
 	for i, m := range bad {
-		s.Publish(t.Context(), m, r.done)
-		s.Publish(t.Context(), good[i+1], r.done)
+		s.Publish(t.Context(), m, r.Done)
+		s.Publish(t.Context(), good[i+1], r.Done)
 	}
-	wrong.Publish(t.Context(), wrongStream, r.done)
-	errs := r.wait(t, len(good)+len(bad)+1, 30*time.Second)
+	wrong.Publish(t.Context(), wrongStream, r.Done)
+	errs := r.Wait(t, len(good)+len(bad)+1, 30*time.Second)
 	for _, m := range append(bad, wrongStream) {
 		err := errs[m]
 		if err == nil || relay.Retryable(err) {
@@ -476,17 +387,17 @@ func describe(m *relay.Message) string {
 // see the package documentation.)
 func TestNoResponders(t *testing.T) {
 	needServer(t)
-	verifyNoLeaks(t)
+	sinktest.VerifyNoLeaks(t)
 	f := newFixture(t, nil)
 	cfg := f.config()
-	late := "l" + randomHex(4)
+	late := "l" + sinktest.RandomHex(4)
 	cfg.Subject = late + ".{aggregate_type}"
 	s := startSink(t, cfg)
 
 	msgs := sinktest.Messages("late", 20, 2)
-	r := newRecorder()
+	r := sinktest.NewRecorder()
 	for _, m := range msgs {
-		s.Publish(t.Context(), m, r.done)
+		s.Publish(t.Context(), m, r.Done)
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for s.Ready() {
@@ -495,10 +406,9 @@ func TestNoResponders(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	select {
-	case <-r.n:
+	time.Sleep(500 * time.Millisecond)
+	if r.Reported() > 0 {
 		t.Fatal("a message was reported while no stream captures its subject")
-	case <-time.After(500 * time.Millisecond):
 	}
 
 	st, err := f.js.Stream(t.Context(), f.stream)
@@ -510,7 +420,7 @@ func TestNoResponders(t *testing.T) {
 	if _, err := f.js.UpdateStream(t.Context(), sc); err != nil {
 		t.Fatal(err)
 	}
-	for m, err := range r.wait(t, len(msgs), 30*time.Second) {
+	for m, err := range r.Wait(t, len(msgs), 30*time.Second) {
 		if err != nil {
 			t.Errorf("message %s: %v", m.ID, err)
 		}
@@ -532,7 +442,7 @@ func TestNoResponders(t *testing.T) {
 
 func TestReadyAfterClose(t *testing.T) {
 	needServer(t)
-	verifyNoLeaks(t)
+	sinktest.VerifyNoLeaks(t)
 	f := newFixture(t, nil)
 	s := startSink(t, f.config())
 	if !s.Ready() {
@@ -542,10 +452,10 @@ func TestReadyAfterClose(t *testing.T) {
 	if s.Ready() {
 		t.Fatal("ready after Close")
 	}
-	r := newRecorder()
+	r := sinktest.NewRecorder()
 	m := sinktest.Messages("closed", 1, 1)[0]
-	s.Publish(t.Context(), m, r.done)
-	if err := r.wait(t, 1, time.Second)[m]; !errors.Is(err, ErrClosed) || !relay.Retryable(err) {
+	s.Publish(t.Context(), m, r.Done)
+	if err := r.Wait(t, 1, time.Second)[m]; !errors.Is(err, ErrClosed) || !relay.Retryable(err) {
 		t.Fatalf("Publish after Close: %v, want retryable ErrClosed", err)
 	}
 }

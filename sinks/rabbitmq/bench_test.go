@@ -4,13 +4,13 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outboxrelay/outboxrelay/relay"
+	"github.com/outboxrelay/outboxrelay/sinks/sinktest"
 )
 
 // The throughput figures come from
@@ -36,31 +36,7 @@ func BenchmarkSink(b *testing.B) {
 		m.Envelope = benchBody
 		msgs[i] = m
 	}
-	var wg sync.WaitGroup
-	wg.Add(b.N)
-	var mu sync.Mutex
-	var failed error
-	done := func(_ *relay.Message, err error) {
-		if err != nil {
-			mu.Lock()
-			failed = err
-			mu.Unlock()
-		}
-		wg.Done()
-	}
-	ctx := context.Background()
-
-	b.ResetTimer()
-	for _, m := range msgs {
-		s.Publish(ctx, m, done)
-	}
-	wg.Wait()
-	b.StopTimer()
-
-	if failed != nil {
-		b.Fatal(failed)
-	}
-	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
+	sinktest.BenchmarkPublish(b, s, msgs)
 }
 
 // BenchmarkBareAMQP091 is the baseline: one channel, the same properties,

@@ -1,6 +1,7 @@
 package rabbitmq
 
 import (
+	"cmp"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -210,33 +211,17 @@ func (c *Config) validate() error {
 
 // withDefaults returns c with the defaults filled in.
 func (c Config) withDefaults() Config {
-	if c.Exchange == "" {
-		c.Exchange = DefaultExchange
-	}
-	if c.RoutingKey == "" {
-		c.RoutingKey = DefaultRoutingKey
-	}
-	if c.ExchangeType == "" {
-		c.ExchangeType = DefaultExchangeType
-	}
+	c.Exchange = cmp.Or(c.Exchange, DefaultExchange)
+	c.RoutingKey = cmp.Or(c.RoutingKey, DefaultRoutingKey)
+	c.ExchangeType = cmp.Or(c.ExchangeType, DefaultExchangeType)
 	if c.Durable == nil {
 		t := true
 		c.Durable = &t
 	}
-	if c.MaxInFlight == 0 {
-		c.MaxInFlight = DefaultMaxInFlight
-	}
-	if c.MaxMessageSize == 0 {
-		c.MaxMessageSize = DefaultMaxMessageSize
-	}
-	if c.DialTimeout == 0 {
-		c.DialTimeout = DefaultDialTimeout
-	}
-	if c.ReconnectBackoffMin == 0 {
-		c.ReconnectBackoffMin = DefaultReconnectBackoffMin
-	}
-	if c.ReconnectBackoffMax == 0 {
-		c.ReconnectBackoffMax = DefaultReconnectBackoffMax
-	}
+	c.MaxInFlight = cmp.Or(c.MaxInFlight, DefaultMaxInFlight)
+	c.MaxMessageSize = cmp.Or(c.MaxMessageSize, DefaultMaxMessageSize)
+	c.DialTimeout = cmp.Or(c.DialTimeout, DefaultDialTimeout)
+	c.ReconnectBackoffMin = cmp.Or(c.ReconnectBackoffMin, DefaultReconnectBackoffMin)
+	c.ReconnectBackoffMax = cmp.Or(c.ReconnectBackoffMax, DefaultReconnectBackoffMax)
 	return c
 }

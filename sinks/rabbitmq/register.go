@@ -49,20 +49,15 @@ func init() {
 // the settings to check (TLS, EXTERNAL authentication).
 func (c *Config) Open(ctx context.Context, log *zap.Logger) (relay.Sink, error) {
 	s, err := New(*c, log)
-	if err != nil {
-		return nil, fmt.Errorf("sink.rabbitmq: %w", err)
-	}
-	if err := s.Connect(ctx); err != nil {
-		_ = s.Close()
+	return sinks.Open(ctx, "rabbitmq", s, err, func(err error) error {
 		if ce := sinks.CertError(err); ce != nil {
-			return nil, fmt.Errorf("cannot reach RabbitMQ: the broker's TLS certificate did not verify (%v); check sink.rabbitmq.tls.ca_file and server_name", ce)
+			return fmt.Errorf("cannot reach RabbitMQ: the broker's TLS certificate did not verify (%v); check sink.rabbitmq.tls.ca_file and server_name", ce)
 		}
 		if c.Auth == AuthExternal && errors.Is(err, amqp.ErrSASL) {
-			return nil, fmt.Errorf("cannot reach RabbitMQ: %w; auth: external needs the broker's rabbitmq_auth_mechanism_ssl plugin and EXTERNAL in its auth_mechanisms", err)
+			return fmt.Errorf("cannot reach RabbitMQ: %w; auth: external needs the broker's rabbitmq_auth_mechanism_ssl plugin and EXTERNAL in its auth_mechanisms", err)
 		}
-		return nil, fmt.Errorf("cannot reach RabbitMQ: %w", err)
-	}
-	return s, nil
+		return fmt.Errorf("cannot reach RabbitMQ: %w", err)
+	})
 }
 
 // Warnings names settings that accept any broker.

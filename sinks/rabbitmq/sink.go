@@ -216,7 +216,7 @@ func (s *Sink) Run(ctx context.Context) error {
 				}
 				d := bo.Next()
 				s.log.Warn("cannot connect to rabbitmq, retrying", zap.Error(err), zap.Duration("retry_in", d))
-				if !sleep(ctx, d) {
+				if !sinks.Sleep(ctx, d) {
 					return nil
 				}
 				continue
@@ -228,7 +228,7 @@ func (s *Sink) Run(ctx context.Context) error {
 			bo.Reset()
 		}
 		sess = nil
-		if ctx.Err() != nil || !sleep(ctx, bo.Next()) {
+		if ctx.Err() != nil || !sinks.Sleep(ctx, bo.Next()) {
 			return nil
 		}
 	}
@@ -757,16 +757,4 @@ func (s *Sink) setBlocked(sess *session, b amqp.Blocking) {
 	defer s.mu.Unlock()
 	sess.blocked = b.Active
 	s.changedLocked()
-}
-
-// sleep waits for d or until ctx is done; it reports whether d passed.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
 }

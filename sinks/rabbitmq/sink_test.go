@@ -20,6 +20,7 @@ import (
 
 	"github.com/outboxrelay/outboxrelay/envelope"
 	"github.com/outboxrelay/outboxrelay/relay"
+	"github.com/outboxrelay/outboxrelay/sinks/sinktest"
 )
 
 // The broker the tests use: RabbitMQ on loopback with the default user.
@@ -109,22 +110,10 @@ func startSink(tb testing.TB, cfg Config) *Sink {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	if err := s.Connect(ctx); err != nil {
-		cancel()
+	if err := s.Connect(context.Background()); err != nil {
 		tb.Fatal(err)
 	}
-	runErr := make(chan error, 1)
-	go func() { runErr <- s.Run(ctx) }()
-	tb.Cleanup(func() {
-		cancel()
-		if err := <-runErr; err != nil {
-			tb.Errorf("Run: %v", err)
-		}
-		if err := s.Close(); err != nil {
-			tb.Errorf("Close: %v", err)
-		}
-	})
+	sinktest.RunSink(tb, s)
 	waitFor(tb, 10*time.Second, "sink ready", s.Ready)
 	return s
 }

@@ -1,6 +1,7 @@
 package redis
 
 import (
+	"cmp"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -61,11 +62,13 @@ type Config struct {
 
 	// DialTimeout bounds each connection attempt, default
 	// [DefaultDialTimeout].
-	DialTimeout time.Duration `yaml:"-"`
+	DialTimeout time.Duration `yaml:"dial_timeout"`
 
-	// Timeout bounds writing a batch and reading its replies, default
-	// [DefaultTimeout]. A batch that times out is sent again.
-	Timeout time.Duration `yaml:"-"`
+	// Timeout bounds writing a batch and reading its replies, and a
+	// health ping, default [DefaultTimeout]. A batch that times out is
+	// sent again and may then be stored twice; raise it for large batches
+	// over a slow link rather than let them time out.
+	Timeout time.Duration `yaml:"timeout"`
 
 	// TLS, when set, is used for the connection (rediss:// URLs get a
 	// default TLS configuration without it).
@@ -73,24 +76,12 @@ type Config struct {
 }
 
 func (c Config) withDefaults() Config {
-	if c.URL == "" {
-		c.URL = DefaultURL
-	}
-	if c.Stream == "" {
-		c.Stream = DefaultStream
-	}
-	if c.BatchSize == 0 {
-		c.BatchSize = DefaultBatchSize
-	}
-	if c.MaxPending == 0 {
-		c.MaxPending = DefaultMaxPending
-	}
-	if c.DialTimeout == 0 {
-		c.DialTimeout = DefaultDialTimeout
-	}
-	if c.Timeout == 0 {
-		c.Timeout = DefaultTimeout
-	}
+	c.URL = cmp.Or(c.URL, DefaultURL)
+	c.Stream = cmp.Or(c.Stream, DefaultStream)
+	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
+	c.MaxPending = cmp.Or(c.MaxPending, DefaultMaxPending)
+	c.DialTimeout = cmp.Or(c.DialTimeout, DefaultDialTimeout)
+	c.Timeout = cmp.Or(c.Timeout, DefaultTimeout)
 	return c
 }
 

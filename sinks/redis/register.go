@@ -2,7 +2,6 @@ package redis
 
 import (
 	"context"
-	"fmt"
 
 	"go.uber.org/zap"
 
@@ -17,15 +16,20 @@ func init() {
 	sinks.Register(sinks.Type{
 		Name: "redis",
 		Defaults: func() sinks.Settings {
-			return &Config{URL: DefaultURL, Stream: DefaultStream, BatchSize: DefaultBatchSize, MaxPending: DefaultMaxPending}
+			return &Config{
+				URL: DefaultURL, Stream: DefaultStream, BatchSize: DefaultBatchSize, MaxPending: DefaultMaxPending,
+				DialTimeout: DefaultDialTimeout, Timeout: DefaultTimeout,
+			}
 		},
 		Docs: map[string]string{
-			"url":         "Redis URL (`rediss://` for TLS)",
-			"url_file":    "file holding `sink.redis.url`",
-			"stream":      "stream key template: `{aggregate_type}`, `{event_type}`, `{table}`",
-			"max_len":     "trim streams to about this many entries (`MAXLEN ~`); 0 never trims",
-			"batch_size":  "XADDs per MULTI/EXEC round trip",
-			"max_pending": "queued messages before Publish waits",
+			"url":          "Redis URL (`rediss://` for TLS)",
+			"url_file":     "file holding `sink.redis.url`",
+			"stream":       "stream key template: `{aggregate_type}`, `{event_type}`, `{table}`",
+			"max_len":      "trim streams to about this many entries (`MAXLEN ~`); 0 never trims",
+			"batch_size":   "XADDs per MULTI/EXEC round trip",
+			"max_pending":  "queued messages before Publish waits",
+			"dial_timeout": "bound of each connection attempt",
+			"timeout":      "bound of writing a batch and reading its replies; a batch that times out is sent again",
 		},
 	})
 }
@@ -33,14 +37,7 @@ func init() {
 // Open creates the sink and checks that the server answers.
 func (c *Config) Open(ctx context.Context, log *zap.Logger) (relay.Sink, error) {
 	s, err := New(*c, log)
-	if err != nil {
-		return nil, fmt.Errorf("sink.redis: %w", err)
-	}
-	if err := s.Connect(ctx); err != nil {
-		_ = s.Close()
-		return nil, fmt.Errorf("cannot reach Redis: %w", err)
-	}
-	return s, nil
+	return sinks.Open(ctx, "redis", s, err, sinks.Unreachable("Redis"))
 }
 
 // Warnings is empty: no Redis setting works while exposing something.

@@ -64,12 +64,10 @@ type Sink struct {
 	client *goredis.Client
 	queue  chan *item
 
-	mu         sync.RWMutex // orders Publish's enqueue against Close
-	closed     bool
+	mu         sync.RWMutex   // orders Publish's enqueue against Close
 	publishers sync.WaitGroup // Publish calls past the closed check
 
-	quit  chan struct{}
-	runMu sync.Mutex // held by Run; Close waits for it
+	run   *sinks.Lifecycle // stopped by Close under mu
 	ready atomic.Bool
 }
 
@@ -119,7 +117,7 @@ func New(cfg Config, log *zap.Logger) (*Sink, error) {
 		stream: stream,
 		client: goredis.NewClient(opts),
 		queue:  make(chan *item, cfg.MaxPending),
-		quit:   make(chan struct{}),
+		run:    sinks.NewLifecycle("redis"),
 	}, nil
 }
 
@@ -132,7 +130,7 @@ func (s *Sink) Connect(ctx context.Context) error {
 		return fmt.Errorf("cannot reach redis at %s (%w); check sink.redis.url and that the server is running and reachable",
 			redact.URL(s.cfg.URL), redact.Error(err, s.cfg.URL))
 	}
-	s.ready.Store(!s.isClosed())
+	s.ready.Store(!s.run.Stopped())
 	return nil
 }
 
@@ -150,7 +148,7 @@ func (s *Sink) Publish(ctx context.Context, m *relay.Message, done func(*relay.M
 		return
 	}
 	s.mu.RLock()
-	if s.closed {
+	if s.run.Stopped() {
 		s.mu.RUnlock()
 		done(m, ErrClosed)
 		return
@@ -164,7 +162,7 @@ func (s *Sink) Publish(ctx context.Context, m *relay.Message, done func(*relay.M
 	case s.queue <- it:
 	case <-ctx.Done():
 		done(m, ctx.Err())
-	case <-s.quit:
+	case <-s.run.Quit():
 		done(m, ErrClosed)
 	}
 }
@@ -214,10 +212,10 @@ func headersJSON(hs []envelope.Header) []byte {
 // cancelling ctx abandons it, reporting its messages with ctx's error. Run
 // may be called once.
 func (s *Sink) Run(ctx context.Context) error {
-	if !s.runMu.TryLock() {
-		return errors.New("redis sink: Run called twice")
+	if err := s.run.Enter(); err != nil {
+		return err
 	}
-	defer s.runMu.Unlock()
+	defer s.run.Exit()
 
 	batch := make([]*item, 0, s.cfg.BatchSize)
 	health := time.NewTicker(healthInterval)
@@ -231,7 +229,7 @@ func (s *Sink) Run(ctx context.Context) error {
 			continue
 		case <-ctx.Done():
 			return nil
-		case <-s.quit:
+		case <-s.run.Quit():
 			return nil
 		}
 	fill:
@@ -256,7 +254,7 @@ func (s *Sink) ping(ctx context.Context) {
 	if err != nil && ctx.Err() == nil {
 		s.log.Warn("redis ping failed", zap.Error(redact.Error(err, s.cfg.URL)))
 	}
-	s.ready.Store(err == nil && !s.isClosed())
+	s.ready.Store(err == nil && !s.run.Stopped())
 }
 
 // send executes batch as one MULTI/EXEC until it goes through, reporting
@@ -272,7 +270,7 @@ func (s *Sink) send(ctx context.Context, batch []*item) {
 			return nil
 		})
 		if err == nil || !batchFailed(cmds, err) {
-			s.ready.Store(!s.isClosed())
+			s.ready.Store(!s.run.Stopped())
 			for i, it := range batch {
 				it.done(it.m, appendError(it.args.Stream, cmds[i].Err()))
 			}
@@ -287,7 +285,7 @@ func (s *Sink) send(ctx context.Context, batch []*item) {
 		wait := bo.Next()
 		s.log.Warn("redis batch failed; sending it again", zap.Int("messages", len(batch)),
 			zap.Int("attempt", attempt), zap.Duration("retry_in", wait), zap.Error(err))
-		if !s.sleep(ctx, wait) {
+		if !s.run.Sleep(ctx, wait) {
 			s.fail(batch, fmt.Errorf("append to redis: %w (last error: %w)", ErrClosed, err))
 			return
 		}
@@ -343,33 +341,15 @@ func appendError(key string, err error) error {
 // block.
 func (s *Sink) Ready() bool { return s.ready.Load() }
 
-func (s *Sink) isClosed() bool {
-	select {
-	case <-s.quit:
-		return true
-	default:
-		return false
-	}
-}
-
 // Close stops Run (after the batch in flight, if any), reports every queued
 // message with ErrClosed (retryable) and closes the connections. Every done
 // has been called when Close returns. Publish calls after Close report
 // ErrClosed. Close is idempotent and safe for concurrent use.
 func (s *Sink) Close() error {
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
+	if !s.run.Stop(&s.mu) {
 		return nil
 	}
-	s.closed = true
-	close(s.quit)
-	s.mu.Unlock()
 	s.ready.Store(false)
-
-	s.runMu.Lock() // Run has returned, or was never called
-	//lint:ignore SA2001 a barrier, not a critical section: Run holds runMu while it runs
-	s.runMu.Unlock()
 	s.publishers.Wait()
 	for {
 		select {
@@ -384,17 +364,4 @@ func (s *Sink) Close() error {
 		return fmt.Errorf("close redis client: %w", err)
 	}
 	return nil
-}
-
-func (s *Sink) sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	case <-s.quit:
-		return false
-	}
 }

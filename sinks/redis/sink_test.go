@@ -2,18 +2,14 @@ package redis
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
-	"go.uber.org/goleak"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/outboxrelay/outboxrelay/envelope"
@@ -30,16 +26,6 @@ const (
 func needServer(tb testing.TB) {
 	tb.Helper()
 	pgservertest.RequireTCP(tb, serverAddr, "Redis")
-}
-
-func verifyNoLeaks(tb testing.TB) {
-	tb.Cleanup(func() { goleak.VerifyNone(tb) })
-}
-
-func randomHex(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
 }
 
 // fixture is a key prefix of the test's own; its keys are deleted when the
@@ -60,7 +46,7 @@ func newFixtureURL(tb testing.TB, url string) *fixture {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	f := &fixture{prefix: "outboxrelay-test:" + randomHex(4) + ":", rdb: goredis.NewClient(opts)}
+	f := &fixture{prefix: "outboxrelay-test:" + sinktest.RandomHex(4) + ":", rdb: goredis.NewClient(opts)}
 	tb.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
@@ -93,23 +79,8 @@ func startSink(tb testing.TB, cfg Config) *Sink {
 		s.Close()
 		tb.Fatal(err)
 	}
-	runSink(tb, s)
+	sinktest.RunSink(tb, s)
 	return s
-}
-
-func runSink(tb testing.TB, s *Sink) {
-	ctx, cancel := context.WithCancel(context.Background())
-	runErr := make(chan error, 1)
-	go func() { runErr <- s.Run(ctx) }()
-	tb.Cleanup(func() {
-		if err := s.Close(); err != nil {
-			tb.Errorf("Close: %v", err)
-		}
-		cancel()
-		if err := <-runErr; err != nil {
-			tb.Errorf("Run: %v", err)
-		}
-	})
 }
 
 type factory struct{ f *fixture }
@@ -178,63 +149,24 @@ func received(x goredis.XMessage) sinktest.Received {
 
 func TestSinkSuite(t *testing.T) {
 	needServer(t)
-	verifyNoLeaks(t)
+	sinktest.VerifyNoLeaks(t)
 	sinktest.Run(t, factory{newFixture(t)})
-}
-
-type recorder struct {
-	mu    sync.Mutex
-	errs  map[*relay.Message]error
-	calls map[*relay.Message]int
-	n     chan struct{}
-}
-
-func newRecorder() *recorder {
-	return &recorder{errs: map[*relay.Message]error{}, calls: map[*relay.Message]int{}, n: make(chan struct{}, 1<<20)}
-}
-
-func (r *recorder) done(m *relay.Message, err error) {
-	r.mu.Lock()
-	r.errs[m] = err
-	r.calls[m]++
-	r.mu.Unlock()
-	r.n <- struct{}{}
-}
-
-func (r *recorder) wait(tb testing.TB, n int, d time.Duration) map[*relay.Message]error {
-	tb.Helper()
-	deadline := time.After(d)
-	for i := 0; i < n; i++ {
-		select {
-		case <-r.n:
-		case <-deadline:
-			tb.Fatalf("%d of %d outcomes after %s", i, n, d)
-		}
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for m, c := range r.calls {
-		if c != 1 {
-			tb.Errorf("message %s reported %d times", m.ID, c)
-		}
-	}
-	return r.errs
 }
 
 // TestFields: every entry has the fields of the package documentation, in
 // order, with the envelope unchanged; headers only when the row has some.
 func TestFields(t *testing.T) {
 	needServer(t)
-	verifyNoLeaks(t)
+	sinktest.VerifyNoLeaks(t)
 	f := newFixture(t)
 	s := startSink(t, f.config())
 	msgs := sinktest.Messages("fields", 2, 1)
 	msgs[0].Headers = []envelope.Header{{Key: "tenant", Value: "acme"}, {Key: "quote\"d", Value: "line\nbreak"}, {Key: "n", Value: "42"}}
-	r := newRecorder()
+	r := sinktest.NewRecorder()
 	for _, m := range msgs {
-		s.Publish(t.Context(), m, r.done)
+		s.Publish(t.Context(), m, r.Done)
 	}
-	for m, err := range r.wait(t, 2, 10*time.Second) {
+	for m, err := range r.Wait(t, 2, 10*time.Second) {
 		if err != nil {
 			t.Fatalf("message %s: %v", m.ID, err)
 		}
@@ -283,18 +215,18 @@ func TestFields(t *testing.T) {
 // TestMaxLen: MAXLEN ~ keeps the stream near the limit, never below it.
 func TestMaxLen(t *testing.T) {
 	needServer(t)
-	verifyNoLeaks(t)
+	sinktest.VerifyNoLeaks(t)
 	f := newFixture(t)
 	cfg := f.config()
 	cfg.MaxLen = 100
 	s := startSink(t, cfg)
 	const n = 5000
 	msgs := sinktest.Messages("trim", n, 10)
-	r := newRecorder()
+	r := sinktest.NewRecorder()
 	for _, m := range msgs {
-		s.Publish(t.Context(), m, r.done)
+		s.Publish(t.Context(), m, r.Done)
 	}
-	for m, err := range r.wait(t, n, 30*time.Second) {
+	for m, err := range r.Wait(t, n, 30*time.Second) {
 		if err != nil {
 			t.Fatalf("message %s: %v", m.ID, err)
 		}
@@ -319,7 +251,7 @@ func TestMaxLen(t *testing.T) {
 // permanently; the rest of the batch is appended.
 func TestWrongType(t *testing.T) {
 	needServer(t)
-	verifyNoLeaks(t)
+	sinktest.VerifyNoLeaks(t)
 	f := newFixture(t)
 	if err := f.rdb.Set(t.Context(), f.prefix+"taken", "a string", 0).Err(); err != nil {
 		t.Fatal(err)
@@ -327,12 +259,12 @@ func TestWrongType(t *testing.T) {
 	s := startSink(t, f.config())
 	bad := sinktest.Messages("taken", 3, 1)
 	good := sinktest.Messages("free", 3, 1)
-	r := newRecorder()
+	r := sinktest.NewRecorder()
 	for i := range bad {
-		s.Publish(t.Context(), good[i], r.done)
-		s.Publish(t.Context(), bad[i], r.done)
+		s.Publish(t.Context(), good[i], r.Done)
+		s.Publish(t.Context(), bad[i], r.Done)
 	}
-	errs := r.wait(t, 6, 10*time.Second)
+	errs := r.Wait(t, 6, 10*time.Second)
 	for _, m := range bad {
 		if err := errs[m]; err == nil || relay.Retryable(err) || !strings.Contains(err.Error(), "WRONGTYPE") {
 			t.Errorf("message to a string key: %v, want a permanent WRONGTYPE error", err)
@@ -352,41 +284,31 @@ func TestWrongType(t *testing.T) {
 }
 
 func TestConnectUnreachable(t *testing.T) {
-	verifyNoLeaks(t)
+	sinktest.VerifyNoLeaks(t)
 	s, err := New(Config{URL: "redis://u:s3cret@127.0.0.1:1/0", DialTimeout: time.Second}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.Close()
-	err = s.Connect(t.Context())
-	if err == nil {
-		t.Fatal("Connect to a closed port succeeded")
-	}
-	if strings.Contains(err.Error(), "s3cret") || !strings.Contains(err.Error(), "sink.redis.url") {
-		t.Errorf("error %q must name sink.redis.url and hide the password", err)
-	}
-	if s.Ready() {
-		t.Error("ready after a failed Connect")
-	}
+	sinktest.CheckUnreachable(t, s, "s3cret", "sink.redis.url")
 }
 
 func TestPublishAfterClose(t *testing.T) {
-	verifyNoLeaks(t)
+	sinktest.VerifyNoLeaks(t)
 	s, err := New(Config{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := newRecorder()
+	r := sinktest.NewRecorder()
 	queued := sinktest.Messages("queued", 3, 1)
 	for _, m := range queued { // queued without Run
-		s.Publish(t.Context(), m, r.done)
+		s.Publish(t.Context(), m, r.Done)
 	}
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
 	late := sinktest.Messages("late", 1, 1)[0]
-	s.Publish(t.Context(), late, r.done)
-	for m, err := range r.wait(t, 4, time.Second) {
+	s.Publish(t.Context(), late, r.Done)
+	for m, err := range r.Wait(t, 4, time.Second) {
 		if !errors.Is(err, ErrClosed) || !relay.Retryable(err) {
 			t.Errorf("message %s: %v, want retryable ErrClosed", m.ID, err)
 		}

@@ -7,7 +7,9 @@
 // message ids, traceparent and row headers on the broker message, the
 // envelope as the body byte for byte, and no loss across a sink's Close.
 // Properties of one broker (Kafka headers, AMQP properties, error mapping)
-// stay in that sink's own tests.
+// stay in that sink's own tests, which share the helpers of this package:
+// [PublishAll], [RunSink], [Recorder], [BenchmarkPublish], and a broker
+// process of the test's own to kill ([StartServer], [PublishAcrossRestarts]).
 package sinktest
 
 import (
@@ -100,30 +102,17 @@ func testReady(t *testing.T, f Factory) {
 // the sink reports outcomes from its own goroutines.
 func testOrderPerAggregate(t *testing.T, f Factory) {
 	const n, aggregates = 5000, 50
-	ctx := testContext(t)
-	at := aggregateType("order")
-	c := f.Subscribe(t, at)
-	s := f.NewSink(t)
-	defer closeSink(t, s)
+	ctx, at, c, s := open(t, f, "order")
 
 	msgs := Messages(at, n, aggregates)
-	tr := NewTracker(msgs)
-	for _, m := range msgs {
-		s.Publish(ctx, m, tr.Done)
-	}
-	tr.Wait(ctx, t)
-	tr.CheckAllAcked(t)
+	PublishAll(ctx, t, s, msgs)
 
 	got := ReceiveAll(ctx, t, c, msgs)
 	CheckOrder(t, msgs, got)
 }
 
 func testHeaders(t *testing.T, f Factory) {
-	ctx := testContext(t)
-	at := aggregateType("headers")
-	c := f.Subscribe(t, at)
-	s := f.NewSink(t)
-	defer closeSink(t, s)
+	ctx, at, c, s := open(t, f, "headers")
 
 	msgs := Messages(at, 10, 3)
 	for i, m := range msgs {
@@ -132,12 +121,7 @@ func testHeaders(t *testing.T, f Factory) {
 			{Key: "x-sequence", Value: fmt.Sprint(i)},
 		}
 	}
-	tr := NewTracker(msgs)
-	for _, m := range msgs {
-		s.Publish(ctx, m, tr.Done)
-	}
-	tr.Wait(ctx, t)
-	tr.CheckAllAcked(t)
+	PublishAll(ctx, t, s, msgs)
 	for _, m := range msgs {
 		if m.Destination == "" {
 			t.Errorf("message %s: Destination not set", m.ID)
@@ -164,11 +148,7 @@ func testHeaders(t *testing.T, f Factory) {
 }
 
 func testBody(t *testing.T, f Factory) {
-	ctx := testContext(t)
-	at := aggregateType("body")
-	c := f.Subscribe(t, at)
-	s := f.NewSink(t)
-	defer closeSink(t, s)
+	ctx, at, c, s := open(t, f, "body")
 
 	msgs := Messages(at, 5, 5)
 	// Bodies a sink must not re-encode: non-ASCII, escapes, no trailing newline, large.
@@ -180,12 +160,7 @@ func testBody(t *testing.T, f Factory) {
 	for _, m := range msgs {
 		want[m.ID] = bytes.Clone(m.Envelope)
 	}
-	tr := NewTracker(msgs)
-	for _, m := range msgs {
-		s.Publish(ctx, m, tr.Done)
-	}
-	tr.Wait(ctx, t)
-	tr.CheckAllAcked(t)
+	PublishAll(ctx, t, s, msgs)
 
 	for _, r := range ReceiveAll(ctx, t, c, msgs) {
 		if !bytes.Equal(r.Body, want[r.ID]) {
@@ -282,7 +257,7 @@ func testCancelledContext(t *testing.T, f Factory) {
 // of aggregates in an interleaved order, each with a distinct id, traceparent
 // and envelope.
 func Messages(aggregateType string, n, aggregates int) []*relay.Message {
-	run := randomHex(4)
+	run := RandomHex(4)
 	msgs := make([]*relay.Message, n)
 	now := time.Now().UTC()
 	for i := range msgs {
@@ -478,6 +453,18 @@ func index(msgs []*relay.Message) map[string]*relay.Message {
 	return m
 }
 
+// open is the start of a subtest that publishes through one sink: a
+// context bounded by Timeout, a fresh aggregate type, a consumer of it and
+// a sink that is closed when the subtest ends.
+func open(t *testing.T, f Factory, name string) (context.Context, string, Consumer, relay.Sink) {
+	ctx := testContext(t)
+	at := aggregateType(name)
+	c := f.Subscribe(t, at)
+	s := f.NewSink(t)
+	t.Cleanup(func() { closeSink(t, s) })
+	return ctx, at, c, s
+}
+
 func closeSink(t testing.TB, s relay.Sink) {
 	t.Helper()
 	if err := s.Close(); err != nil {
@@ -494,9 +481,10 @@ func testContext(t *testing.T) context.Context {
 // aggregateType returns a fresh aggregate type, so that every subtest, and
 // every run against a long-lived broker, has destinations of its own. It is
 // valid in Kafka topic names and AMQP routing keys.
-func aggregateType(name string) string { return "sinktest_" + name + "_" + randomHex(4) }
+func aggregateType(name string) string { return "sinktest_" + name + "_" + RandomHex(4) }
 
-func randomHex(n int) string {
+// RandomHex returns n random bytes in hex, for names of the test's own.
+func RandomHex(n int) string {
 	b := make([]byte, n)
 	if _, err := rand.Read(b); err != nil {
 		panic(errors.New("crypto/rand: " + err.Error()))
@@ -507,11 +495,7 @@ func randomHex(n int) string {
 // testSpoofedHeaders: row headers named like the relay's own never repeat
 // or override them, whatever their case; other row headers go through.
 func testSpoofedHeaders(t *testing.T, f Factory) {
-	ctx := testContext(t)
-	at := aggregateType("spoof")
-	c := f.Subscribe(t, at)
-	s := f.NewSink(t)
-	defer closeSink(t, s)
+	ctx, at, c, s := open(t, f, "spoof")
 
 	msgs := Messages(at, 3, 1)
 	for _, m := range msgs {
@@ -528,12 +512,7 @@ func testSpoofedHeaders(t *testing.T, f Factory) {
 			{Key: "tenant", Value: "acme"},
 		}
 	}
-	tr := NewTracker(msgs)
-	for _, m := range msgs {
-		s.Publish(ctx, m, tr.Done)
-	}
-	tr.Wait(ctx, t)
-	tr.CheckAllAcked(t)
+	PublishAll(ctx, t, s, msgs)
 	byID := index(msgs)
 	for _, r := range ReceiveAll(ctx, t, c, msgs) {
 		m := byID[r.ID]
@@ -585,11 +564,7 @@ func contentType(m *relay.Message) string {
 // datacontenttype travels once, under one CloudEvents prefix (ce_, ce- or
 // cloudEvents:), and the content type is the event's datacontenttype.
 func testCloudEventsBinary(t *testing.T, f Factory) {
-	ctx := testContext(t)
-	at := aggregateType("cebinary")
-	c := f.Subscribe(t, at)
-	s := f.NewSink(t)
-	defer closeSink(t, s)
+	ctx, at, c, s := open(t, f, "cebinary")
 
 	msgs := Messages(at, 3, 1)
 	for _, m := range msgs {
@@ -602,12 +577,7 @@ func testCloudEventsBinary(t *testing.T, f Factory) {
 			{Key: "traceparent", Value: m.Traceparent}, {Key: "schemaversion", Value: "1"},
 		}
 	}
-	tr := NewTracker(msgs)
-	for _, m := range msgs {
-		s.Publish(ctx, m, tr.Done)
-	}
-	tr.Wait(ctx, t)
-	tr.CheckAllAcked(t)
+	PublishAll(ctx, t, s, msgs)
 	byID := index(msgs)
 	for _, r := range ReceiveAll(ctx, t, c, msgs) {
 		m := byID[r.ID]

@@ -1,4 +1,4 @@
-package status
+package store
 
 import (
 	"context"
@@ -33,9 +33,9 @@ type Slot struct {
 	Flag string `json:"flag,omitempty"`
 }
 
-// ReadAll returns every logical replication slot of the server, in name
+// ReadSlots returns every logical replication slot of the server, in name
 // order. It is safe for concurrent use if q is.
-func ReadAll(ctx context.Context, q Querier) ([]Slot, error) {
+func ReadSlots(ctx context.Context, q Querier) ([]Slot, error) {
 	var haveCheckpoint bool
 	if err := q.QueryRow(ctx, "SELECT to_regclass('outboxrelay.checkpoint') IS NOT NULL").Scan(&haveCheckpoint); err != nil {
 		return nil, fmt.Errorf("look for outboxrelay.checkpoint: %w", err)

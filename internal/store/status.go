@@ -1,11 +1,4 @@
-// Package status reports where a replication slot stands and how far the
-// relay has published: the figures behind `outboxrelay status`, the
-// relay's GET /status and the SQL view outboxrelay.status.
-//
-// PostgreSQL's side comes from pg_replication_slots and the current WAL
-// position; the relay's side from outboxrelay.checkpoint, which Writer keeps
-// up to date while the relay runs, and outboxrelay.dead_letters.
-package status
+package store
 
 import (
 	"context"
@@ -54,7 +47,7 @@ func (l *LSN) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
-// Status is the checkpoint status of one slot. Its JSON form has the same
+// Status is the status of one slot. Its JSON form has the same
 // names as the columns of the view outboxrelay.status; figures that are not
 // known (for a missing slot, or before the first publish) are null.
 type Status struct {
@@ -218,12 +211,6 @@ func (s Status) Problems(maxLagBytes int64) []string {
 	return p
 }
 
-// Querier runs queries: *pgx.Conn, *pgxpool.Pool and pgx.Tx all satisfy it.
-type Querier interface {
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-}
-
 // The current position is the replay position on a standby, where
 // pg_current_wal_lsn() fails. The view uses the same expression. The
 // failover and synced columns exist from PostgreSQL 17 on; read through
@@ -246,7 +233,7 @@ SELECT w.lsn::text,
 FROM (SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END AS lsn) w
 LEFT JOIN pg_replication_slots s ON s.slot_name = $1`
 
-const checkpointQuery = `
+const progressQuery = `
 SELECT last_lsn::text, last_message_id, last_published_at, published_total
 FROM outboxrelay.checkpoint WHERE slot = $1`
 
@@ -262,20 +249,20 @@ FROM outboxrelay.checkpoint WHERE slot = $1 AND lag_since IS NOT NULL`
 const deadLettersQuery = `
 SELECT count(*) FROM outboxrelay.dead_letters WHERE slot = $1 AND replayed_at IS NULL`
 
-// Read returns the status of slot. A missing slot is not an error (Exists
+// ReadStatus returns the status of slot. A missing slot is not an error (Exists
 // is false), nor is a missing outboxrelay schema: the slot's figures are
-// still read and Warnings says what is missing. Read runs up to three
-// short queries; it returns ctx's error when ctx ends first. It is safe for
+// still read and Warnings says what is missing. It runs a few short
+// queries; it returns ctx's error when ctx ends first. It is safe for
 // concurrent use if q is.
-func Read(ctx context.Context, q Querier, slot string) (Status, error) {
+func ReadStatus(ctx context.Context, q Querier, slot string) (Status, error) {
 	s := Status{Slot: slot}
 	var (
-		current, confirmed, restart *string
-		plugin, database, currentDB string
-		haveCheckpoint, haveDLQ     bool
+		current, confirmed, restart     *string
+		plugin, database, currentDB     string
+		haveCheckpoint, haveDeadLetters bool
 	)
 	err := q.QueryRow(ctx, slotQuery, slot).Scan(&current, &s.Exists, &s.Active, &s.WALStatus, &confirmed, &restart,
-		&plugin, &database, &currentDB, &haveCheckpoint, &haveDLQ, &s.Failover, &s.Synced, &s.MaxSlotWALKeepSize)
+		&plugin, &database, &currentDB, &haveCheckpoint, &haveDeadLetters, &s.Failover, &s.Synced, &s.MaxSlotWALKeepSize)
 	if err != nil {
 		return s, fmt.Errorf("read replication slot %q: %w", slot, err)
 	}
@@ -316,7 +303,7 @@ func Read(ctx context.Context, q Querier, slot string) (Status, error) {
 		lastLSN, lastID *string
 		lastAt          *time.Time
 	)
-	err = q.QueryRow(ctx, checkpointQuery, slot).Scan(&lastLSN, &lastID, &lastAt, &s.PublishedTotal)
+	err = q.QueryRow(ctx, progressQuery, slot).Scan(&lastLSN, &lastID, &lastAt, &s.PublishedTotal)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 	case err != nil:
@@ -366,7 +353,7 @@ func Read(ctx context.Context, q Querier, slot string) (Status, error) {
 		}
 		s.LagSince = s.LagSince.UTC()
 	}
-	if haveDLQ {
+	if haveDeadLetters {
 		err = q.QueryRow(ctx, deadLettersQuery, slot).Scan(&s.DeadLetters)
 		var pgErr *pgconn.PgError
 		switch {

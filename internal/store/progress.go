@@ -1,4 +1,4 @@
-package status
+package store
 
 import (
 	"context"
@@ -6,20 +6,14 @@ import (
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap"
 
 	"github.com/outboxrelay/outboxrelay/relay"
 )
 
-// Execer runs a statement: *pgx.Conn and *pgxpool.Pool satisfy it.
-type Execer interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-}
-
 // published_total grows by the count since the previous write, so that
 // several runs of the relay (one after another) add up.
-const upsertCheckpoint = `
+const upsertProgress = `
 INSERT INTO outboxrelay.checkpoint AS c (slot, last_lsn, last_message_id, last_published_at, published_total, lag_since, updated_at)
 VALUES ($1, $2::text::pg_lsn, $3, $4, $5, $6, now())
 ON CONFLICT (slot) DO UPDATE SET
@@ -36,12 +30,12 @@ const upsertLagSince = `
 INSERT INTO outboxrelay.checkpoint AS c (slot, lag_since, updated_at) VALUES ($1, $2, now())
 ON CONFLICT (slot) DO UPDATE SET lag_since = EXCLUDED.lag_since, updated_at = now()`
 
-// Writer keeps the relay's progress in outboxrelay.checkpoint: the furthest
+// Progress keeps the relay's progress in outboxrelay.checkpoint: the furthest
 // message the broker acknowledged, the number acknowledged and the commit
 // time lag_seconds counts from. Published only records in memory; Run
 // writes at most once per interval, and only when something changed, so
 // publishing never waits for PostgreSQL.
-type Writer struct {
+type Progress struct {
 	db       Execer
 	slot     string
 	log      *zap.Logger
@@ -63,12 +57,12 @@ type Writer struct {
 	since   time.Time // lag_since recorded by the last successful write
 }
 
-// NewWriter returns a Writer for slot that writes through db. It starts nothing.
-func NewWriter(db Execer, slot string, log *zap.Logger) *Writer {
+// NewProgress returns a Progress for slot that writes through db. It starts nothing.
+func NewProgress(db Execer, slot string, log *zap.Logger) *Progress {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	return &Writer{db: db, slot: slot, log: log.Named("checkpoint"), interval: time.Second}
+	return &Progress{db: db, slot: slot, log: log.Named("checkpoint"), interval: time.Second}
 }
 
 // Published records that the broker acknowledged m at ackedAt. It has the
@@ -76,7 +70,7 @@ func NewWriter(db Execer, slot string, log *zap.Logger) *Writer {
 // never blocks on I/O. Safe for concurrent use. Acknowledgements may arrive
 // out of WAL order (several partitions or channels); the message with the
 // highest LSN is the one recorded as last published.
-func (w *Writer) Published(m *relay.Message, ackedAt time.Time) {
+func (w *Progress) Published(m *relay.Message, ackedAt time.Time) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.pending++
@@ -86,12 +80,12 @@ func (w *Writer) Published(m *relay.Message, ackedAt time.Time) {
 	}
 }
 
-// Run writes the checkpoint every second while something changed, until
+// Run writes the progress every second while something changed, until
 // ctx is cancelled; then it writes once more (bounded by 5s, and not
 // cancelled by ctx) and returns nil. Cancel ctx only after the relay has
 // drained, so that the last write includes every acknowledgement. A failed
 // write is logged and retried at the next tick; it never stops the relay.
-func (w *Writer) Run(ctx context.Context) error {
+func (w *Progress) Run(ctx context.Context) error {
 	t := time.NewTicker(w.interval)
 	defer t.Stop()
 	for {
@@ -99,20 +93,20 @@ func (w *Writer) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			final, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 			defer cancel()
-			_ = w.Flush(final)
+			_ = w.Save(final)
 			return nil
 		case <-t.C:
 			tickCtx, cancel := context.WithTimeout(ctx, 5*w.interval)
-			_ = w.Flush(tickCtx)
+			_ = w.Save(tickCtx)
 			cancel()
 		}
 	}
 }
 
-// Flush writes the checkpoint now if something changed since the last
-// write. On failure the changes are kept for the next Flush. Run calls it;
-// it is safe for concurrent use, but concurrent Flushes may write out of order.
-func (w *Writer) Flush(ctx context.Context) error {
+// Save writes the progress now if something changed since the last
+// write. On failure the changes are kept for the next Save. Run calls it;
+// it is safe for concurrent use, but concurrent Saves may write out of order.
+func (w *Progress) Save(ctx context.Context) error {
 	var since time.Time
 	if w.LagSince != nil {
 		since = w.LagSince()
@@ -138,7 +132,7 @@ func (w *Writer) Flush(ctx context.Context) error {
 			s := lsn.String()
 			lsnText = &s
 		}
-		_, err = w.db.Exec(ctx, upsertCheckpoint, w.slot, lsnText, id, at, n, sinceArg)
+		_, err = w.db.Exec(ctx, upsertProgress, w.slot, lsnText, id, at, n, sinceArg)
 	} else {
 		_, err = w.db.Exec(ctx, upsertLagSince, w.slot, sinceArg)
 	}
@@ -157,7 +151,7 @@ func (w *Writer) Flush(ctx context.Context) error {
 			w.failing = true
 			w.log.Warn("write outboxrelay.checkpoint failed; retrying every second", zap.Error(err))
 		}
-		return fmt.Errorf("write checkpoint: %w", err)
+		return fmt.Errorf("write progress to the checkpoint: %w", err)
 	}
 	if w.failing {
 		w.failing = false

@@ -1,14 +1,4 @@
-// Package dlq stores messages the broker will never take in
-// outboxrelay.dead_letters, and lists, replays and purges them.
-//
-// A dead letter holds everything needed to publish the message again: the
-// routing fields, the row headers and the exact envelope bytes.
-//
-// With relay.dead_letter_order: park, a dead letter heads its aggregate
-// (parks = true) and the aggregate's later messages wait behind it in
-// outboxrelay.parked (see park.go) until Replay has republished the head and
-// the whole chain, or Purge deleted them.
-package dlq
+package store
 
 import (
 	"context"
@@ -19,31 +9,31 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxrelay/outboxrelay/envelope"
 	"github.com/outboxrelay/outboxrelay/relay"
 )
 
-// DB is what the store needs from a connection or pool. It must be safe for
-// concurrent use when Store.Add is used as relay.Config.DeadLetter
-// (*pgxpool.Pool is).
-type DB interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	Begin(ctx context.Context) (pgx.Tx, error)
-}
-
-// Store is the dead-letter table of one slot. A Store whose Slot is empty
-// reads and purges the letters of every slot (List, Show, Plan, Purge);
-// Add, Park and Replay of a relay always name their slot.
-type Store struct {
-	DB   DB
+// DeadLetters stores the messages of one slot that the broker will never
+// take, in outboxrelay.dead_letters, and lists, replays and purges them. A
+// dead letter holds everything needed to publish the message again: the
+// routing fields, the row headers and the exact body.
+//
+// With relay.dead_letter_order: park, a dead letter heads its aggregate
+// (parks = true) and the aggregate's later messages wait behind it in
+// outboxrelay.parked (see parked.go) until Replay has republished the head
+// and the whole chain, or Purge deleted them.
+//
+// A DeadLetters whose Slot is empty reads and purges the letters of every
+// slot (List, Plan, Purge); Add, Park and Replay of a relay always name
+// their slot. Its methods are safe for concurrent use if DB is.
+type DeadLetters struct {
+	DB   TxDB
 	Slot string
 }
 
-// Letter is one stored dead letter.
-type Letter struct {
+// DeadLetter is one stored dead letter.
+type DeadLetter struct {
 	ID int64 `json:"id"`
 	// Slot is the replication slot whose relay dead-lettered the message.
 	Slot          string          `json:"slot"`
@@ -75,24 +65,20 @@ type Letter struct {
 
 // Add stores m. It returns once the row is committed, so the relay may
 // confirm past the message. It has the signature of relay.DeadLetterFunc.
-func (s *Store) Add(ctx context.Context, m *relay.Message) error {
+func (s *DeadLetters) Add(ctx context.Context, m *relay.Message) error {
 	return s.add(ctx, m, false)
 }
 
 // AddHead stores m as a dead letter that parks its aggregate
 // (relay.Parking).
-func (s *Store) AddHead(ctx context.Context, m *relay.Message) error {
+func (s *DeadLetters) AddHead(ctx context.Context, m *relay.Message) error {
 	return s.add(ctx, m, true)
 }
 
-func (s *Store) add(ctx context.Context, m *relay.Message, parks bool) error {
-	headers := map[string]string{}
-	for _, h := range m.Headers {
-		headers[h.Key] = h.Value
-	}
-	hj, err := json.Marshal(headers)
+func (s *DeadLetters) add(ctx context.Context, m *relay.Message, parks bool) error {
+	hj, attrs, err := encodeHeaders(m)
 	if err != nil {
-		return fmt.Errorf("encode headers: %w", err)
+		return err
 	}
 	errText := "unknown error"
 	if m.LastError != nil {
@@ -105,16 +91,6 @@ func (s *Store) add(ctx context.Context, m *relay.Message, parks bool) error {
 	if last.IsZero() {
 		last = first
 	}
-	var attrs []byte
-	if len(m.Attributes) > 0 {
-		a := map[string]string{}
-		for _, h := range m.Attributes {
-			a[h.Key] = h.Value
-		}
-		if attrs, err = json.Marshal(a); err != nil {
-			return fmt.Errorf("encode attributes: %w", err)
-		}
-	}
 	_, err = s.DB.Exec(ctx, `INSERT INTO outboxrelay.dead_letters
 		(slot, message_id, destination, aggregate_type, aggregate_id, event_type, source_table, traceparent, headers, envelope, error, attempts, first_failed_at, last_failed_at,
 		 body, content_type, attributes, parks, commit_lsn, lsn)
@@ -126,6 +102,28 @@ func (s *Store) add(ctx context.Context, m *relay.Message, parks bool) error {
 		return fmt.Errorf("store dead letter %s: %w", m.ID, err)
 	}
 	return nil
+}
+
+// encodeHeaders encodes m's row headers and its attributes (nil when it
+// has none) as the JSON objects the headers and attributes columns hold.
+func encodeHeaders(m *relay.Message) (headers, attrs []byte, err error) {
+	h := map[string]string{}
+	for _, kv := range m.Headers {
+		h[kv.Key] = kv.Value
+	}
+	if headers, err = json.Marshal(h); err != nil {
+		return nil, nil, fmt.Errorf("encode headers: %w", err)
+	}
+	if len(m.Attributes) > 0 {
+		a := map[string]string{}
+		for _, kv := range m.Attributes {
+			a[kv.Key] = kv.Value
+		}
+		if attrs, err = json.Marshal(a); err != nil {
+			return nil, nil, fmt.Errorf("encode attributes: %w", err)
+		}
+	}
+	return headers, attrs, nil
 }
 
 func nullJSON(b []byte) any {
@@ -142,8 +140,8 @@ func clean(s string) string {
 	return strings.ReplaceAll(s, "\x00", "\uFFFD")
 }
 
-// Filter selects dead letters.
-type Filter struct {
+// DeadLetterFilter selects dead letters.
+type DeadLetterFilter struct {
 	ID              int64 // 0: any
 	IncludeReplayed bool
 }
@@ -151,7 +149,7 @@ type Filter struct {
 // List returns the slot's dead letters, oldest first: those not replayed
 // yet, and the heads whose chain is not (or, with IncludeReplayed, all).
 // Each head comes with its chain.
-func (s *Store) List(ctx context.Context, f Filter) ([]Letter, error) {
+func (s *DeadLetters) List(ctx context.Context, f DeadLetterFilter) ([]DeadLetter, error) {
 	q := `SELECT id, slot, message_id, destination, aggregate_type, aggregate_id, event_type, source_table, traceparent, headers,
 		envelope, error, attempts, first_failed_at, last_failed_at, created_at, replayed_at,
 		body, coalesce(content_type, ''), attributes, coalesce(parks, false)
@@ -160,8 +158,8 @@ func (s *Store) List(ctx context.Context, f Filter) ([]Letter, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list dead letters: %w", err)
 	}
-	letters, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Letter, error) {
-		var l Letter
+	letters, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (DeadLetter, error) {
+		var l DeadLetter
 		var headers, attrs []byte
 		err := row.Scan(&l.ID, &l.Slot, &l.MessageID, &l.Destination, &l.AggregateType, &l.AggregateID, &l.EventType, &l.Table,
 			&l.Traceparent, &headers, &l.Envelope, &l.Error, &l.Attempts, &l.FirstFailedAt, &l.LastFailedAt, &l.CreatedAt, &l.ReplayedAt,
@@ -184,7 +182,7 @@ func (s *Store) List(ctx context.Context, f Filter) ([]Letter, error) {
 }
 
 // Message rebuilds the relay message of a dead letter for publishing again.
-func (l *Letter) Message() (*relay.Message, error) {
+func (l *DeadLetter) Message() (*relay.Message, error) {
 	headers, err := envelope.ParseHeaders(l.Headers)
 	if err != nil {
 		return nil, fmt.Errorf("dead letter %d: %w", l.ID, err)
@@ -220,7 +218,7 @@ type Replayed struct {
 // was; then the aggregate is released (see release). Replay stops at the
 // first failure: what was published stays marked, and replaying the same
 // letter again goes on from the first message not acknowledged.
-func (s *Store) Replay(ctx context.Context, sink relay.Sink, f Filter) (Replayed, error) {
+func (s *DeadLetters) Replay(ctx context.Context, sink relay.Sink, f DeadLetterFilter) (Replayed, error) {
 	var n Replayed
 	letters, err := s.List(ctx, f)
 	if err != nil {
@@ -255,15 +253,15 @@ func (s *Store) Replay(ctx context.Context, sink relay.Sink, f Filter) (Replayed
 	return n, nil
 }
 
-func (s *Store) notFound(id int64) error {
+func (s *DeadLetters) notFound(id int64) error {
 	if s.Slot == "" {
 		return fmt.Errorf("no pending dead letter with id %d; outboxrelay dlq list shows the pending ones", id)
 	}
 	return fmt.Errorf("no pending dead letter with id %d for slot %s; outboxrelay dlq list shows the pending ones", id, s.Slot)
 }
 
-// Step is one message Replay would publish.
-type Step struct {
+// ReplayStep is one message Replay would publish.
+type ReplayStep struct {
 	// Head is the dead letter the message is, or waits behind.
 	Head int64 `json:"head"`
 	// Position is 0 for the dead letter itself, then 1, 2, ... along its
@@ -282,7 +280,7 @@ type Step struct {
 // Plan returns what Replay with f would publish now, in the order it would
 // publish it, and changes nothing. A relay that is running may park more
 // behind a head before Replay releases it; Replay publishes those too.
-func (s *Store) Plan(ctx context.Context, f Filter) ([]Step, error) {
+func (s *DeadLetters) Plan(ctx context.Context, f DeadLetterFilter) ([]ReplayStep, error) {
 	letters, err := s.List(ctx, f)
 	if err != nil {
 		return nil, err
@@ -290,17 +288,17 @@ func (s *Store) Plan(ctx context.Context, f Filter) ([]Step, error) {
 	if f.ID != 0 && len(letters) == 0 {
 		return nil, s.notFound(f.ID)
 	}
-	var steps []Step
+	var steps []ReplayStep
 	for _, l := range letters {
 		if l.ReplayedAt == nil {
-			steps = append(steps, Step{Head: l.ID, Slot: l.Slot, MessageID: l.MessageID, AggregateType: l.AggregateType,
+			steps = append(steps, ReplayStep{Head: l.ID, Slot: l.Slot, MessageID: l.MessageID, AggregateType: l.AggregateType,
 				AggregateID: l.AggregateID, EventType: l.EventType, Destination: l.Destination})
 		}
 		if !l.Parks {
 			continue
 		}
 		for i, p := range l.Parked {
-			steps = append(steps, Step{Head: l.ID, Position: i + 1, Slot: l.Slot, MessageID: p.MessageID,
+			steps = append(steps, ReplayStep{Head: l.ID, Position: i + 1, Slot: l.Slot, MessageID: p.MessageID,
 				AggregateType: p.AggregateType, AggregateID: p.AggregateID, EventType: p.EventType})
 		}
 	}
@@ -330,7 +328,7 @@ type Purged struct {
 // that is running publishes the aggregate's next message, and nothing of the
 // purged chain. Purging is giving up on those messages; to deliver the
 // chain, replay the head instead.
-func (s *Store) Purge(ctx context.Context, before time.Time) (Purged, error) {
+func (s *DeadLetters) Purge(ctx context.Context, before time.Time) (Purged, error) {
 	var n Purged
 	if before.IsZero() {
 		return n, errors.New("purge needs a time")

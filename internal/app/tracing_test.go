@@ -1,4 +1,4 @@
-package main
+package app
 
 import (
 	"context"
@@ -25,7 +25,7 @@ func TestNewTracing(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			lookup := func(k string) (string, bool) { v, ok := tc.env[k]; return v, ok }
-			tr, err := newTracing(context.Background(), lookup, zap.NewNop())
+			tr, err := newTracing(context.Background(), lookup, "test", zap.NewNop())
 			if tc.err != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.err) {
 					t.Fatalf("err %v, want one naming the fix %q", err, tc.err)

@@ -1,4 +1,4 @@
-package cdc
+package store
 
 import (
 	"context"
@@ -7,6 +7,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
+
+	"github.com/outboxrelay/outboxrelay/cdc"
 )
 
 // RetentionConfig says which outbox rows Retention deletes.
@@ -33,7 +35,7 @@ type RetentionConfig struct {
 //
 // It runs until ctx is done; failures are logged and retried at the next
 // tick.
-func Retention(ctx context.Context, db Querier, cfg RetentionConfig, log *zap.Logger) error {
+func Retention(ctx context.Context, db DB, cfg RetentionConfig, log *zap.Logger) error {
 	if cfg.MaxAge <= 0 || cfg.Column == "" {
 		return nil
 	}
@@ -45,7 +47,7 @@ func Retention(ctx context.Context, db Querier, cfg RetentionConfig, log *zap.Lo
 	}
 	stmts := make(map[string]string, len(cfg.Tables))
 	for _, t := range cfg.Tables {
-		schema, name, err := SplitTable(t)
+		schema, name, err := cdc.SplitTable(t)
 		if err != nil {
 			return err
 		}

@@ -1,4 +1,4 @@
-package status
+package store
 
 import (
 	"bytes"
@@ -161,7 +161,7 @@ func TestProblems(t *testing.T) {
 	}
 }
 
-// execRecorder records the checkpoint writes; the writer's batching is
+// execRecorder records the progress writes; the writer's batching is
 // what is tested here, the SQL itself end to end in integration.
 type execRecorder struct {
 	mu    sync.Mutex
@@ -179,21 +179,21 @@ func (e *execRecorder) Exec(_ context.Context, _ string, args ...any) (pgconn.Co
 	return pgconn.NewCommandTag("INSERT 0 1"), nil
 }
 
-func TestWriterBatches(t *testing.T) {
+func TestProgressBatches(t *testing.T) {
 	db := &execRecorder{}
-	w := NewWriter(db, "outboxrelay", nil)
+	w := NewProgress(db, "outboxrelay", nil)
 	ctx := context.Background()
-	if err := w.Flush(ctx); err != nil || len(db.calls) != 0 {
-		t.Fatalf("flush with nothing published: %v, %d writes", err, len(db.calls))
+	if err := w.Save(ctx); err != nil || len(db.calls) != 0 {
+		t.Fatalf("save with nothing published: %v, %d writes", err, len(db.calls))
 	}
 	at := now
 	for i, lsn := range []uint64{0x300, 0x100, 0x200} { // acks out of WAL order
 		w.Published(&relay.Message{ID: string(rune('a' + i)), LSN: pglogrepl.LSN(lsn)}, at.Add(time.Duration(i)*time.Second))
 	}
-	if err := w.Flush(ctx); err != nil {
+	if err := w.Save(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := w.Flush(ctx); err != nil {
+	if err := w.Save(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if len(db.calls) != 1 {
@@ -207,12 +207,12 @@ func TestWriterBatches(t *testing.T) {
 	// A failed write keeps its count for the next one.
 	db.fail = errors.New("connection refused")
 	w.Published(&relay.Message{ID: "d", LSN: 0x400}, at)
-	if err := w.Flush(ctx); err == nil {
-		t.Fatal("flush did not report the failed write")
+	if err := w.Save(ctx); err == nil {
+		t.Fatal("save did not report the failed write")
 	}
 	w.Published(&relay.Message{ID: "e", LSN: 0x500}, at)
 	db.fail = nil
-	if err := w.Flush(ctx); err != nil {
+	if err := w.Save(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if args := db.calls[1]; len(db.calls) != 2 || args[2] != "e" || args[4] != int64(2) {
@@ -220,9 +220,9 @@ func TestWriterBatches(t *testing.T) {
 	}
 }
 
-func TestWriterRunFlushesAtStop(t *testing.T) {
+func TestProgressRunSavesAtStop(t *testing.T) {
 	db := &execRecorder{}
-	w := NewWriter(db, "outboxrelay", nil)
+	w := NewProgress(db, "outboxrelay", nil)
 	w.interval = time.Hour
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error)
@@ -237,31 +237,31 @@ func TestWriterRunFlushesAtStop(t *testing.T) {
 	}
 }
 
-// TestWriterRecordsLagSince: lag_since is written when it moves, alone when
+// TestProgressRecordsLagSince: lag_since is written when it moves, alone when
 // nothing was published (so that an earlier run's figures stay), and not
 // again while it stands still, as it does while the relay is stuck.
-func TestWriterRecordsLagSince(t *testing.T) {
+func TestProgressRecordsLagSince(t *testing.T) {
 	db := &execRecorder{}
-	w := NewWriter(db, "outboxrelay", nil)
+	w := NewProgress(db, "outboxrelay", nil)
 	var since time.Time
 	w.LagSince = func() time.Time { return since }
 	ctx := context.Background()
-	if err := w.Flush(ctx); err != nil || len(db.calls) != 0 {
+	if err := w.Save(ctx); err != nil || len(db.calls) != 0 {
 		t.Fatalf("lag since unknown: %v, %d writes", err, len(db.calls))
 	}
 	since = now.Add(-time.Second)
-	if err := w.Flush(ctx); err != nil {
+	if err := w.Save(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if len(db.calls) != 1 || len(db.calls[0]) != 2 || !db.calls[0][1].(*time.Time).Equal(since) {
 		t.Fatalf("writes %v, want lag_since alone", db.calls)
 	}
-	if err := w.Flush(ctx); err != nil || len(db.calls) != 1 {
+	if err := w.Save(ctx); err != nil || len(db.calls) != 1 {
 		t.Fatalf("lag since unchanged: %v, %d writes, want no new write", err, len(db.calls))
 	}
 	since = now
 	w.Published(&relay.Message{ID: "a", LSN: 0x100}, now)
-	if err := w.Flush(ctx); err != nil {
+	if err := w.Save(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if args := db.calls[1]; len(db.calls) != 2 || args[2] != "a" || !args[5].(*time.Time).Equal(now) {

@@ -1,4 +1,4 @@
-package dlq
+package store
 
 import (
 	"context"
@@ -14,7 +14,7 @@ import (
 	"github.com/outboxrelay/outboxrelay/relay"
 )
 
-// The store serialises the relay, which parks messages, with Replay and
+// DeadLetters serialises the relay, which parks messages, with Replay and
 // Purge, which release a head, through the head's row lock: Park locks the
 // head row (FOR UPDATE) and stores the message before it commits; a release
 // takes the same lock, and only then looks at the chain in a statement of
@@ -23,7 +23,7 @@ import (
 // deletes, or Park finds the head released and the relay publishes the
 // message itself, after the chain.
 
-var _ relay.Parking = (*Store)(nil)
+var _ relay.Parking = (*DeadLetters)(nil)
 
 // ParkedMessage is a message waiting behind a dead letter.
 type ParkedMessage struct {
@@ -44,7 +44,7 @@ type ParkedMessage struct {
 }
 
 // Heads returns the slot's parked aggregates (relay.Parking).
-func (s *Store) Heads(ctx context.Context) ([]relay.Head, error) {
+func (s *DeadLetters) Heads(ctx context.Context) ([]relay.Head, error) {
 	rows, err := s.DB.Query(ctx, `SELECT id, aggregate_type, aggregate_id FROM outboxrelay.dead_letters
 		WHERE slot = $1 AND parks ORDER BY id`, s.Slot)
 	if err != nil {
@@ -63,24 +63,10 @@ func (s *Store) Heads(ctx context.Context) ([]relay.Head, error) {
 
 // Park stores m behind the dead letter that parks its aggregate
 // (relay.Parking).
-func (s *Store) Park(ctx context.Context, m *relay.Message) (bool, error) {
-	headers := map[string]string{}
-	for _, h := range m.Headers {
-		headers[h.Key] = h.Value
-	}
-	hj, err := json.Marshal(headers)
+func (s *DeadLetters) Park(ctx context.Context, m *relay.Message) (bool, error) {
+	hj, attrs, err := encodeHeaders(m)
 	if err != nil {
-		return false, fmt.Errorf("encode headers: %w", err)
-	}
-	var attrs []byte
-	if len(m.Attributes) > 0 {
-		a := map[string]string{}
-		for _, h := range m.Attributes {
-			a[h.Key] = h.Value
-		}
-		if attrs, err = json.Marshal(a); err != nil {
-			return false, fmt.Errorf("encode attributes: %w", err)
-		}
+		return false, err
 	}
 	parked := false
 	err = pgx.BeginFunc(ctx, s.DB, func(tx pgx.Tx) error {
@@ -129,7 +115,7 @@ func before(m *relay.Message, headCommit, headLSN string) bool {
 }
 
 // chain returns the messages parked behind head, in publishing order.
-func (s *Store) chain(ctx context.Context, head int64) ([]ParkedMessage, error) {
+func (s *DeadLetters) chain(ctx context.Context, head int64) ([]ParkedMessage, error) {
 	rows, err := s.DB.Query(ctx, `SELECT id, head_id, message_id, aggregate_type, aggregate_id, event_type, source_table, traceparent,
 		headers, coalesce(content_type, ''), attributes, committed_at, created_at, body
 		FROM outboxrelay.parked WHERE head_id = $1 ORDER BY id`, head)
@@ -173,7 +159,7 @@ func (p *ParkedMessage) Message() (*relay.Message, error) {
 // the one before it was acknowledged, deleting each once it is, and then
 // releases the aggregate. A relay running meanwhile may park more: they are
 // published too before the release.
-func (s *Store) replayChain(ctx context.Context, sink relay.Sink, head int64) (int, error) {
+func (s *DeadLetters) replayChain(ctx context.Context, sink relay.Sink, head int64) (int, error) {
 	n := 0
 	for {
 		chain, err := s.chain(ctx, head)
@@ -203,7 +189,7 @@ func (s *Store) replayChain(ctx context.Context, sink relay.Sink, head int64) (i
 
 // release ends head's parking if nothing waits behind it any more, and
 // reports whether it did.
-func (s *Store) release(ctx context.Context, head int64) (bool, error) {
+func (s *DeadLetters) release(ctx context.Context, head int64) (bool, error) {
 	released := false
 	err := pgx.BeginFunc(ctx, s.DB, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, "SELECT id FROM outboxrelay.dead_letters WHERE id = $1 FOR UPDATE", head); err != nil {

@@ -1,4 +1,4 @@
-package main
+package app
 
 import (
 	"context"
@@ -9,7 +9,7 @@ import (
 
 	"github.com/outboxrelay/outboxrelay/cdc"
 	"github.com/outboxrelay/outboxrelay/internal/config"
-	"github.com/outboxrelay/outboxrelay/internal/dlq"
+	"github.com/outboxrelay/outboxrelay/internal/store"
 	"github.com/outboxrelay/outboxrelay/relay"
 )
 
@@ -24,26 +24,26 @@ type durability struct {
 func openDurability(ctx context.Context, cfg config.Config, log *zap.Logger) (*durability, error) {
 	pcfg, err := pgxpool.ParseConfig(cfg.Postgres.URL)
 	if err != nil {
-		return nil, usageErr("invalid PostgreSQL URL: %v", err)
+		return nil, fmt.Errorf("invalid PostgreSQL URL: %v", err)
 	}
 	pcfg.MaxConns = 4
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
-		return nil, usageErr("cannot connect to PostgreSQL: %v%s", err, tlsHint(err, "sslrootcert and sslmode in postgres.url"))
+		return nil, fmt.Errorf("cannot connect to PostgreSQL: %v%s", err, tlsHint(err))
 	}
 	return &durability{pool: pool, cfg: cfg, log: log}, nil
 }
 
 // apply sets the relay's checkpoint, verification and dead-letter hooks.
 func (d *durability) apply(rc *relay.Config) {
-	cp := cdc.Checkpoints{DB: d.pool, Slot: d.cfg.Postgres.Slot}
-	rc.Checkpoint = cp.Save
+	cp := store.Checkpoint{DB: d.pool, Slot: d.cfg.Postgres.Slot}
+	rc.Checkpoint = cp.Confirm
 	rc.Verify = cp.Verify
 	if d.cfg.Relay.DeadLetters {
-		store := &dlq.Store{DB: d.pool, Slot: d.cfg.Postgres.Slot}
-		rc.DeadLetter = store.Add
+		dead := &store.DeadLetters{DB: d.pool, Slot: d.cfg.Postgres.Slot}
+		rc.DeadLetter = dead.Add
 		rc.DeadLetterOrder = relay.DeadLetterOrder(d.cfg.Relay.DeadLetterOrder)
-		rc.Parking = store
+		rc.Parking = dead
 	}
 }
 
@@ -52,7 +52,7 @@ func (d *durability) apply(rc *relay.Config) {
 // returns the guard that keeps checking coverage.
 func (d *durability) consumer(ctx context.Context) (*cdc.Guard, error) {
 	pg := d.cfg.Postgres
-	tables := qualifiedTables(pg.Tables)
+	tables := QualifiedTables(pg.Tables)
 	state, err := cdc.ReadCoverage(ctx, d.pool, pg.Publication, tables)
 	if err != nil {
 		return nil, err
@@ -60,22 +60,13 @@ func (d *durability) consumer(ctx context.Context) (*cdc.Guard, error) {
 	if p := state.Problems(); len(p) > 0 {
 		return nil, &cdc.CoverageError{Problems: p}
 	}
-	cp := cdc.Checkpoints{DB: d.pool, Slot: pg.Slot}
+	cp := store.Checkpoint{DB: d.pool, Slot: pg.Slot}
 	cur := cdc.Consumer{Publication: pg.Publication, Tables: tables, Relations: state.Tables}
 	if err := cp.RecordConsumer(ctx, cur); err != nil {
 		return nil, err
 	}
 	for _, t := range tables {
-		schema, name, _ := cdc.SplitTable(t)
-		// migrate registers its tables; looking first (coverage is readable
-		// by PUBLIC) spares the --print-role role an INSERT privilege.
-		var registered bool
-		err := d.pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM outboxrelay.coverage WHERE publication = $1 AND schema_name = $2 AND table_name = $3)`,
-			pg.Publication, schema, name).Scan(&registered)
-		if err == nil && !registered {
-			_, err = d.pool.Exec(ctx, `INSERT INTO outboxrelay.coverage (publication, schema_name, table_name) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING`, pg.Publication, schema, name)
-		}
-		if err != nil {
+		if err := store.RegisterCoverage(ctx, d.pool, pg.Publication, t); err != nil {
 			d.log.Warn("cannot register the table with the coverage trigger; run `outboxrelay migrate` for it as the schema owner", zap.String("table", t), zap.Error(err))
 		}
 	}
@@ -83,7 +74,7 @@ func (d *durability) consumer(ctx context.Context) (*cdc.Guard, error) {
 		d.log.Warn("the coverage event trigger is not installed or disabled: a table swap or ALTER PUBLICATION is found only by the periodic check (postgres.coverage_interval), after inserts may have been missed; run `outboxrelay migrate` as a superuser to install it")
 	}
 	return cdc.NewGuard(d.pool, cp, cdc.GuardConfig{
-		Publication: pg.Publication, Tables: tables, Ignored: qualifiedTables(pg.IgnoreTables), Interval: pg.CoverageInterval,
+		Publication: pg.Publication, Tables: tables, Ignored: QualifiedTables(pg.IgnoreTables), Interval: pg.CoverageInterval,
 	}, state.Tables, d.log), nil
 }
 
@@ -97,7 +88,7 @@ func (d *durability) heartbeat(ctx context.Context) error {
 
 // retention deletes old outbox rows until ctx is done, when configured.
 func (d *durability) retention(ctx context.Context) error {
-	return cdc.Retention(ctx, d.pool, cdc.RetentionConfig{
+	return store.Retention(ctx, d.pool, store.RetentionConfig{
 		Tables: d.cfg.Postgres.Tables,
 		Column: d.cfg.Postgres.Columns.CreatedAt,
 		MaxAge: d.cfg.Postgres.Retention,

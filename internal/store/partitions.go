@@ -1,4 +1,4 @@
-package cdc
+package store
 
 import (
 	"context"
@@ -9,8 +9,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
+
+	"github.com/outboxrelay/outboxrelay/cdc"
 )
 
 // Partitioned outbox tables are range-partitioned by their creation time
@@ -55,9 +58,9 @@ func Maintain(ctx context.Context, pool *pgxpool.Pool, cfg MaintainConfig) ([]st
 	}
 	var done []string
 	for _, t := range cfg.Tables {
-		schema, name, err := SplitTable(t)
+		schema, name, err := cdc.SplitTable(t)
 		if err != nil {
-			return done, &SetupError{Msg: err.Error()}
+			return done, &cdc.SetupError{Msg: err.Error()}
 		}
 		var partitioned bool
 		err = pool.QueryRow(ctx, `SELECT c.relkind = 'p' FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
@@ -112,7 +115,7 @@ func Maintain(ctx context.Context, pool *pgxpool.Pool, cfg MaintainConfig) ([]st
 			ident := pgx.Identifier{schema, part}.Sanitize()
 			// Not in a transaction: DETACH ... CONCURRENTLY refuses one.
 			err = execLocked(ctx, pool, fmt.Sprintf("ALTER TABLE %s DETACH PARTITION %s CONCURRENTLY", parent, ident))
-			if isCode(err, "55000") {
+			if pgCode(err, "55000") {
 				// PostgreSQL refuses CONCURRENTLY while a default partition
 				// exists; a plain detach holds the parent's lock briefly,
 				// bounded by lock_timeout.
@@ -168,4 +171,10 @@ func RunMaintenance(ctx context.Context, pool *pgxpool.Pool, cfg MaintainConfig,
 		case <-time.After(interval):
 		}
 	}
+}
+
+// pgCode reports whether err is a PostgreSQL error with SQLSTATE code.
+func pgCode(err error, code string) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == code
 }

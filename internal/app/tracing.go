@@ -1,4 +1,4 @@
-package main
+package app
 
 import (
 	"context"
@@ -47,11 +47,12 @@ func (t tracing) Shutdown(ctx context.Context) error {
 // variables itself (headers, TLS, timeout, compression); the sampler
 // follows OTEL_TRACES_SAMPLER (default parentbased_always_on) and the
 // resource OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES, with
-// service.name outboxrelay unless they say otherwise.
+// service.name outboxrelay unless they say otherwise, and service.version
+// version.
 //
 // Nothing is sent until spans end; an unreachable collector is logged by
 // the exporter and never stops the relay.
-func newTracing(ctx context.Context, lookup func(string) (string, bool), log *zap.Logger) (tracing, error) {
+func newTracing(ctx context.Context, lookup func(string) (string, bool), version string, log *zap.Logger) (tracing, error) {
 	get := func(k string) string { v, _ := lookup(k); return strings.TrimSpace(v) }
 	if strings.EqualFold(get("OTEL_SDK_DISABLED"), "true") {
 		return tracing{}, nil
@@ -65,18 +66,18 @@ func newTracing(ctx context.Context, lookup func(string) (string, bool), log *za
 		}
 	case "otlp":
 	default:
-		return tracing{}, usageErr("OTEL_TRACES_EXPORTER=%s is not supported; set it to otlp or none", exp)
+		return tracing{}, fmt.Errorf("OTEL_TRACES_EXPORTER=%s is not supported; set it to otlp or none", exp)
 	}
 	protocol := get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
 	if protocol == "" {
 		protocol = get("OTEL_EXPORTER_OTLP_PROTOCOL")
 	}
 	if protocol != "" && protocol != "http/protobuf" {
-		return tracing{}, usageErr("OTEL_EXPORTER_OTLP_PROTOCOL=%s is not supported; the relay exports OTLP over HTTP: set it to http/protobuf and point the endpoint at the collector's HTTP port (4318)", protocol)
+		return tracing{}, fmt.Errorf("OTEL_EXPORTER_OTLP_PROTOCOL=%s is not supported; the relay exports OTLP over HTTP: set it to http/protobuf and point the endpoint at the collector's HTTP port (4318)", protocol)
 	}
 	exporter, err := otlptracehttp.New(ctx)
 	if err != nil {
-		return tracing{}, usageErr("OpenTelemetry exporter: %v; check the OTEL_EXPORTER_OTLP_* variables", err)
+		return tracing{}, fmt.Errorf("OpenTelemetry exporter: %v; check the OTEL_EXPORTER_OTLP_* variables", err)
 	}
 	fromEnv, err := resource.New(ctx, resource.WithFromEnv(), resource.WithTelemetrySDK())
 	if err != nil {
@@ -85,7 +86,7 @@ func newTracing(ctx context.Context, lookup func(string) (string, bool), log *za
 	}
 	res, err := resource.Merge(resource.NewSchemaless(
 		attribute.String("service.name", "outboxrelay"),
-		attribute.String("service.version", currentBuild().Version),
+		attribute.String("service.version", version),
 	), fromEnv)
 	if err != nil {
 		return tracing{}, fmt.Errorf("OpenTelemetry resource: %w", err)

@@ -1,4 +1,4 @@
-package cdc
+package store
 
 import (
 	"context"
@@ -13,17 +13,8 @@ import (
 )
 
 func TestRetention(t *testing.T) {
-	srv := pgservertest.Start(t, pgserver.Options{})
 	ctx := t.Context()
-	url, err := srv.CreateDatabase(ctx, "retention")
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.Background())
+	conn := connectT(t, "retention")
 	if _, err := conn.Exec(ctx, `CREATE TABLE outbox (id bigserial PRIMARY KEY, created_at timestamptz NOT NULL DEFAULT now());
 		INSERT INTO outbox (created_at) SELECT now() - interval '2 hours' FROM generate_series(1, 25);
 		INSERT INTO outbox (created_at) SELECT now() FROM generate_series(1, 5);`); err != nil {
@@ -31,7 +22,7 @@ func TestRetention(t *testing.T) {
 	}
 	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	err = Retention(rctx, conn, RetentionConfig{Tables: []string{"outbox"}, Column: "created_at", MaxAge: time.Hour, Batch: 10, Interval: time.Hour}, zap.NewNop())
+	err := Retention(rctx, conn, RetentionConfig{Tables: []string{"outbox"}, Column: "created_at", MaxAge: time.Hour, Batch: 10, Interval: time.Hour}, zap.NewNop())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,4 +33,21 @@ func TestRetention(t *testing.T) {
 	if err := conn.QueryRow(ctx, "SELECT count(*) FROM outbox").Scan(&n); err != nil || n != 5 {
 		t.Fatalf("rows %d (%v), want the 5 recent ones", n, err)
 	}
+}
+
+// connectT starts a PostgreSQL server for t and connects to a new database
+// of it, closed when t ends.
+func connectT(t *testing.T, database string) *pgx.Conn {
+	t.Helper()
+	srv := pgservertest.Start(t, pgserver.Options{})
+	url, err := srv.CreateDatabase(t.Context(), database)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(t.Context(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
 }

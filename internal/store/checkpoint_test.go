@@ -1,0 +1,99 @@
+package store
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/outboxrelay/outboxrelay/cdc"
+	"github.com/outboxrelay/outboxrelay/migrations"
+)
+
+// TestCheckpoint: each group of the checkpoint's columns reads back what its
+// writer wrote, the confirmed position never moves back except by Reset, and
+// cdc's setup reads the record through cdc.Record.
+func TestCheckpoint(t *testing.T) {
+	ctx := t.Context()
+	conn := connectT(t, "checkpoint")
+	cp := Checkpoint{DB: conn, Slot: "orders"}
+
+	var setupErr *cdc.SetupError
+	if err := cp.Ready(ctx); !errors.As(err, &setupErr) || !strings.Contains(err.Error(), "schema outboxrelay is missing") {
+		t.Fatalf("Ready before migrate = %v, want the missing-schema SetupError", err)
+	}
+	if err := migrations.Apply(ctx, conn, migrations.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := cp.Ready(ctx); err != nil {
+		t.Fatalf("Ready after migrate: %v", err)
+	}
+
+	if lsn, ok, err := cp.Confirmed(ctx); err != nil || ok {
+		t.Fatalf("Confirmed with no row = %s, %t, %v; want nothing", lsn, ok, err)
+	}
+	if _, ok, err := cp.Consumer(ctx); err != nil || ok {
+		t.Fatalf("Consumer with no row = %t, %v; want nothing", ok, err)
+	}
+	if err := cp.Confirm(ctx, 0x3000); err != nil {
+		t.Fatal(err)
+	}
+	if err := cp.Confirm(ctx, 0x2000); err != nil { // a late acknowledgement
+		t.Fatal(err)
+	}
+	lsn, ok, since, err := cp.Recorded(ctx)
+	if err != nil || !ok || lsn != 0x3000 || since.IsZero() {
+		t.Fatalf("Recorded = %s, %t, %s, %v; want 0/3000 since the Confirm", lsn, ok, since, err)
+	}
+	if err := cp.Verify(ctx, 0x3000); err != nil {
+		t.Fatalf("Verify at the record: %v", err)
+	}
+	if err := cp.Verify(ctx, 0x1000); err != nil {
+		t.Fatalf("Verify behind the record: %v", err)
+	}
+	if err := cp.Verify(ctx, 0x4000_0000); !errors.As(err, &setupErr) || !strings.Contains(err.Error(), "outboxrelay recover") {
+		t.Fatalf("Verify far ahead of the record = %v, want the replaced-slot SetupError", err)
+	}
+
+	state, err := cdc.ReadCoverage(ctx, conn, "outboxrelay", []string{"public.outbox"})
+	if err != nil || state.Tables["public.outbox"].OID == 0 {
+		t.Fatalf("read coverage: %+v, %v", state, err)
+	}
+	cur := cdc.Consumer{Publication: "outboxrelay", Tables: []string{"public.outbox"}, Relations: state.Tables}
+	if err := cp.RecordError(ctx, errors.New("connect postgres://relay:hunter2@db/app: refused")); err != nil {
+		t.Fatal(err)
+	}
+	var stopErr *string
+	if err := conn.QueryRow(ctx, "SELECT error FROM outboxrelay.checkpoint WHERE slot = 'orders'").Scan(&stopErr); err != nil ||
+		stopErr == nil || strings.Contains(*stopErr, "hunter2") {
+		t.Fatalf("recorded error %v (%v), want it with the password hidden", stopErr, err)
+	}
+	if err := cp.RecordConsumer(ctx, cur); err != nil {
+		t.Fatal(err)
+	}
+	got, ok, err := cp.Consumer(ctx)
+	if err != nil || !ok || got.Publication != cur.Publication || len(got.Tables) != 1 || got.Relations["public.outbox"] != cur.Relations["public.outbox"] {
+		t.Fatalf("Consumer = %+v, %t, %v; want %+v", got, ok, err, cur)
+	}
+	if err := conn.QueryRow(ctx, "SELECT error FROM outboxrelay.checkpoint WHERE slot = 'orders'").Scan(&stopErr); err != nil || stopErr != nil {
+		t.Fatalf("error after RecordConsumer = %v (%v), want it cleared", stopErr, err)
+	}
+
+	if err := cp.Reset(ctx, 0x1000); err != nil {
+		t.Fatal(err)
+	}
+	if lsn, ok, err := cp.Confirmed(ctx); err != nil || !ok || lsn != 0x1000 {
+		t.Fatalf("Confirmed after Reset = %s, %t, %v; want 0/1000", lsn, ok, err)
+	}
+
+	// The slot does not exist although the checkpoint has a confirmed
+	// position (a failover the slot did not follow): setup refuses rather
+	// than create a slot that would skip what was not confirmed.
+	err = cdc.Prepare(ctx, conn, cp, cdc.Config{Slot: "orders", Publication: "outboxrelay", Tables: []string{"public.outbox"}}, nil)
+	if !errors.As(err, &setupErr) || !strings.Contains(err.Error(), "does not exist on this server") {
+		t.Fatalf("Prepare with a confirmed position and no slot = %v, want the missing-slot SetupError", err)
+	}
+	other := Checkpoint{DB: conn, Slot: "billing"}
+	if err := cdc.Prepare(ctx, conn, other, cdc.Config{Slot: "billing", Publication: "outboxrelay", Tables: []string{"public.outbox"}}, nil); err != nil {
+		t.Fatalf("Prepare for a slot never confirmed: %v", err)
+	}
+}

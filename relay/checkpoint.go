@@ -1,0 +1,164 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/outboxrelay/outboxrelay/cdc"
+)
+
+// checkpointer decides the position confirmed to PostgreSQL: the tracker's
+// watermark (every message before it acknowledged), once Config.Checkpoint
+// has recorded it. The checkpoint ticker (run, started by Relay.Run) owns
+// the recording; the stream goroutine also records, in Start and Drain,
+// serialised with the ticker by mu. The stream reads confirmed from its
+// status goroutine. Safe for concurrent use.
+type checkpointer struct {
+	cfg     *Config
+	log     *zap.Logger
+	tracker *tracker
+	mu      sync.Mutex // held while recording
+	// recorded is the newest position saved by Config.Checkpoint: the one
+	// reported to PostgreSQL.
+	recorded   atomic.Uint64
+	unrecorded atomic.Bool
+}
+
+func newCheckpointer(cfg *Config, log *zap.Logger, t *tracker) *checkpointer {
+	return &checkpointer{cfg: cfg, log: log, tracker: t}
+}
+
+// confirmed is the newest position that every message before it was
+// acknowledged and that has been recorded by Config.Checkpoint.
+//
+// When recording fails because PostgreSQL is shutting down or gone
+// (ServerGone), the
+// relay confirms the acknowledged position unrecorded: a shutting-down
+// walsender waits for its client to confirm everything it sent, and a relay
+// that withheld confirmation would hold the server's shutdown hostage. The
+// position is recorded at the start of the next session, before the slot is
+// verified.
+func (c *checkpointer) confirmed() cdc.LSN {
+	if c.cfg.Checkpoint == nil || c.unrecorded.Load() {
+		return c.tracker.Confirmed()
+	}
+	return cdc.LSN(c.recorded.Load())
+}
+
+// run records the watermark every Config.CheckpointInterval until ctx ends.
+func (c *checkpointer) run(ctx context.Context) {
+	t := time.NewTicker(c.cfg.CheckpointInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			_ = c.record(ctx) // logged; retried at the next tick
+		}
+	}
+}
+
+// record records the tracker's position if it moved.
+func (c *checkpointer) record(ctx context.Context) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	lsn := c.tracker.Confirmed()
+	if uint64(lsn) <= c.recorded.Load() {
+		return nil
+	}
+	saveCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := c.cfg.Checkpoint(saveCtx, lsn); err != nil {
+		if ctx.Err() != nil {
+			return err // our own cancellation says nothing about PostgreSQL
+		}
+		if !ServerGone(err) {
+			// A lock, a timeout, a full disk: hold the confirmation. An
+			// unrecorded confirmation would make the next start see the slot
+			// ahead of the record and refuse, with nothing lost.
+			c.log.Warn("record checkpoint failed; holding the confirmed position until it succeeds", zap.Error(err))
+			return err
+		}
+		if !c.unrecorded.Swap(true) {
+			c.log.Warn("record checkpoint failed: PostgreSQL is shutting down or gone; confirming progress unrecorded until it succeeds", zap.Error(err))
+		}
+		return err
+	}
+	c.recorded.Store(uint64(lsn))
+	c.unrecorded.Store(false)
+	return nil
+}
+
+// resume prepares a session's start: what this process confirmed
+// unrecorded is recorded, then the slot's position is checked against the
+// record (Config.Verify).
+func (c *checkpointer) resume(ctx context.Context, slotConfirmed cdc.LSN) error {
+	if c.unrecorded.Load() {
+		// What this process confirmed unrecorded must be on record before the
+		// slot is compared with the record.
+		var err error
+		for attempt := 0; attempt < 20; attempt++ {
+			if err = c.record(ctx); err == nil {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(500 * time.Millisecond):
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("record checkpoint before resuming: %w", err)
+		}
+	}
+	if c.cfg.Verify != nil {
+		if err := c.cfg.Verify(ctx, slotConfirmed); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// started records that the session streams from the slot's position.
+func (c *checkpointer) started(slotConfirmed cdc.LSN) {
+	c.tracker.idle(slotConfirmed)
+	// The slot's own position needs no recording: it is already confirmed.
+	c.mu.Lock()
+	if uint64(slotConfirmed) > c.recorded.Load() {
+		c.recorded.Store(uint64(slotConfirmed))
+	}
+	c.mu.Unlock()
+}
+
+// ServerGone reports whether err says that PostgreSQL is shutting down or
+// the connection to it is gone: SQLSTATE class 57P (operator
+// intervention: shutdown, crash shutdown, cannot connect now) or 08
+// (connection exception), or a network failure. Any other failure to
+// record a checkpoint (a lock wait, a statement timeout) is not.
+func ServerGone(err error) bool {
+	var coded interface{ SQLState() string }
+	if errors.As(err, &coded) {
+		code := coded.SQLState()
+		return strings.HasPrefix(code, "57P") || strings.HasPrefix(code, "08")
+	}
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		return false
+	}
+	var netErr net.Error
+	if errors.As(err, &netErr) && netErr.Timeout() {
+		return false
+	}
+	return errors.As(err, &netErr) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNREFUSED) ||
+		strings.Contains(err.Error(), "failed to connect") || strings.Contains(err.Error(), "conn closed")
+}

@@ -1,0 +1,59 @@
+package relay
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+)
+
+// TestJoinHooks: every kind of hook fans out to each Hooks that sets it, in
+// argument order, with the arguments it was called with; a kind nobody sets
+// stays nil.
+func TestJoinHooks(t *testing.T) {
+	var calls []string
+	record := func(name string) Hooks {
+		return Hooks{
+			Published:     func(m *Message, _ time.Time) { calls = append(calls, name+" published "+m.ID) },
+			PublishFailed: func(m *Message, err error) { calls = append(calls, name+" failed "+m.ID+" "+err.Error()) },
+			DeadLettered:  func(m *Message) { calls = append(calls, name+" dead-lettered "+m.ID) },
+			Parked:        func(m *Message) { calls = append(calls, name+" parked "+m.ID) },
+			Skipped:       func(table string) { calls = append(calls, name+" skipped "+table) },
+			ReservedHeaderDropped: func(m *Message, reserved string) {
+				calls = append(calls, name+" dropped "+m.ID+" "+reserved)
+			},
+		}
+	}
+	only := Hooks{Skipped: func(table string) { calls = append(calls, "c skipped "+table) }}
+	j := JoinHooks(record("a"), Hooks{}, only, record("b"))
+	m := &Message{ID: "m1"}
+	j.Published(m, time.Now())
+	j.PublishFailed(m, errors.New("nack"))
+	j.DeadLettered(m)
+	j.Parked(m)
+	j.Skipped("public.t")
+	j.ReservedHeaderDropped(m, "ce_*")
+	var want []string
+	for _, kind := range []string{"published m1", "failed m1 nack", "dead-lettered m1", "parked m1", "skipped public.t", "dropped m1 ce_*"} {
+		for _, name := range []string{"a", "c", "b"} {
+			if name == "c" && kind != "skipped public.t" {
+				continue
+			}
+			want = append(want, fmt.Sprintf("%s %s", name, kind))
+		}
+	}
+	if !slices.Equal(calls, want) {
+		t.Fatalf("joined hooks called\n%q\nwant\n%q", calls, want)
+	}
+
+	none := JoinHooks(Hooks{}, only)
+	if none.Published != nil || none.PublishFailed != nil || none.DeadLettered != nil || none.Parked != nil || none.ReservedHeaderDropped != nil {
+		t.Fatal("a hook nobody set is not nil after JoinHooks")
+	}
+	calls = nil
+	none.Skipped("public.u")
+	if !slices.Equal(calls, []string{"c skipped public.u"}) {
+		t.Fatalf("single hook called %q", calls)
+	}
+}

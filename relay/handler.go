@@ -1,0 +1,210 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/outboxrelay/outboxrelay/cdc"
+)
+
+// handler is the cdc.Handler the relay gives its Source. It turns the
+// stream's transactions into messages (Builder), counts each in the
+// in-flight window and under its transaction in the tracker, and submits
+// it to the publisher. Its goroutine is the stream goroutine, from which
+// the Source calls every method but Confirmed and Unacknowledged, which
+// are safe for concurrent use.
+type handler struct {
+	cfg     *Config
+	log     *zap.Logger
+	failure *failure
+	build   *Builder
+	pub     *publisher
+	cp      *checkpointer
+	window  *window
+	tracker *tracker
+	tx      *txn   // the open transaction's tracker entry
+	seq     uint64 // publish order
+	// batch is set when the sink is Transactional (see txnBatch).
+	batch *txnBatch
+}
+
+var _ cdc.Handler = (*handler)(nil)
+
+// Start implements cdc.Handler.
+func (h *handler) Start(ctx context.Context, slotConfirmed cdc.LSN) error {
+	if err := h.cp.resume(ctx, slotConfirmed); err != nil {
+		return err
+	}
+	// Another relay on the slot (a standby taking over) or an earlier run
+	// may have parked aggregates: know them before the first message.
+	if err := h.pub.loadHeads(ctx); err != nil {
+		return err
+	}
+	if h.batch != nil {
+		if err := h.settleSink(ctx); err != nil {
+			return err
+		}
+	}
+	h.cp.started(slotConfirmed)
+	return nil
+}
+
+// Confirmed implements cdc.Handler (see checkpointer.confirmed).
+func (h *handler) Confirmed() cdc.LSN { return h.cp.confirmed() }
+
+// Unacknowledged implements cdc.Handler.
+func (h *handler) Unacknowledged() int {
+	n, _ := h.tracker.inflight()
+	return n
+}
+
+// Idle implements cdc.Handler.
+func (h *handler) Idle(walEnd cdc.LSN) { h.tracker.idle(walEnd) }
+
+// Reset implements cdc.Handler.
+func (h *handler) Reset() {
+	h.tracker.reset()
+	if h.batch != nil {
+		// The abandoned transaction's messages were never handed over: they
+		// will be received again.
+		h.batch.drop(h.pub.complete)
+	}
+	h.tx = nil
+	h.build.reset()
+}
+
+// Drain implements cdc.Handler. Whatever happens, it records the position
+// reached so far before it returns.
+func (h *handler) Drain(ctx context.Context) error {
+	if h.cfg.Checkpoint != nil {
+		// Not bound by ctx, which may have expired: record has its own timeout.
+		defer func() { _ = h.cp.record(context.WithoutCancel(ctx)) }()
+	}
+	for {
+		n, drained := h.tracker.inflight()
+		if n == 0 {
+			return nil
+		}
+		h.log.Info("draining", zap.Int("inflight", n))
+		select {
+		case <-drained:
+		case <-h.failure.done:
+			return h.failure.err
+		case <-ctx.Done():
+			return fmt.Errorf("%d messages still unacknowledged: %w", n, ctx.Err())
+		}
+	}
+}
+
+// Begin implements cdc.Handler.
+func (h *handler) Begin(ctx context.Context, b cdc.Begin) error {
+	if h.batch != nil && !h.batch.positionKnown {
+		if err := h.resumeFromSink(ctx); err != nil {
+			return err
+		}
+	}
+	h.build.begin(b)
+	h.tx = h.tracker.beginAt(b.CommitTime)
+	if h.batch != nil {
+		h.batch.commitLSN = b.FinalLSN
+		h.batch.skipping = b.FinalLSN <= h.batch.skipTo
+	}
+	return nil
+}
+
+// Commit implements cdc.Handler.
+func (h *handler) Commit(ctx context.Context, c cdc.Commit) error {
+	if h.batch != nil {
+		h.batch.end(ctx, h.pub)
+	}
+	h.tracker.commit(c.EndLSN)
+	h.tx = nil
+	return nil
+}
+
+// Insert implements cdc.Handler.
+func (h *handler) Insert(ctx context.Context, ins *cdc.Insert) error {
+	mp, err := h.build.mapping(ctx, ins.Relation)
+	if err != nil {
+		return err
+	}
+	if mp.skip {
+		if hook := h.cfg.Hooks.Skipped; hook != nil {
+			hook(ins.Relation.QualifiedName())
+		}
+		return nil
+	}
+	m, buildErr := h.build.buildRow(mp, ins)
+	return h.dispatch(ctx, m, buildErr)
+}
+
+// Message implements cdc.Handler.
+func (h *handler) Message(ctx context.Context, lm *cdc.LogicalMessage) error {
+	if lm.Prefix != h.cfg.MessagePrefix {
+		return nil // heartbeats and other tools' messages
+	}
+	if !lm.Transactional && h.tx == nil {
+		// Not tied to a transaction: track it on its own. It never moves the
+		// watermark itself (end 0), but holds back later positions until acked.
+		h.tx = h.tracker.begin()
+		defer func() {
+			h.tracker.commit(0)
+			h.tx = nil
+		}()
+	}
+	// A non-transactional message inside an open transaction (pgoutput
+	// without streaming never interleaves them, but a decoder that did must
+	// not break the watermark) is counted with that transaction: opening a
+	// tracker entry of its own would end the open one, whose commit would
+	// then find nothing to close, and the watermark would stop for good.
+	m, buildErr := h.build.buildEmitted(lm)
+	if !lm.Transactional && buildErr == nil {
+		// PostgreSQL decodes a non-transactional message at once, whether its
+		// transaction commits or not: publishing it could publish a rolled-back
+		// event, ahead of its transaction.
+		buildErr = errors.New("non-transactional logical decoding message: it may belong to a rolled-back transaction; emit with pg_logical_emit_message(true, ...)")
+	}
+	return h.dispatch(ctx, m, buildErr)
+}
+
+// dispatch counts m in flight and submits it to the publisher. An invalid
+// message is dead-lettered at once: it is never published, so it holds
+// nothing back.
+func (h *handler) dispatch(ctx context.Context, m *Message, buildErr error) error {
+	if h.tx == nil {
+		return errors.New("change outside a transaction")
+	}
+	if h.batch != nil {
+		if h.batch.skipping {
+			return nil // committed in the broker already
+		}
+		if len(h.batch.msgs) >= h.cfg.MaxInFlight {
+			return fmt.Errorf("a transaction has more than %d outbox rows and exactly-once mode publishes whole transactions; raise relay.max_inflight above the largest transaction", h.cfg.MaxInFlight)
+		}
+	}
+	if err := h.window.acquire(ctx, len(m.Envelope)); err != nil {
+		return err
+	}
+	m.tx = h.tx
+	m.seq = h.seq
+	h.seq++
+	h.tracker.add(h.tx)
+	if buildErr != nil {
+		m.Attempts = 1
+		m.FirstFailure = time.Now()
+		m.LastFailure = m.FirstFailure
+		m.LastError = fmt.Errorf("invalid outbox message: %w", buildErr)
+		h.pub.deadLetter(m, false)
+		return nil
+	}
+	if h.batch != nil {
+		h.batch.msgs = append(h.batch.msgs, m)
+		return nil
+	}
+	h.pub.submit(ctx, m)
+	return nil
+}

@@ -1,0 +1,274 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/outboxrelay/outboxrelay/internal/backoff"
+)
+
+// publisher hands messages to the Sink and settles every outcome. A message
+// goes to the sink only once its aggregate's previous one is settled
+// (aggregates, order.go); an acknowledgement completes it and releases the
+// aggregate's next message, a failure retries it (retryQueue, retry.go) or
+// stores it as a dead letter, and a message of a parked aggregate is stored
+// behind its dead letter instead (park.go).
+//
+// Its goroutine is the publish loop (run, started by Relay.Run), which
+// publishes what an outcome releases: outcomes arrive through onDone on
+// the sink's goroutines, which must not publish. The stream goroutine
+// submits new messages, the retry loop publishes retries, and dead letters
+// and parked messages are stored on background goroutines. Safe for
+// concurrent use.
+type publisher struct {
+	cfg     *Config
+	sink    Sink
+	log     *zap.Logger
+	failure *failure
+	bg      *background
+	window  *window  // shared with the handler, which acquires
+	tracker *tracker // shared with the handler and the checkpointer
+	order   *aggregates
+	retries *retryQueue
+	// ctx is the sink's context, set by Relay.Run before the first
+	// message: outcomes and dead-letter stores have no caller context, and
+	// its cancellation says the relay is shutting down.
+	ctx  context.Context
+	done func(*Message, error) // onDone, bound once rather than per Publish
+	// handoff carries messages released by their aggregate's previous one
+	// to the publish loop. Its capacity is Config.MaxInFlight, more than
+	// the messages the window lets exist, so a send never blocks.
+	handoff chan *Message
+	// exactlyOnce: the sink is Transactional, and publishes without the
+	// per-aggregate order (see Transactional).
+	exactlyOnce bool
+	// unordered hands every message over at once, without waiting for its
+	// aggregate's previous one: the order of first deliveries is then lost
+	// under failures. Only BenchmarkAggregateOrder sets it, to measure what
+	// the per-aggregate order costs.
+	unordered  bool
+	atSink     atomic.Int64 // handed to the sink, outcome not reported yet
+	answeredAt atomic.Int64 // Unix nanoseconds of the sink's last outcome, or of the start of a wait
+	storing    atomic.Int64 // dead letters and parked messages being stored
+	// deadLetters counts dead letters being stored: an exactly-once
+	// transaction is ended only once they are.
+	deadLetters sync.WaitGroup
+}
+
+func newPublisher(cfg *Config, sink Sink, log *zap.Logger, f *failure, bg *background, w *window, t *tracker) *publisher {
+	p := &publisher{
+		cfg: cfg, sink: sink, log: log, failure: f, bg: bg, window: w, tracker: t,
+		order:   newAggregates(),
+		retries: newRetryQueue(),
+		handoff: make(chan *Message, cfg.MaxInFlight),
+	}
+	_, p.exactlyOnce = sink.(Transactional)
+	p.done = p.onDone
+	return p
+}
+
+// submit publishes m, new from the stream, or leaves it waiting behind its
+// aggregate's unsettled message (see aggregates).
+func (p *publisher) submit(ctx context.Context, m *Message) {
+	if p.unordered {
+		p.publish(ctx, m)
+	} else if p.order.admit(m) {
+		p.send(ctx, m)
+	}
+}
+
+// publish hands m to the sink, counting it as awaiting the broker's answer.
+func (p *publisher) publish(ctx context.Context, m *Message) {
+	if p.atSink.Add(1) == 1 {
+		p.answeredAt.Store(time.Now().UnixNano()) // the wait starts now
+	}
+	p.sink.Publish(ctx, m, p.done)
+}
+
+// unanswered returns how long the sink has held messages without
+// reporting an outcome, and how many it holds (see Relay.Unanswered).
+func (p *publisher) unanswered() (time.Duration, int) {
+	n := p.atSink.Load()
+	if n <= 0 {
+		return 0, 0
+	}
+	return max(0, time.Since(time.Unix(0, p.answeredAt.Load()))), int(n)
+}
+
+// onDone receives every publish outcome, from any goroutine.
+func (p *publisher) onDone(m *Message, err error) {
+	p.answeredAt.Store(time.Now().UnixNano())
+	p.atSink.Add(-1)
+	if err == nil {
+		if h := p.cfg.Hooks.Published; h != nil {
+			h(m, time.Now())
+		}
+		endSpan(m, nil)
+		p.settle(m, !p.exactlyOnce)
+		return
+	}
+	if p.ctx.Err() != nil {
+		// Shutting down: the message stays unconfirmed and is delivered
+		// again after restart, and so do the ones held behind it.
+		endSpan(m, fmt.Errorf("not acknowledged before the relay stopped: %w", err))
+		return
+	}
+	if p.exactlyOnce {
+		if Retryable(err) {
+			// A batch cannot be retried message by message: the next start
+			// resumes from the position the broker holds.
+			p.failure.fail(fmt.Errorf("exactly-once publish of message %s: %w", m.ID, err))
+			return
+		}
+		m.Attempts, m.FirstFailure, m.LastFailure, m.LastError = 1, time.Now(), time.Now(), err
+		p.deadLetter(m, false)
+		return
+	}
+	now := time.Now()
+	if m.Attempts == 0 {
+		m.FirstFailure = now
+	}
+	m.Attempts++
+	m.LastFailure = now
+	m.LastError = err
+	if h := p.cfg.Hooks.PublishFailed; h != nil {
+		h(m, err)
+	}
+	spanFailed(m, err)
+	if !Retryable(err) && m.Attempts >= p.cfg.MaxAttempts {
+		p.deadLetter(m, true)
+		return
+	}
+	// The aggregate's later messages stay held until m is settled: none of
+	// them is at the sink, so none can arrive before m's retry.
+	p.retry(m)
+}
+
+// settle completes m and, when m was published through the per-aggregate
+// order (gated), hands its aggregate's next message to the publish loop.
+func (p *publisher) settle(m *Message, gated bool) {
+	var next *Message
+	if gated && !p.unordered {
+		next = p.order.next(m)
+	}
+	p.complete(m)
+	if next != nil {
+		p.handoff <- next
+	}
+}
+
+// run is the publish loop: it publishes (or parks) the messages released
+// by settle until ctx ends.
+func (p *publisher) run(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case m := <-p.handoff:
+			p.send(ctx, m)
+		}
+	}
+}
+
+// complete ends m's life in the relay: its room in the window is freed and
+// its transaction's count in the tracker drops, which may move the
+// watermark.
+func (p *publisher) complete(m *Message) {
+	p.window.release(len(m.Envelope))
+	p.tracker.ack(m.tx)
+	if m.pooled {
+		// The sink is done with m (Sink contract): reuse its buffer.
+		putBuffer(m.Envelope)
+		m.Envelope, m.pooled = nil, false
+	}
+}
+
+func (p *publisher) backoff(attempt int) time.Duration {
+	return backoff.Delay(p.cfg.RetryMin, p.cfg.RetryMax, attempt)
+}
+
+// deadLetter stores m as a dead letter, then settles it; gated says whether
+// m was published through the per-aggregate order, whose next message it
+// holds back until stored. With DeadLetterPark, a gated m is stored as the
+// head of its parked aggregate, and the aggregate is parked before its next
+// message is released.
+func (p *publisher) deadLetter(m *Message, gated bool) {
+	head := gated && p.parking()
+	store := p.cfg.DeadLetter
+	if head {
+		store = p.cfg.Parking.AddHead
+	}
+	if store == nil {
+		endSpan(m, m.LastError)
+		p.failure.fail(fmt.Errorf("message %s to %q failed %d times and no dead-letter store is configured: %w", m.ID, m.Destination, m.Attempts, m.LastError))
+		return
+	}
+	p.deadLetters.Add(1)
+	started := p.bg.start(func() {
+		defer p.deadLetters.Done()
+		p.storing.Add(1) // /readyz shows a dead letter that cannot be stored yet
+		defer p.storing.Add(-1)
+		if !p.store(m, "store dead letter", "store dead letter for message %s: %w", func(ctx context.Context) error { return store(ctx, m) }) {
+			return
+		}
+		p.log.Warn("dead-lettered", zap.String("message_id", m.ID), zap.String("destination", m.Destination),
+			zap.Int("attempts", m.Attempts), zap.Bool("parks_aggregate", head), zap.Error(m.LastError))
+		if h := p.cfg.Hooks.DeadLettered; h != nil {
+			h(m)
+		}
+		if head {
+			p.order.park(keyOf(m))
+		}
+		endSpan(m, fmt.Errorf("dead-lettered after %d attempts: %w", m.Attempts, m.LastError))
+		p.settle(m, gated)
+	})
+	if !started {
+		p.deadLetters.Done()
+	}
+}
+
+// store calls save until it succeeds, and reports whether it did. It gives
+// up when the relay shuts down (m stays unconfirmed: it is delivered again
+// after a restart) and fails the relay when an error is permanent
+// (permanentStoreError). op names the store in the log; failFormat is the
+// format of the error that stops the relay, given m.ID and the error.
+func (p *publisher) store(m *Message, op, failFormat string, save func(ctx context.Context) error) bool {
+	for attempt := 1; ; attempt++ {
+		err := save(p.ctx)
+		if err == nil {
+			return true
+		}
+		if p.ctx.Err() != nil {
+			return false
+		}
+		if permanentStoreError(err) {
+			p.failure.fail(fmt.Errorf(failFormat, m.ID, err))
+			return false
+		}
+		wait := p.backoff(attempt)
+		p.log.Warn(op+" failed; retrying", zap.String("message_id", m.ID), zap.Duration("retry_in", wait), zap.Error(err))
+		select {
+		case <-time.After(wait):
+		case <-p.ctx.Done():
+			return false
+		}
+	}
+}
+
+// permanentStoreError reports SQLSTATE classes that retrying will not fix:
+// 22 data exception, 23 integrity violation, 42 syntax or privilege.
+func permanentStoreError(err error) bool {
+	var coded interface{ SQLState() string }
+	if !errors.As(err, &coded) {
+		return false
+	}
+	code := coded.SQLState()
+	return strings.HasPrefix(code, "22") || strings.HasPrefix(code, "23") || strings.HasPrefix(code, "42")
+}
