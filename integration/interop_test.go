@@ -60,6 +60,8 @@ type jsRecord struct {
 	Value           string              `json:"value"`
 	CloudEvent      map[string]any      `json:"cloudevent"`
 	CloudEventError string              `json:"cloudeventError"`
+	Decoded         map[string]any      `json:"decoded"`
+	DecodeError     string              `json:"decodeError"`
 	Crash           string              `json:"crash"`
 	Message         string              `json:"message"`
 }

@@ -7,13 +7,18 @@
 //
 // Every header keeps all of its values, in order, so a test sees repeats.
 // With --cloudevents each record also goes through the CloudEvents SDK's
-// Kafka binding (Kafka.toEvent) and the event's validation.
+// Kafka binding (Kafka.toEvent) and the event's validation. With
+// --confluent-avro URL or --confluent-json URL each value is decoded by
+// Confluent's own deserializer (@confluentinc/schemaregistry), which fetches
+// the writer's schema from the registry at URL by the id in the value's wire
+// header (the JSON Schema one validates the value against it), and printed
+// as "decoded", or "decodeError": "name: message".
 //
 // Exit codes: 0 read COUNT records; 3 the consumer crashed (the error's
 // name and message are printed as {"crash": name, "message": text}); 2 a
 // timeout or bad usage.
 //
-// usage: node kafka-read.js BROKER TOPIC COUNT [--cloudevents]
+// usage: node kafka-read.js BROKER TOPIC COUNT [--cloudevents] [--confluent-avro|--confluent-json URL]
 "use strict";
 
 const { Kafka, logLevel } = require("kafkajs");
@@ -21,11 +26,25 @@ const { Kafka, logLevel } = require("kafkajs");
 const [broker, topic, countArg, ...flags] = process.argv.slice(2);
 const count = Number(countArg);
 if (!broker || !topic || !(count > 0)) {
-  console.error("usage: node kafka-read.js BROKER TOPIC COUNT [--cloudevents]");
+  console.error("usage: node kafka-read.js BROKER TOPIC COUNT [--cloudevents] [--confluent-avro|--confluent-json URL]");
   process.exit(2);
 }
 const withCloudEvents = flags.includes("--cloudevents");
 const cloudevents = withCloudEvents ? require("cloudevents") : null;
+const deserializer = confluentDeserializer();
+
+function confluentDeserializer() {
+  const i = flags.findIndex((f) => f === "--confluent-avro" || f === "--confluent-json");
+  if (i < 0) return null;
+  const sr = require("@confluentinc/schemaregistry");
+  const client = new sr.SchemaRegistryClient({ baseURLs: [flags[i + 1]] });
+  return flags[i] === "--confluent-avro"
+    ? new sr.AvroDeserializer(client, sr.SerdeType.VALUE, {})
+    : new sr.JsonDeserializer(client, sr.SerdeType.VALUE, { validate: true });
+}
+
+// Avro longs decode as numbers or, beyond 2^53, BigInts, which JSON lacks.
+const bigints = (_, v) => (typeof v === "bigint" ? v.toString() : v);
 
 const kafka = new Kafka({
   clientId: "outboxrelay-interop",
@@ -98,7 +117,14 @@ consumer.on(consumer.events.CRASH, ({ payload }) => {
           out.cloudeventError = `${e.name}: ${e.message}${e.errors ? " " + JSON.stringify(e.errors) : ""}`;
         }
       }
-      process.stdout.write(JSON.stringify(out) + "\n");
+      if (deserializer) {
+        try {
+          out.decoded = await deserializer.deserialize(topic, message.value);
+        } catch (e) {
+          out.decodeError = `${e.name}: ${e.message}`;
+        }
+      }
+      process.stdout.write(JSON.stringify(out, bigints) + "\n");
       // Not awaited: disconnect waits for this handler to return.
       if (++seen === count) setImmediate(() => finish(0));
     },

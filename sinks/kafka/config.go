@@ -165,6 +165,22 @@ type Config struct {
 	// [DefaultMaxTxnRecords]; a source transaction is never split.
 	MaxTxnRecords int `yaml:"-"`
 
+	// ValueFormat is what a record value holds, default [ValueJSON] (the
+	// relay's body). With [ValueConfluentJSONSchema] or [ValueConfluentAvro]
+	// the value is the payload in the Confluent wire format (a zero byte,
+	// the schema's registry id as 4 bytes big-endian, then the JSON or Avro
+	// binary payload) and the envelope's attributes travel as headers, as in
+	// envelope.format cloudevents-binary, which these formats need.
+	ValueFormat string `yaml:"value_format"`
+
+	// SchemasDir is the schema folder of a Confluent value format: the
+	// JSON Schemas (order.created/v1.json) for confluent-json-schema, their
+	// Avro forms beside them (order.created/v1.avsc) for confluent-avro.
+	SchemasDir string `yaml:"schemas_dir"`
+
+	// SchemaRegistry is the registry of a Confluent value format.
+	SchemaRegistry SchemaRegistry `yaml:"schema_registry"`
+
 	// Opts are extra franz-go options, applied after the sink's own (SASL,
 	// for example). Options that disable idempotence, lower the acks or
 	// bound retries void the ordering and delivery guarantees of the sink.
@@ -196,6 +212,12 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxTxnRecords <= 0 {
 		c.MaxTxnRecords = DefaultMaxTxnRecords
+	}
+	if c.ValueFormat == "" {
+		c.ValueFormat = ValueJSON
+	}
+	if c.SchemaRegistry.SubjectStrategy == "" {
+		c.SchemaRegistry.SubjectStrategy = SubjectTopic
 	}
 	return c
 }
@@ -232,6 +254,7 @@ func (c Config) Validate() error {
 		errs = append(errs, err)
 	}
 	errs = append(errs, c.validateSecurity()...)
+	errs = append(errs, c.validateValues()...)
 	return errors.Join(errs...)
 }
 

@@ -9,6 +9,14 @@
 //   - headers: message_id, event_type, traceparent (when non-empty),
 //     content-type: application/json, then the row's headers in row order.
 //
+// With a Confluent [Config.ValueFormat] the value is instead the payload in
+// the Confluent Schema Registry wire format (JSON or Avro binary after a zero
+// byte and the schema's registry id), the message being built in CloudEvents
+// binary mode so that its attributes are ce_ headers. Each schema of
+// [Config.SchemasDir] is registered on first use, through franz-go's pkg/sr,
+// and its id cached; a payload its schema cannot hold is reported as
+// relay.Permanent.
+//
 // The producer is idempotent with acks=all and unbounded internal retries, so
 // records of one aggregate reach the broker exactly in Publish order and a
 // retry never duplicates or reorders them. A message is reported through its

@@ -21,25 +21,42 @@ import (
 // The configuration file's sink.kafka section is a Config.
 func init() {
 	sinks.Register(sinks.Type{
-		Name:     "kafka",
-		Defaults: func() sinks.Settings { return &Config{Topic: DefaultTopic, Compression: DefaultCompression} },
+		Name: "kafka",
+		Defaults: func() sinks.Settings {
+			return &Config{Topic: DefaultTopic, Compression: DefaultCompression, ValueFormat: ValueJSON,
+				SchemaRegistry: SchemaRegistry{SubjectStrategy: SubjectTopic}}
+		},
 		Docs: map[string]string{
-			"brokers":                  "seed brokers, host:port",
-			"topic":                    "topic template: `{aggregate_type}`, `{event_type}`, `{table}`",
-			"linger":                   "how long a partition batch waits for more records",
-			"compression":              "batch codec: `none`, `gzip`, `snappy`, `lz4` or `zstd`; the default is one every stock client reads without plugins",
-			"tls.enabled":              "connect with TLS",
-			"tls.ca_file":              "CA bundle that signs the brokers' certificates",
-			"tls.cert_file":            "client certificate (mutual TLS)",
-			"tls.key_file":             "client key (mutual TLS)",
-			"tls.server_name":          "name to verify in the brokers' certificates",
-			"tls.insecure_skip_verify": "skip certificate verification (tests only)",
-			"exactly_once":             "transactional producer: each Kafka transaction holds whole source transactions and the relay's position; consumers read with `isolation.level=read_committed`",
-			"transactional_id":         "Kafka `transactional.id` of `exactly_once`; default `outboxrelay-` and postgres.slot",
-			"sasl.mechanism":           "`PLAIN`, `SCRAM-SHA-256` or `SCRAM-SHA-512`",
-			"sasl.username":            "SASL user",
-			"sasl.password":            "SASL password",
-			"sasl.password_file":       "file holding the SASL password",
+			"brokers":                                  "seed brokers, host:port",
+			"topic":                                    "topic template: `{aggregate_type}`, `{event_type}`, `{table}`",
+			"linger":                                   "how long a partition batch waits for more records",
+			"compression":                              "batch codec: `none`, `gzip`, `snappy`, `lz4` or `zstd`; the default is one every stock client reads without plugins",
+			"tls.enabled":                              "connect with TLS",
+			"tls.ca_file":                              "CA bundle that signs the brokers' certificates",
+			"tls.cert_file":                            "client certificate (mutual TLS)",
+			"tls.key_file":                             "client key (mutual TLS)",
+			"tls.server_name":                          "name to verify in the brokers' certificates",
+			"tls.insecure_skip_verify":                 "skip certificate verification (tests only)",
+			"exactly_once":                             "transactional producer: each Kafka transaction holds whole source transactions and the relay's position; consumers read with `isolation.level=read_committed`",
+			"transactional_id":                         "Kafka `transactional.id` of `exactly_once`; default `outboxrelay-` and postgres.slot",
+			"sasl.mechanism":                           "`PLAIN`, `SCRAM-SHA-256` or `SCRAM-SHA-512`",
+			"sasl.username":                            "SASL user",
+			"sasl.password":                            "SASL password",
+			"sasl.password_file":                       "file holding the SASL password",
+			"value_format":                             "record value: `json` (the body of envelope.format), or the payload in the Confluent wire format, `confluent-json-schema` or `confluent-avro`, which need envelope.format `cloudevents-binary`",
+			"schemas_dir":                              "schema folder of the Confluent formats: `<event_type>/v<N>.json` (JSON Schema) and `<event_type>/v<N>.avsc` (Avro)",
+			"schema_registry.url":                      "Confluent-compatible Schema Registry, `http://` or `https://`, may carry `user:password@`",
+			"schema_registry.url_file":                 "file holding schema_registry.url",
+			"schema_registry.username":                 "basic authentication user (an API key)",
+			"schema_registry.password":                 "basic authentication password (an API secret)",
+			"schema_registry.password_file":            "file holding schema_registry.password",
+			"schema_registry.tls.enabled":              "TLS settings of an `https://` registry; without them the system roots verify it",
+			"schema_registry.tls.ca_file":              "CA bundle that signs the registry's certificate",
+			"schema_registry.tls.cert_file":            "client certificate (mutual TLS)",
+			"schema_registry.tls.key_file":             "client key (mutual TLS)",
+			"schema_registry.tls.server_name":          "name to verify in the registry's certificate",
+			"schema_registry.tls.insecure_skip_verify": "skip certificate verification (tests only)",
+			"schema_registry.subject_strategy":         "`topic`: subject `<topic>-value`; `record`: the Avro full name, or the JSON Schema's title, else the event type",
 		},
 	})
 }
@@ -70,7 +87,10 @@ func (c *Config) Open(ctx context.Context, log *zap.Logger) (relay.Sink, error) 
 }
 
 func (c *Config) pingError(err error) error {
+	var rd *registryDown
 	switch {
+	case errors.As(err, &rd):
+		return err
 	case errors.Is(err, kerr.SaslAuthenticationFailed) || errors.Is(err, kerr.IllegalSaslState) || errors.Is(err, kerr.UnsupportedSaslMechanism):
 		return fmt.Errorf("cannot reach Kafka: authentication failed for user %q with %s; check sink.kafka.sasl.mechanism, username and password (%v)",
 			c.SASL.Username, c.SASL.Mechanism, err)
@@ -86,8 +106,8 @@ func (c *Config) pingError(err error) error {
 	return fmt.Errorf("cannot reach Kafka: %w", err)
 }
 
-// Warnings names settings that work but expose the password or accept any
-// broker.
+// Warnings names settings that work but expose a password or accept any
+// broker or schema registry.
 func (c *Config) Warnings() []string {
 	var ws []string
 	if c.SASL.Mechanism == SASLPlain && !c.TLSFiles.Enabled && c.TLS == nil {
@@ -96,7 +116,7 @@ func (c *Config) Warnings() []string {
 	if c.TLSFiles.Enabled && c.TLSFiles.InsecureSkipVerify {
 		ws = append(ws, "sink.kafka.tls.insecure_skip_verify accepts any broker certificate; use sink.kafka.tls.ca_file instead")
 	}
-	return ws
+	return append(ws, c.registryWarnings()...)
 }
 
 // mechanism returns the configured SASL mechanism, or nil for none.

@@ -39,6 +39,7 @@ type Sink struct {
 	topics  *topics
 	log     *zap.Logger
 	health  *health
+	values  *values // nil for ValueJSON
 
 	// promise is the one produce callback for every record, stored once
 	// so that Publish does not allocate a method value per record.
@@ -83,6 +84,9 @@ func New(cfg Config, log *zap.Logger) (*Sink, error) {
 		health:  new(health),
 	}
 	s.promise = s.produced
+	if s.values, err = newValues(cfg); err != nil {
+		return nil, err
+	}
 
 	opts, err := cfg.producerOpts(log, s.health)
 	if err != nil {
@@ -136,14 +140,16 @@ func (c Config) producerOpts(log *zap.Logger, h *health) ([]kgo.Opt, error) {
 	return opts, nil
 }
 
-// Ping checks that at least one broker answers a metadata request. ctx bounds
-// the check. The error names the brokers and says what to fix.
+// Ping checks that at least one broker answers a metadata request and, with
+// a Confluent value format, that the schema registry answers. ctx bounds
+// the check. The error names the brokers or the registry and says what to
+// fix.
 func (s *Sink) Ping(ctx context.Context) error {
 	if err := s.client.Ping(ctx); err != nil {
 		return fmt.Errorf("no kafka broker of %s answered (%w); check sink.kafka.brokers and that the brokers are running and reachable",
 			strings.Join(s.brokers, ","), err)
 	}
-	return nil
+	return s.values.ping(ctx)
 }
 
 // pending is one record in flight. One allocation carries the record, the
@@ -203,13 +209,20 @@ func (s *Sink) Publish(ctx context.Context, m *relay.Message, done func(*relay.M
 	s.inflight.Add(1)
 	s.mu.RUnlock()
 
-	p := newPending(ctx, m, done, t)
+	val, ct, err := s.values.encode(ctx, t.topic, m)
+	if err != nil {
+		done(m, err)
+		s.inflight.Done()
+		return
+	}
+	p := newPending(ctx, m, done, t, val, ct)
 	r := &p.rec
 	s.client.Produce(ctx, r, s.promise)
 }
 
-// newPending builds the record of m for the rendered topic t.
-func newPending(ctx context.Context, m *relay.Message, done func(*relay.Message, error), t topicResult) *pending {
+// newPending builds the record of m for the rendered topic t. A non-nil val
+// is the record value instead of m.Envelope, of the content type ct.
+func newPending(ctx context.Context, m *relay.Message, done func(*relay.Message, error), t topicResult, val []byte, ct string) *pending {
 	// The record outlives the call: franz-go fails a buffered record whose
 	// context ends, and a relay shutting down (ctx cancelled) still wants
 	// what it handed over to be acknowledged while it drains. Close ends it.
@@ -222,8 +235,15 @@ func newPending(ctx context.Context, m *relay.Message, done func(*relay.Message,
 	r.Topic = t.topic
 	r.Key = bytesOf(m.AggregateID)
 	r.Value = m.Envelope
+	hm := m
+	if val != nil {
+		r.Value = val
+		c := *m
+		c.ContentType = ct
+		hm = &c
+	}
 	var own [16]envelope.Header
-	hs, _ := sinks.Kafka.Headers(own[:0], m)
+	hs, _ := sinks.Kafka.Headers(own[:0], hm)
 	h := p.hdrs[:0]
 	for _, x := range hs {
 		h = append(h, kgo.RecordHeader{Key: x.Key, Value: bytesOf(x.Value)})

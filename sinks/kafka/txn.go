@@ -52,6 +52,7 @@ type TxnSink struct {
 	log    *zap.Logger
 	health *health
 	topics *topics
+	values *values // nil for ValueJSON
 	kick   chan struct{}
 
 	clientMu sync.Mutex
@@ -90,6 +91,9 @@ func NewTxn(cfg Config, log *zap.Logger) (*TxnSink, error) {
 	}
 	log = log.Named("kafka")
 	s := &TxnSink{cfg: cfg, log: log, health: new(health), topics: newTopics(tmpl), kick: make(chan struct{}, 1)}
+	if s.values, err = newValues(cfg); err != nil {
+		return nil, err
+	}
 	opts, err := cfg.producerOpts(log, s.health)
 	if err != nil {
 		return nil, err
@@ -101,12 +105,13 @@ func NewTxn(cfg Config, log *zap.Logger) (*TxnSink, error) {
 	return s, nil
 }
 
-// Ping checks that at least one broker answers a metadata request.
+// Ping checks that at least one broker answers a metadata request and, with
+// a Confluent value format, that the schema registry answers.
 func (s *TxnSink) Ping(ctx context.Context) error {
 	if err := s.current().Ping(ctx); err != nil {
 		return fmt.Errorf("no kafka broker of %v answered (%w); check sink.kafka.brokers and that the brokers are running and reachable", s.cfg.Brokers, err)
 	}
-	return nil
+	return s.values.ping(ctx)
 }
 
 func (s *TxnSink) current() *kgo.Client {
@@ -126,7 +131,12 @@ func (s *TxnSink) Publish(ctx context.Context, m *relay.Message, done func(*rela
 		done(m, relay.Permanent(t.err))
 		return
 	}
-	p := newPending(ctx, m, done, t)
+	val, ct, err := s.values.encode(ctx, t.topic, m)
+	if err != nil {
+		done(m, err)
+		return
+	}
+	p := newPending(ctx, m, done, t, val, ct)
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
