@@ -32,6 +32,14 @@ import (
 // tagged secret:"url" or secret:"text" is hidden when the configuration is
 // printed and may be read from its _file sibling. Fields tagged yaml:"-"
 // are for programs that use the sink package directly.
+// FormatChecker is implemented by the Settings of a sink whose options
+// depend on envelope.format. The configuration calls it at load time, so
+// that a combination that could never publish is refused before the relay
+// starts, naming both settings.
+type FormatChecker interface {
+	CheckFormat(format relay.Format) error
+}
+
 type Settings interface {
 	// Validate reports every problem at once, each one sentence naming the
 	// key under sink.<name> to fix.

@@ -659,8 +659,15 @@ func (c *Config) Validate() error {
 	}
 	if set := c.Sink.Settings(); set == nil {
 		errs = append(errs, fmt.Errorf("sink.type %q is not one of %s", c.Sink.Type, strings.Join(sinks.Names(), ", ")))
-	} else if err := set.Validate(); err != nil {
-		errs = append(errs, splitJoined(err)...)
+	} else {
+		if err := set.Validate(); err != nil {
+			errs = append(errs, splitJoined(err)...)
+		}
+		if fc, ok := set.(sinks.FormatChecker); ok {
+			if err := fc.CheckFormat(relay.Format(c.Envelope.Format)); err != nil {
+				errs = append(errs, err)
+			}
+		}
 	}
 	switch c.Envelope.Format {
 	case "envelope", "debezium":

@@ -271,3 +271,35 @@ func TestRedactedNATSToken(t *testing.T) {
 		t.Errorf("NATS token not hidden in the printed configuration:\n%s", out)
 	}
 }
+
+// TestConfluentNeedsBinaryCloudEvents: a Confluent value format with an
+// envelope format that puts the whole envelope in the value is refused at
+// load time, naming both settings, instead of stalling the relay.
+func TestConfluentNeedsBinaryCloudEvents(t *testing.T) {
+	dir := t.TempDir()
+	base := `
+postgres:
+  url: postgres://localhost/app
+  tables: [public.outbox]
+sink:
+  type: kafka
+  kafka:
+    brokers: [localhost:9092]
+    value_format: confluent-json-schema
+    schemas_dir: ` + dir + `
+    schema_registry:
+      url: http://localhost:8081
+`
+	_, err := Load(writeTemp(t, "c.yaml", base), env(nil))
+	if err == nil || !strings.Contains(err.Error(), "sink.kafka.value_format confluent-json-schema needs envelope.format: cloudevents-binary") {
+		t.Fatalf("envelope format: got %v, want the value_format/envelope.format error", err)
+	}
+	ok := base + `
+envelope:
+  format: cloudevents-binary
+  source: /orders
+`
+	if _, err := Load(writeTemp(t, "c.yaml", ok), env(nil)); err != nil {
+		t.Fatalf("cloudevents-binary: %v", err)
+	}
+}

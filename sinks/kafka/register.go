@@ -106,6 +106,16 @@ func (c *Config) pingError(err error) error {
 	return fmt.Errorf("cannot reach Kafka: %w", err)
 }
 
+// CheckFormat refuses a Confluent value format with any envelope.format
+// other than cloudevents-binary: the record value holds the bare payload,
+// which only the binary content mode leaves for the sink to frame.
+func (c *Config) CheckFormat(format relay.Format) error {
+	if confluent(c.ValueFormat) && format != relay.FormatCloudEventsBinary {
+		return fmt.Errorf("sink.kafka.value_format %s needs envelope.format: cloudevents-binary (the value holds the payload; the envelope's attributes travel as ce_ headers), not %s", c.ValueFormat, format)
+	}
+	return nil
+}
+
 // Warnings names settings that work but expose a password or accept any
 // broker or schema registry.
 func (c *Config) Warnings() []string {
