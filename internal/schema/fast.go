@@ -164,8 +164,14 @@ func (fc *fastCompiler) ref(d map[string]any, ref any, file string) *fastNode {
 		}
 	}
 	r, ok := ref.(string)
-	if !ok || strings.ContainsAny(r, "%:") {
+	// Only a relative path and a fragment: the library resolves a
+	// reference with a scheme, a query, an absolute path or escapes in
+	// ways filepath.Join does not.
+	if !ok || strings.ContainsAny(r, "%:?\\") || strings.HasPrefix(r, "/") {
 		return opaqueNode
+	}
+	if doc, ok := fc.docs[file]; ok && doc == nil {
+		return opaqueNode // an $id in file: the reference resolves against it, not the file
 	}
 	uri, frag, _ := strings.Cut(r, "#")
 	if uri != "" {

@@ -2,6 +2,8 @@ package schema
 
 import (
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -207,5 +209,62 @@ func TestLoadCompilesFastPath(t *testing.T) {
 	err = s.Validate("order.created", 2, []byte(`{"order_id": 42, "total": "1", "lines": [{"sku": "", "qty": 1}]}`))
 	if err == nil || !strings.Contains(err.Error(), `at "/lines/0/sku", rule order.created/v2.json#/properties/lines/items/properties/sku/minLength`) {
 		t.Fatalf("error %v", err)
+	}
+}
+
+// TestFastPathRefFiles holds the fast path to the library for schemas
+// whose $ref names another file: where the library resolves it (against
+// an $id, an absolute path, a query) must be where the fast path looks,
+// or the fast path must leave the payload to the library.
+func TestFastPathRefFiles(t *testing.T) {
+	dir := t.TempDir()
+	abs := filepath.ToSlash(filepath.Join(dir, "_shared", "int.json"))
+	files := map[string]string{
+		// Of the files each $ref below could be taken to name, the one
+		// the library resolves it to is "integer", the others "string".
+		"_shared/int.json":       `{"type": "integer"}`,
+		"_shared/str.json":       `{"type": "string"}`,
+		"e.id/sub/x/int.json":    `{"type": "integer"}`,
+		"e.id/x/int.json":        `{"type": "string"}`,
+		"e.id/v1.json":           `{"$id": "sub/v1.json", "properties": {"a": {"$ref": "x/int.json"}}}`,
+		"e.id/v2.json":           `{"properties": {"a": {"$id": "sub/", "properties": {"b": {"$ref": "x/int.json"}}}}}`,
+		"e.abs/v1.json":          `{"properties": {"a": {"$ref": "` + abs + `"}}}`,
+		"e.abs" + abs:            `{"type": "string"}`,
+		"e.query/x/int.json":     `{"type": "integer"}`,
+		"e.query/x/int.json?v=1": `{"type": "string"}`,
+		"e.query/v1.json":        `{"properties": {"a": {"$ref": "x/int.json?v=1"}}}`,
+		"e.dots/v1.json":         `{"properties": {"a": {"$ref": "./../_shared/./int.json"}}}`,
+		"e.ref/v1.json":          `{"properties": {"a": {"$ref": "../_shared/int.json#"}}}`,
+		"e.ref/v2.json":          `{"properties": {"a": {"$ref": "../_shared/str.json"}}}`,
+	}
+	for name, text := range files {
+		p := filepath.Join(dir, filepath.FromSlash(name))
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	set, err := Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, c := range set.schemas {
+		if c.fast == nil {
+			continue
+		}
+		for _, p := range []string{`{"a": 1}`, `{"a": "s"}`, `{"a": {"b": 1}}`, `{"a": {"b": "s"}}`} {
+			if c.fast.valid([]byte(p)) && !validByLibrary(t, c.sch, []byte(p)) {
+				t.Errorf("%s: fast path accepts %s, the library refuses it", k, p)
+			}
+		}
+	}
+	// The references filepath.Join does resolve as the library does keep
+	// their fast path.
+	for k, p := range map[Key]string{{"e.dots", 1}: `{"a": 1}`, {"e.ref", 1}: `{"a": 1}`, {"e.ref", 2}: `{"a": "s"}`} {
+		if c := set.schemas[k]; c.fast == nil || !c.fast.valid([]byte(p)) {
+			t.Errorf("%s: fast path leaves %s to the library", k, p)
+		}
 	}
 }
