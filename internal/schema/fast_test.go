@@ -91,8 +91,17 @@ type fastCase struct {
 }
 
 func compileBoth(t testing.TB) []fastCase {
+	var texts []string
+	texts = append(texts, fastSchemas...)
+	return compileTexts(t, texts)
+}
+
+// compileTexts compiles each schema text for the library and the fast
+// path, with no file: a $ref to mem:///other.json reaches the library
+// only.
+func compileTexts(t testing.TB, texts []string) []fastCase {
 	var out []fastCase
-	for i, text := range fastSchemas {
+	for i, text := range texts {
 		doc, err := fastDoc([]byte(text))
 		if err != nil {
 			t.Fatalf("schema %d: %v", i, err)
@@ -119,7 +128,14 @@ func FuzzFastPath(f *testing.F) {
 	for _, p := range fastPayloads {
 		f.Add([]byte(p))
 	}
-	cases := compileBoth(f)
+	texts := append([]string(nil), fastSchemas...)
+	for _, e := range fastEdges {
+		texts = append(texts, e.schema)
+		for p := range e.payloads {
+			f.Add([]byte(p))
+		}
+	}
+	cases := compileTexts(f, texts)
 	f.Fuzz(func(t *testing.T, b []byte) {
 		for _, c := range cases {
 			if c.fast != nil && c.fast.valid(b) && !validByLibrary(t, c.sch, b) {
@@ -267,4 +283,162 @@ func TestFastPathRefFiles(t *testing.T) {
 			t.Errorf("%s: fast path leaves %s to the library", k, p)
 		}
 	}
+}
+
+// Outcomes of a payload in fastEdges.
+const (
+	fastOK  = iota // the fast path proves it valid
+	libOK          // valid, but left to the library
+	invalid        // the library refuses it (so the fast path must not accept it)
+)
+
+type fastEdge struct {
+	schema   string
+	payloads map[string]int
+}
+
+// fastEdges are JSON and JSON Schema corner cases, each schema with what
+// becomes of its payloads; their schemas and payloads also feed
+// FuzzFastPath. A schema outside the subset has only libOK and invalid
+// payloads.
+var fastEdges = []fastEdge{
+	// Keys: repeated (the library keeps the last value), escaped, required.
+	{`{"type": "object", "required": ["a"], "properties": {"a": {"type": "integer"}, "é": {"type": "string"}}}`, map[string]int{
+		`{"a": 1}`: fastOK, `{"a": "x", "a": 1}`: libOK, `{"a": 1, "a": "x"}`: invalid, `{"a": 1, "a": 2}`: fastOK,
+		`{"\u0061": 1}`: libOK, `{"\u0061": "x"}`: invalid, `{"a": 1, "\u0061": "x"}`: invalid, `{"b": 1}`: invalid,
+		`{"a": 1, "é": "x"}`: fastOK, `{"a": 1, "é": 1}`: invalid, `{"a": 1, "\u00e9": 1}`: invalid, `{"a": 1, "e\u0301": 1}`: libOK,
+		`{"a": 1, "e` + "\u0301" + `": 1}`: fastOK, `{}`: invalid, `[]`: invalid, `{"a": 1,}`: invalid, `{"a" 1}`: invalid,
+		`{"a": 1} {}`: invalid, "\ufeff{\"a\": 1}": invalid, "{\"a\":\f1}": invalid, "\t{\r\n\"a\" :\n1 }\n": fastOK,
+		`{a: 1}`: invalid, `{'a': 1}`: invalid, `{"a": 01}`: invalid, `{"a": 1e}`: invalid,
+	}},
+	// String lengths count code points of the unescaped text.
+	{`{"type": "string", "minLength": 2, "maxLength": 3}`, map[string]int{
+		`"ab"`: fastOK, `"日本"`: fastOK, `"日本語x"`: invalid, `"😀😀😀"`: fastOK, `"😀"`: invalid,
+		`"\ud83d\ude00\ud83d\ude00"`: libOK, `"\ud83d\ude00"`: invalid, `"\ud83d"`: invalid, `"\ud83d\ud83d"`: libOK,
+		`"\ud83dx"`: libOK, `"\n\n"`: libOK, `"\n\n\n\n"`: invalid, `"a\u00e9"`: libOK, `"\u0000\u0000"`: libOK,
+		"\"a\xff\"": invalid, "\"a\xed\xa0\x80\"": invalid, "\"a\xc3\"": invalid, "\"a\x7f\"": fastOK, "\"a\tb\"": invalid,
+		`"\u00"`: invalid, `"\U00e9"`: invalid, `"\'a"`: invalid, `"ab`: invalid, `ab`: invalid,
+	}},
+	{`{"maxLength": 1}`, map[string]int{`"\ud83d\ude00"`: libOK, `"\ud83d\ude01x"`: invalid, `"é"`: fastOK, `"\u00e9"`: libOK, `"\n"`: libOK, `1234`: fastOK}},
+	{`{"maxLength": 0, "minLength": 0}`, map[string]int{`""`: fastOK, `"\u0000"`: invalid, `" "`: invalid}},
+	// enum and const compare the unescaped text, byte for byte.
+	{`{"enum": ["a\"b", "é", "", "\u0000"]}`, map[string]int{
+		`"a\"b"`: libOK, `"é"`: fastOK, `"\u00e9"`: libOK, `"e` + "\u0301" + `"`: invalid, `""`: fastOK, `"\u0000"`: libOK,
+		`"a"`: invalid, `null`: invalid, `["é"]`: invalid,
+	}},
+	{`{"const": "x"}`, map[string]int{`"x"`: fastOK, `"\u0078"`: libOK, `"\x"`: invalid, `"X"`: invalid, `1`: invalid}},
+	{`{"enum": []}`, map[string]int{`""`: invalid, `1`: invalid}},
+	{`{"enum": ["a", 1]}`, map[string]int{`"a"`: libOK, `1`: libOK, `1.0`: libOK, `2`: invalid}},
+	{`{"const": null}`, map[string]int{`null`: libOK, `0`: invalid}},
+	// pattern: Go's regexp on the unescaped text, unanchored.
+	{`{"pattern": "^\\p{L}.$"}`, map[string]int{
+		`"éx"`: fastOK, `"日😀"`: fastOK, `"1x"`: invalid, `"é"`: invalid, `"\u00e9x"`: libOK, `"é\n"`: invalid, `3`: fastOK,
+	}},
+	{`{"pattern": "b"}`, map[string]int{`"abc"`: fastOK, `"ac"`: invalid, `"a\u0062"`: libOK}},
+	// Numbers: integer type, bounds at and around the edge, big ones.
+	{`{"type": "integer", "minimum": -5, "exclusiveMaximum": 100}`, map[string]int{
+		`99`: fastOK, `100`: invalid, `1e2`: invalid, `99.0`: libOK, `9.9e1`: libOK, `-5`: fastOK, `-6`: invalid, `-0`: fastOK,
+		`-5.0`: libOK, `-5.5`: invalid, `0.5`: invalid, `1E1`: libOK, `99.99999999999999999999`: invalid, `"1"`: invalid,
+		`-`: invalid, `+1`: invalid, `.5`: invalid, `1.`: invalid, `0x10`: invalid, `NaN`: invalid, `Infinity`: invalid,
+		`100000000000000000000000000000`: invalid, `-100000000000000000000000000000`: invalid, `-000`: invalid,
+	}},
+	{`{"type": "number", "exclusiveMinimum": 0, "maximum": 1e2}`, map[string]int{
+		`0`: invalid, `-0`: invalid, `0.0`: invalid, `1e-400`: libOK, `5e-324`: fastOK, `1e2`: libOK, `100`: libOK, `100.0`: libOK,
+		`99.99999999999999`: fastOK, `99.999999999999999999999`: libOK, `100.00000000000000000001`: invalid, `1e400`: invalid,
+		`0.1e3`: libOK, `1000e-1`: libOK, `true`: invalid,
+	}},
+	{`{"maximum": 9223372036854775807, "minimum": -9223372036854775808}`, map[string]int{
+		`9223372036854775807`: libOK, `9223372036854775808`: invalid, `-9223372036854775808`: libOK, `-9223372036854775809`: invalid,
+		`999999999999999999`: fastOK, `-999999999999999999`: fastOK, `1000000000000000000`: fastOK, `9.2e18`: fastOK,
+		`18446744073709551616`: invalid, `"x"`: fastOK,
+	}},
+	{`{"minimum": 0.1}`, map[string]int{`0.1`: libOK, `0.09999999999999999999`: invalid, `0.1000000000000001`: fastOK, `1`: fastOK}},
+	{`{"minimum": 1e308, "maximum": 1.7976931348623157e308}`, map[string]int{`1e308`: libOK, `1.5e308`: fastOK, `1.8e308`: invalid, `2e308`: invalid}},
+	// Type sets, null, booleans, literals.
+	{`{"type": ["string", "null"]}`, map[string]int{`null`: fastOK, `"x"`: fastOK, `0`: invalid, `nul`: invalid, `nulll`: invalid, `NULL`: invalid, `false`: invalid}},
+	{`{"type": ["integer", "boolean"]}`, map[string]int{`true`: fastOK, `false`: fastOK, `1`: fastOK, `1.0`: libOK, `1.5`: invalid, `tru`: invalid, `truefalse`: invalid}},
+	// Arrays.
+	{`{"items": {"type": "integer"}, "minItems": 1, "maxItems": 2}`, map[string]int{
+		`[1]`: fastOK, `[1, 2]`: fastOK, `[]`: invalid, `[1, 2, 3]`: invalid, `[1.0]`: libOK, `["1"]`: invalid, `[1,]`: invalid,
+		`[,1]`: invalid, `[1 2]`: invalid, `{"0": "x"}`: fastOK, `[1]]`: invalid,
+	}},
+	{`{"items": false}`, map[string]int{`[]`: fastOK, `[1]`: invalid, `1`: fastOK}},
+	{`{"uniqueItems": false, "items": true}`, map[string]int{`[1, 1]`: fastOK}},
+	{`{"uniqueItems": true}`, map[string]int{`[1, 1]`: invalid, `[1, 1.0]`: invalid, `[1, 2]`: libOK}},
+	{`{"prefixItems": [{"type": "string"}], "items": {"type": "integer"}}`, map[string]int{`["a", 1]`: libOK, `[1, 1]`: invalid, `["a", "b"]`: invalid}},
+	{`{"contains": {"type": "string"}}`, map[string]int{`[1]`: invalid, `[1, "a"]`: libOK}},
+	// Objects: keywords outside the subset leave every payload to the library.
+	{`{"properties": {"a": true}, "additionalProperties": false}`, map[string]int{`{"a": 1}`: libOK, `{"b": 1}`: invalid}},
+	{`{"additionalProperties": {"type": "string"}}`, map[string]int{`{"a": "x"}`: libOK, `{"a": 1}`: invalid}},
+	{`{"additionalProperties": true, "properties": {"a": {"type": "string"}}}`, map[string]int{`{"a": "x", "b": 1}`: fastOK, `{"a": 1}`: invalid}},
+	{`{"patternProperties": {"^x": {"type": "string"}}}`, map[string]int{`{"xa": 1}`: invalid, `{"a": 1}`: libOK}},
+	{`{"propertyNames": {"maxLength": 1}}`, map[string]int{`{"ab": 1}`: invalid, `{"a": 1}`: libOK}},
+	{`{"minProperties": 1}`, map[string]int{`{}`: invalid, `{"a": 1}`: libOK}},
+	{`{"maxProperties": 1}`, map[string]int{`{"a": 1, "b": 2}`: invalid, `{"a": 1, "a": 2}`: libOK}},
+	{`{"dependentRequired": {"a": ["b"]}}`, map[string]int{`{"a": 1}`: invalid, `{"a": 1, "b": 1}`: libOK}},
+	{`{"dependentSchemas": {"a": {"required": ["b"]}}}`, map[string]int{`{"a": 1}`: invalid, `{}`: libOK}},
+	{`{"if": {"required": ["a"]}, "then": {"required": ["b"]}, "else": false}`, map[string]int{`{"a": 1}`: invalid, `{"a": 1, "b": 1}`: libOK, `{}`: invalid}},
+	{`{"properties": {"a": true}, "unevaluatedProperties": false}`, map[string]int{`{"b": 1}`: invalid, `{"a": 1}`: libOK}},
+	{`{"unevaluatedItems": false}`, map[string]int{`[1]`: invalid, `[]`: libOK}},
+	{`{"allOf": [{"type": "string"}]}`, map[string]int{`1`: invalid, `"a"`: libOK}},
+	{`{"not": {"type": "string"}}`, map[string]int{`"a"`: invalid, `1`: libOK}},
+	{`{"multipleOf": 0.1}`, map[string]int{`0.3`: libOK, `0.35`: invalid}},
+	{`{"required": ["a"]}`, map[string]int{`{}`: invalid, `{"a": null}`: fastOK, `{"\u0061": null}`: libOK, `{"b": 1}`: invalid, `1`: fastOK}},
+	{`{"required": []}`, map[string]int{`{}`: fastOK}},
+	// An opaque subschema leaves only the payloads that reach it.
+	{`{"properties": {"a": {"multipleOf": 2}, "b": {"minProperties": 1}}}`, map[string]int{
+		`{}`: fastOK, `{"c": 1}`: fastOK, `{"a": 4}`: libOK, `{"a": 3}`: invalid, `{"b": {}}`: invalid, `{"b": {"x": 1}}`: libOK,
+	}},
+	// format is an annotation in 2020-12, an assertion in draft-07.
+	{`{"type": "string", "format": "email"}`, map[string]int{`"x"`: fastOK, `"a@b.c"`: fastOK}},
+	{`{"$schema": "https://json-schema.org/draft/2020-12/schema", "format": "date", "minLength": 1}`, map[string]int{`"x"`: fastOK, `""`: invalid}},
+	{`{"$schema": "http://json-schema.org/draft-07/schema#", "format": "date"}`, map[string]int{`"x"`: invalid, `"2020-01-01"`: libOK}},
+	{`{"$schema": "https://json-schema.org/draft/2019-09/schema", "type": "string"}`, map[string]int{`"x"`: libOK, `1`: invalid}},
+	{`{"$schema": "http://json-schema.org/draft-04/schema#", "minimum": 1, "exclusiveMinimum": true}`, map[string]int{`1`: invalid, `2`: libOK}},
+	{`{"properties": {"a": {"$schema": "http://json-schema.org/draft-07/schema#", "type": "string"}}}`, map[string]int{`{"a": "x"}`: libOK, `{"a": 1}`: invalid, `{}`: fastOK}},
+	// Boolean schemas, $ref and $defs.
+	{`false`, map[string]int{`1`: invalid, `{}`: invalid}},
+	{`{}`, map[string]int{`1`: fastOK, `{"a": [1, {"b": null}]}`: fastOK, ``: invalid, ` `: invalid, `[`: invalid, `]`: invalid,
+		// Nesting: the fast path goes 1000 deep, decode 10000.
+		nested(500): fastOK, nested(5000): libOK, nested(10001): invalid, nested(500)[1:]: invalid,
+	}},
+	{`{"$defs": {"s": {"type": "string", "maxLength": 1}}, "properties": {"a": {"$ref": "#/$defs/s"}, "b": {"$ref": "#/$defs/s", "minLength": 1}}}`, map[string]int{
+		`{"a": "x"}`: fastOK, `{"a": "xy"}`: invalid, `{"b": "x"}`: libOK, `{"b": ""}`: invalid,
+	}},
+	{`{"$defs": {"a/b": {"type": "string"}, "c~d": {"type": "integer"}}, "properties": {"x": {"$ref": "#/$defs/a~1b"}, "y": {"$ref": "#/$defs/c~0d"}}}`, map[string]int{
+		`{"x": "s"}`: fastOK, `{"x": 1}`: invalid, `{"y": 1}`: fastOK, `{"y": "s"}`: invalid,
+	}},
+	{`{"$defs": {"s": {"$anchor": "s", "type": "string"}}, "properties": {"a": {"$ref": "#s"}}}`, map[string]int{`{"a": "x"}`: libOK, `{"a": 1}`: invalid}},
+	{`{"$id": "mem:///x/", "$defs": {"s": {"type": "string"}}, "properties": {"a": {"$ref": "#/$defs/s"}}}`, map[string]int{`{"a": "x"}`: libOK, `{"a": 1}`: invalid}},
+	{`{"$dynamicAnchor": "n", "properties": {"a": {"$dynamicRef": "#n"}}, "type": "object"}`, map[string]int{`{"a": {}}`: libOK, `{"a": 1}`: invalid}},
+}
+
+// TestFastPathEdges checks what becomes of each payload of fastEdges.
+func TestFastPathEdges(t *testing.T) {
+	names := map[int]string{fastOK: "fast path accepts", libOK: "library alone accepts", invalid: "library refuses"}
+	for i, e := range fastEdges {
+		c := compileTexts(t, []string{e.schema})[0]
+		for p, want := range e.payloads {
+			lib := validByLibrary(t, c.sch, []byte(p))
+			fast := c.fast != nil && c.fast.valid([]byte(p))
+			got := invalid
+			switch {
+			case fast && !lib:
+				t.Errorf("schema %d %s: fast path accepts %q, the library refuses it", i, e.schema, p)
+				continue
+			case fast:
+				got = fastOK
+			case lib:
+				got = libOK
+			}
+			if got != want {
+				t.Errorf("schema %d %s: %q: %s, want %s", i, e.schema, p, names[got], names[want])
+			}
+		}
+	}
+}
+
+// nested is depth arrays, one in the other, around an object.
+func nested(depth int) string {
+	return strings.Repeat("[", depth) + `{"a": 1}` + strings.Repeat("]", depth)
 }
