@@ -208,7 +208,8 @@ func (fc *fastCompiler) ref(d map[string]any, ref any, file string) *fastNode {
 }
 
 // refable returns doc, or nil when it has an $id anywhere: an $id changes
-// what the $refs under it resolve against.
+// what the $refs under it resolve against, and names a subschema that a
+// $ref anywhere in the document can reach as if it were a file.
 func refable(doc any) any {
 	var hasID func(v any) bool
 	hasID = func(v any) bool {
@@ -748,6 +749,9 @@ func (s *scanner) number(n *fastNode) bool {
 		return true
 	}
 	text := s.b[start:s.i]
+	if !ratSafe(text) {
+		return false
+	}
 	// An integer of up to 18 digits is exact in an int64.
 	var v int64
 	exact := integer && intEnd-start-btoi(neg) <= 18
@@ -783,6 +787,25 @@ func (s *scanner) number(n *fastNode) bool {
 		}
 	}
 	return true
+}
+
+// ratSafe reports whether the library can compare the number text with
+// a bound: it takes numbers as big.Rat, which refuses an exponent, less
+// the fraction's digits, beyond ±1000000, and validateDoc refuses the
+// payload. This allows up to 1000 bytes and a 5-digit exponent.
+func ratSafe(text []byte) bool {
+	if len(text) > 1000 {
+		return false
+	}
+	e := bytes.IndexAny(text, "eE")
+	if e < 0 {
+		return true
+	}
+	exp := text[e+1:]
+	if exp[0] == '+' || exp[0] == '-' {
+		exp = exp[1:]
+	}
+	return len(exp) <= 5
 }
 
 // holds reports whether a value that compares c to the bound (-1, 0, 1) meets it.

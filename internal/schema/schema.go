@@ -192,15 +192,35 @@ func (s *Set) Validate(eventType string, version int, payload []byte) error {
 	if err != nil {
 		return &ValidationError{Key: Key{eventType, version}, File: c.file, Message: "payload is not JSON: " + err.Error()}
 	}
-	err = c.sch.Validate(doc)
+	err = validateDoc(c.sch, doc)
 	if err == nil {
 		return nil
+	}
+	if errors.Is(err, errValidatorPanic) {
+		return &ValidationError{Key: Key{eventType, version}, File: c.file, Message: "payload cannot be validated: " + err.Error()}
 	}
 	var verr *jsonschema.ValidationError
 	if !errors.As(err, &verr) {
 		return fmt.Errorf("validate %s: %w", Key{eventType, version}, err)
 	}
 	return newValidationError(Key{eventType, version}, c.file, verr)
+}
+
+// errValidatorPanic is a panic of the library, made an error.
+var errValidatorPanic = errors.New("the validator failed")
+
+// validateDoc is sch.Validate, with a panic turned into an error wrapping
+// errValidatorPanic. The library panics on a number that big.Rat does not
+// parse, an exponent (less the fraction's digits) beyond ±1000000, when
+// it has one to compare (a bound, multipleOf, uniqueItems): a payload must
+// not stop the relay.
+func validateDoc(sch *jsonschema.Schema, doc any) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%w (%v); a number with an exponent beyond ±1000000 is the known cause", errValidatorPanic, r)
+		}
+	}()
+	return sch.Validate(doc)
 }
 
 // ValidationError says why a payload does not match its schema. Error

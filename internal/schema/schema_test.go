@@ -104,3 +104,29 @@ func TestLoadRefusesBadFolders(t *testing.T) {
 		t.Fatal("a missing folder loaded")
 	}
 }
+
+// TestValidateNumberBeyondValidator checks that a number the library
+// cannot compare with a bound is refused with an error, not a panic.
+func TestValidateNumberBeyondValidator(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "e"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "e", "v1.json"), []byte(`{"properties": {"n": {"minimum": 0}}}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s, err := schema.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{`{"n": 1e1000001}`, `{"n": 0E10000000000000000000}`} {
+		err := s.Validate("e", 1, []byte(p))
+		var verr *schema.ValidationError
+		if !errors.As(err, &verr) || !strings.Contains(err.Error(), "payload does not match schema e v1 (e/v1.json): payload cannot be validated: the validator failed") {
+			t.Errorf("%s: error %v", p, err)
+		}
+	}
+	if err := s.Validate("e", 1, []byte(`{"n": 1e99999}`)); err != nil {
+		t.Errorf("valid payload refused: %v", err)
+	}
+}
