@@ -212,8 +212,8 @@ var errValidatorPanic = errors.New("the validator failed")
 // validateDoc is sch.Validate, with a panic turned into an error wrapping
 // errValidatorPanic. The library panics on a number that big.Rat does not
 // parse, an exponent (less the fraction's digits) beyond ±1000000, when
-// it has one to compare (a bound, multipleOf, uniqueItems): a payload must
-// not stop the relay.
+// a keyword such as minimum has to compare it: a payload must not stop
+// the relay.
 func validateDoc(sch *jsonschema.Schema, doc any) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
