@@ -447,3 +447,36 @@ func TestFastPathEdges(t *testing.T) {
 func nested(depth int) string {
 	return strings.Repeat("[", depth) + `{"a": 1}` + strings.Repeat("]", depth)
 }
+
+// FuzzCompileFast varies the schema as well as the payload: for any
+// schema the library compiles, a payload the fast path accepts, the
+// library accepts.
+func FuzzCompileFast(f *testing.F) {
+	for _, s := range fastSchemas {
+		f.Add([]byte(s), []byte(`{"a": 1, "seq": 1, "data": "x", "id": "ab", "lines": [{"sku": "a"}]}`))
+	}
+	for _, e := range fastEdges {
+		for p := range e.payloads {
+			if len(p) < 200 {
+				f.Add([]byte(e.schema), []byte(p))
+			}
+		}
+	}
+	f.Fuzz(func(t *testing.T, text, payload []byte) {
+		doc, err := fastDoc(text)
+		if err != nil {
+			return
+		}
+		c := jsonschema.NewCompiler()
+		if err := c.AddResource("mem:///s.json", doc); err != nil {
+			return
+		}
+		sch, err := c.Compile("mem:///s.json")
+		if err != nil {
+			return
+		}
+		if fast := compileFast(doc, ""); fast != nil && fast.valid(payload) && !validByLibrary(t, sch, payload) {
+			t.Fatalf("fast path accepts %q, the library refuses it, schema %s", payload, text)
+		}
+	})
+}
