@@ -250,15 +250,7 @@ func TestFastPathRefFiles(t *testing.T) {
 		"e.ref/v1.json":          `{"properties": {"a": {"$ref": "../_shared/int.json#"}}}`,
 		"e.ref/v2.json":          `{"properties": {"a": {"$ref": "../_shared/str.json"}}}`,
 	}
-	for name, text := range files {
-		p := filepath.Join(dir, filepath.FromSlash(name))
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	writeFiles(t, dir, files)
 	set, err := Load(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -479,4 +471,18 @@ func FuzzCompileFast(f *testing.F) {
 			t.Fatalf("fast path accepts %q, the library refuses it, schema %s", payload, text)
 		}
 	})
+}
+
+// writeFiles writes files (slash-separated name relative to dir -> text).
+func writeFiles(t *testing.T, dir string, files map[string]string) {
+	t.Helper()
+	for name, text := range files {
+		p := filepath.Join(dir, filepath.FromSlash(name))
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
 }

@@ -9,20 +9,12 @@ import (
 
 func TestFiles(t *testing.T) {
 	dir := t.TempDir()
-	for name, text := range map[string]string{
+	writeFiles(t, dir, map[string]string{
 		"order.created/v1.json": `{"type": "object"}`,
 		"order.created/v1.avsc": `{"type": "record", "name": "A", "fields": []}`,
 		"order.created/v2.avsc": `{"type": "record", "name": "B", "fields": []}`,
 		"_shared/money.avsc":    `"string"`,
-	} {
-		p := filepath.Join(dir, filepath.FromSlash(name))
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	})
 	avsc, err := Files(dir, "avsc")
 	if err != nil {
 		t.Fatal(err)
