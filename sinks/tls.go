@@ -5,8 +5,8 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"io"
-	"os"
+
+	"github.com/outboxrelay/outboxrelay/internal/secretfile"
 )
 
 // TLS is the file form of a client's TLS settings (sink.<name>.tls), for
@@ -43,7 +43,7 @@ func (t TLS) ClientConfig(prefix string) (*tls.Config, error) {
 		InsecureSkipVerify: t.InsecureSkipVerify, // the operator's explicit choice, documented as unsafe
 	}
 	if t.CAFile != "" {
-		pem, err := readPEM(t.CAFile)
+		pem, err := secretfile.Read(t.CAFile, maxPEMFile)
 		if err != nil {
 			return nil, fmt.Errorf("%s.ca_file: %w", prefix, err)
 		}
@@ -54,11 +54,11 @@ func (t TLS) ClientConfig(prefix string) (*tls.Config, error) {
 	}
 	switch {
 	case t.CertFile != "" && t.KeyFile != "":
-		certPEM, err := readPEM(t.CertFile)
+		certPEM, err := secretfile.Read(t.CertFile, maxPEMFile)
 		if err != nil {
 			return nil, fmt.Errorf("%s.cert_file: %w", prefix, err)
 		}
-		keyPEM, err := readPEM(t.KeyFile)
+		keyPEM, err := secretfile.Read(t.KeyFile, maxPEMFile)
 		if err != nil {
 			return nil, fmt.Errorf("%s.key_file: %w", prefix, err)
 		}
@@ -75,32 +75,6 @@ func (t TLS) ClientConfig(prefix string) (*tls.Config, error) {
 
 // maxPEMFile bounds a certificate, key or CA bundle file.
 const maxPEMFile = 1 << 20
-
-// readPEM reads a regular file of at most maxPEMFile bytes, so that a
-// configuration naming a device or a pipe fails instead of hanging.
-func readPEM(path string) ([]byte, error) {
-	// Stat before opening: opening a FIFO would block.
-	info, err := os.Stat(path)
-	if err != nil {
-		return nil, err
-	}
-	if !info.Mode().IsRegular() {
-		return nil, fmt.Errorf("%s is not a regular file", path)
-	}
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, maxPEMFile+1))
-	if err != nil {
-		return nil, err
-	}
-	if len(b) > maxPEMFile {
-		return nil, fmt.Errorf("%s is larger than %d bytes", path, maxPEMFile)
-	}
-	return b, nil
-}
 
 // CertError returns the failed server certificate check inside err, or nil,
 // so that a sink can say which TLS settings to check.

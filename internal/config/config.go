@@ -14,6 +14,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/outboxrelay/outboxrelay/internal/secretfile"
+
 	"go.yaml.in/yaml/v3"
 
 	"github.com/outboxrelay/outboxrelay/cdc"
@@ -342,7 +344,7 @@ const maxSecretFile = 64 << 10
 // newline. The file must be a regular file of at most 64 KiB and not empty.
 // Errors name the file, never its content.
 func ReadSecretFile(path string) (string, error) {
-	b, err := readFile(path, maxSecretFile)
+	b, err := secretfile.Read(path, maxSecretFile)
 	if err != nil {
 		return "", err
 	}
@@ -351,32 +353,6 @@ func ReadSecretFile(path string) (string, error) {
 		return "", fmt.Errorf("%s is empty", path)
 	}
 	return s, nil
-}
-
-// readFile reads a regular file of at most limit bytes, so that a
-// configuration naming a device or a pipe fails instead of hanging.
-func readFile(path string, limit int64) ([]byte, error) {
-	// Stat before opening: opening a FIFO would block.
-	info, err := os.Stat(path)
-	if err != nil {
-		return nil, err
-	}
-	if !info.Mode().IsRegular() {
-		return nil, fmt.Errorf("%s is not a regular file", path)
-	}
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, limit+1))
-	if err != nil {
-		return nil, err
-	}
-	if int64(len(b)) > limit {
-		return nil, fmt.Errorf("%s is larger than %d bytes", path, limit)
-	}
-	return b, nil
 }
 
 // readSecretFiles sets every secret whose _file key is set from that file.
