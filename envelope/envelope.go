@@ -99,6 +99,20 @@ const timeLayout = "2006-01-02T15:04:05.000000Z"
 // variable-length fields; it only sizes the buffer.
 const fixedSize = 320
 
+// SizeHint returns the capacity of a buffer that AppendJSON, or
+// AppendCloudEvent with a source of up to 100 bytes, fills without growing
+// it, unless strings in m need escaping. It assumes the larger, base64 form
+// of a text or binary payload, as it does not check whether that is JSON.
+func (m *Message) SizeHint() int {
+	n := fixedSize + len(m.MessageID) + len(m.EventType) + len(m.AggregateType) +
+		2*len(m.AggregateID) + len(m.TraceID) + len(m.Traceparent) + len(m.Headers) +
+		len(m.Source.Database) + len(m.Source.Table) + len(ContentTypeBinary) + 100
+	if m.PayloadFormat == PayloadJSON {
+		return n + len(m.Payload)
+	}
+	return n + base64.StdEncoding.EncodedLen(len(m.Payload))
+}
+
 // AppendJSON appends the envelope of m as compact JSON to dst and returns
 // the extended buffer. Fields appear in the order of the README's envelope
 // (version 1), times in UTC with microseconds, LSNs as PostgreSQL writes

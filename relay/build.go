@@ -235,7 +235,7 @@ func (b *Builder) finish(em *envelope.Message, table, traceparent string, lsn cd
 	}
 	m.Headers, m.Tracestate = b.brokerHeaders(m, headers, traceparent)
 	b.startSpan(m, em, traceparent != "" && m.Traceparent == traceparent)
-	buf := getBuffer(len(em.Payload) + len(em.Headers) + 512)
+	buf := getBuffer(em.SizeHint() + len(b.cfg.CloudEventsSource))
 	switch b.cfg.Format {
 	case FormatCloudEvents:
 		m.Envelope = em.AppendCloudEvent(buf, b.cfg.CloudEventsSource)
