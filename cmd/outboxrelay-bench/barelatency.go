@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"flag"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 // bareLoopCommand is the hidden first argument that makes this binary the
@@ -63,6 +65,7 @@ func bareLatencyMain(args []string) error {
 	slot := fs.String("slot", "", "replication slot")
 	publication := fs.String("publication", "outboxrelay", "publication")
 	n := fs.Int("n", 0, "transactions with an insert to wait for")
+	produce := fs.String("produce", "", "Kafka broker: produce each transaction's insert there and confirm it once acknowledged")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -115,10 +118,18 @@ func bareLatencyMain(args []string) error {
 			}
 		}
 	}()
+	var prod *bareProducer
+	if *produce != "" {
+		if prod, err = newBareProducer(*produce, &pos); err != nil {
+			return err
+		}
+		defer prod.cl.Close()
+	}
+	var held []byte // the insert of the open transaction, in produce mode
 	sawInsert := false
 	var cpu0 time.Duration
 	var sw0 switches
-	for len(out.MS) < *n {
+	for seen := 0; seen < *n; {
 		msg, err := conn.ReceiveMessage(context.Background())
 		if err != nil {
 			if ctx.Err() != nil {
@@ -135,10 +146,15 @@ func bareLatencyMain(args []string) error {
 				return fmt.Errorf("send status: %w", err)
 			}
 		case xld != nil && len(xld.WALData) > 0:
-			pos.Store(max(pos.Load(), uint64(xld.WALStart)))
+			if prod == nil {
+				pos.Store(max(pos.Load(), uint64(xld.WALStart)))
+			}
 			switch xld.WALData[0] {
 			case 'I':
 				sawInsert = true
+				if prod != nil {
+					held = append([]byte(nil), xld.WALData...) // the message buffer is reused
+				}
 			case 'C':
 				if !sawInsert {
 					continue
@@ -149,12 +165,29 @@ func bareLatencyMain(args []string) error {
 					return fmt.Errorf("parse commit: %w", err)
 				}
 				if c, ok := lm.(*pglogrepl.CommitMessage); ok {
-					out.MS = append(out.MS, ms(time.Since(c.CommitTime)))
-					if len(out.MS) == 1 {
+					seen++
+					if seen == 1 {
 						cpu0, sw0 = usage()
+					}
+					if prod != nil {
+						prod.produce(held, c)
+					} else {
+						out.MS = append(out.MS, ms(time.Since(c.CommitTime)))
 					}
 				}
 			}
+		}
+	}
+	if prod != nil {
+		if err := prod.cl.Flush(ctx); err != nil && ctx.Err() == nil {
+			return fmt.Errorf("flush: %w", err)
+		}
+		prod.mu.Lock()
+		out.MS = prod.ms
+		err := prod.err
+		prod.mu.Unlock()
+		if err != nil {
+			return err
 		}
 	}
 	if len(out.MS) > 1 {
@@ -163,6 +196,52 @@ func bareLatencyMain(args []string) error {
 		out.Voluntary, out.Involuntary = sw.voluntary-sw0.voluntary, sw.involuntary-sw0.involuntary
 	}
 	return json.NewEncoder(os.Stdout).Encode(out)
+}
+
+// bareProducer is the reference consumer's Kafka side with -produce: a
+// franz-go client with the relay sink's producer settings (acks=all,
+// idempotent, no linger, no compression), which produces each
+// transaction's raw pgoutput Insert and confirms the transaction's end
+// once the broker acknowledged it. It measures what reading PostgreSQL and
+// producing to Kafka cost with these two libraries and nothing else.
+type bareProducer struct {
+	cl  *kgo.Client
+	pos *atomic.Uint64 // the confirmed position the status goroutine reports
+
+	mu  sync.Mutex
+	ms  []float64 // commit to acknowledgement, per transaction
+	err error
+}
+
+func newBareProducer(broker string, pos *atomic.Uint64) (*bareProducer, error) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(broker), kgo.RequiredAcks(kgo.AllISRAcks()),
+		kgo.ProducerLinger(0), kgo.ProducerBatchCompression(kgo.NoCompression()),
+		kgo.DefaultProduceTopic(bareTopic), kgo.AllowAutoTopicCreation())
+	if err != nil {
+		return nil, fmt.Errorf("kafka client: %w", err)
+	}
+	return &bareProducer{cl: cl, pos: pos}, nil
+}
+
+// bareTopic is where the reference consumer produces in -produce mode.
+const bareTopic = "bare.order"
+
+func (p *bareProducer) produce(value []byte, c *pglogrepl.CommitMessage) {
+	end := uint64(c.TransactionEndLSN)
+	p.cl.Produce(context.Background(), &kgo.Record{Value: value}, func(_ *kgo.Record, err error) {
+		acked := time.Now()
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if err != nil {
+			p.err = cmp.Or(p.err, fmt.Errorf("produce: %w", err))
+			return
+		}
+		p.ms = append(p.ms, ms(acked.Sub(c.CommitTime)))
+		// One partition's promises arrive in produce order, and the
+		// default partitioner keeps to one partition while batches are
+		// single records; max makes the position safe either way.
+		p.pos.Store(max(p.pos.Load(), end))
+	})
 }
 
 // bareLoopProc is a running reference consumer.
@@ -176,17 +255,18 @@ type bareLoopProc struct {
 
 // startBareLoop starts the reference consumer on slot, waiting for n
 // transactions.
-func startBareLoop(env *benchEnv, url, slot string, n int) (*bareLoopProc, error) {
+func startBareLoop(env *benchEnv, url, slot string, n int, extra ...string) (*bareLoopProc, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
 	p := &bareLoopProc{done: make(chan struct{})}
-	p.cmd = exec.Command(self, bareLoopCommand, "-url", url, "-slot", slot, "-publication", env.publication, "-n", strconv.Itoa(n))
+	args := append([]string{bareLoopCommand, "-url", url, "-slot", slot, "-publication", env.publication, "-n", strconv.Itoa(n)}, extra...)
+	p.cmd = exec.Command(self, args...)
 	// A runtime setting under test (-relay-env GOMAXPROCS=1, GOGC=...)
 	// applies to the reference too.
 	p.cmd.Env = append(os.Environ(), env.relayExtraEnv...)
-	logf, err := os.Create(filepath.Join(env.workDir, "bare-latency-loop.log"))
+	logf, err := os.Create(filepath.Join(env.workDir, slot+".log"))
 	if err != nil {
 		return nil, err
 	}

@@ -56,6 +56,11 @@ type latencyResult struct {
 	// in a process of its own, receiving the same transactions at the same
 	// time (see bareLatencyMain).
 	Bare *bareLatencyResult `json:"bare_pglogrepl,omitempty"`
+	// BareProduce is the second reference: the bare loop producing each
+	// transaction's insert to the same kfake with franz-go and confirming
+	// it once acknowledged (-produce), on a third slot and process. Its
+	// latencies run from commit to the acknowledgement.
+	BareProduce *bareLatencyResult `json:"bare_pglogrepl_franz_go,omitempty"`
 	// Slow lists, for rows over 20 ms, when they committed (seconds into
 	// the run) and their latency, merged into windows; OthersBusy is the
 	// machine's CPU share used by everything but the relay, PostgreSQL and
@@ -113,8 +118,8 @@ func runLatency(ctx context.Context, env *benchEnv, rate int, d time.Duration, p
 	defer kf.Close()
 	broker := kf.ListenAddrs()[0]
 
-	const slot, bareSlot = "latency_relay", "latency_bare"
-	if err := createSlots(ctx, url, []string{slot, bareSlot}); err != nil {
+	const slot, bareSlot, produceSlot = "latency_relay", "latency_bare", "latency_bare_produce"
+	if err := createSlots(ctx, url, []string{slot, bareSlot, produceSlot}); err != nil {
 		return nil, err
 	}
 	listen, err := freeAddr()
@@ -136,6 +141,14 @@ func runLatency(ctx context.Context, env *benchEnv, rate int, d time.Duration, p
 	}
 	defer bare.stop()
 	if err := waitActive(ctx, url, bareSlot, bare.done, "bare loop"); err != nil {
+		return nil, err
+	}
+	bareProduce, err := startBareLoop(env, url, produceSlot, n, "-produce", broker)
+	if err != nil {
+		return nil, err
+	}
+	defer bareProduce.stop()
+	if err := waitActive(ctx, url, produceSlot, bareProduce.done, "bare loop with a producer"); err != nil {
 		return nil, err
 	}
 
@@ -241,6 +254,7 @@ func runLatency(ctx context.Context, env *benchEnv, rate int, d time.Duration, p
 	others := machineBusy() - busy0 - (selfCPU() - self0) - (rs.cpu - cpu0) - (postgresCPU(env.pg.DataDir()) - pg0)
 	wall := time.Since(start)
 	bl, bareErr := bare.result(max(time.Until(deadline), time.Second))
+	bp, produceErr := bareProduce.result(max(time.Until(deadline), time.Second))
 	if perf != nil {
 		_ = perf.Process.Signal(syscall.SIGINT)
 		_ = perf.Wait()
@@ -249,7 +263,7 @@ func runLatency(ctx context.Context, env *benchEnv, rate int, d time.Duration, p
 		}
 	}
 	// The bare loop's CPU is its own process's: take it out of the others'.
-	others -= time.Duration(bl.CPUSeconds * float64(time.Second))
+	others -= time.Duration((bl.CPUSeconds + bp.CPUSeconds) * float64(time.Second))
 	cancel()
 	wg.Wait()
 	buckets, histErr := scrapeLatency(ctx, listen)
@@ -272,17 +286,7 @@ func runLatency(ctx context.Context, env *benchEnv, rate int, d time.Duration, p
 		res.RelayCPUPerRow = res.RelayCPUSeconds * 1e6 / rows
 		res.RelaySwitchesPerRow, res.RelayVoluntaryPerRow = float64(sw.total())/rows, float64(sw.voluntary)/rows
 	}
-	res.Bare = &bareLatencyResult{Received: len(bl.MS)}
-	if bareErr != nil {
-		res.Bare.Error = bareErr.Error()
-	}
-	if b := res.Bare; len(bl.MS) > 0 {
-		b.P50, b.P99, b.P999, b.Max = quantile(bl.MS, 0.5), quantile(bl.MS, 0.99), quantile(bl.MS, 0.999), quantile(bl.MS, 1)
-		if rows := float64(bl.Rows); rows > 0 {
-			b.CPUPerRow = bl.CPUSeconds * 1e6 / rows
-			b.SwitchesPerRow, b.VoluntaryPerRow = float64(bl.Voluntary+bl.Involuntary)/rows, float64(bl.Voluntary)/rows
-		}
-	}
+	res.Bare, res.BareProduce = bl.result(bareErr), bp.result(produceErr)
 	var recv []float64
 	type slow struct{ at, ms float64 }
 	var slows []slow
@@ -314,6 +318,22 @@ func runLatency(ctx context.Context, env *benchEnv, rate int, d time.Duration, p
 		return res, fmt.Errorf("only %d of %d rows arrived within 30s of the last insert (relay log %s)", res.Received, n, p.log)
 	}
 	return res, nil
+}
+
+// result summarises what a reference consumer reported, or why it failed.
+func (bl bareLatency) result(err error) *bareLatencyResult {
+	b := &bareLatencyResult{Received: len(bl.MS)}
+	if err != nil {
+		b.Error = err.Error()
+	}
+	if len(bl.MS) > 0 {
+		b.P50, b.P99, b.P999, b.Max = quantile(bl.MS, 0.5), quantile(bl.MS, 0.99), quantile(bl.MS, 0.999), quantile(bl.MS, 1)
+		if rows := float64(bl.Rows); rows > 0 {
+			b.CPUPerRow = bl.CPUSeconds * 1e6 / rows
+			b.SwitchesPerRow, b.VoluntaryPerRow = float64(bl.Voluntary+bl.Involuntary)/rows, float64(bl.Voluntary)/rows
+		}
+	}
+	return b
 }
 
 type bucket struct{ le, count float64 }
