@@ -16,6 +16,12 @@
 //	                 its ratio to relay->kafka is the cost of validation
 //	relay->rabbitmq  the same into RabbitMQ, a durable queue bound with "#"
 //	amqp091          a bare publisher, 1,000 confirms outstanding, same count and size
+//	pglogrepl->amqp091  the bare loop and that publisher on one goroutine, each
+//	                 insert's pgoutput message as a body of that size: the
+//	                 publisher with the WAL read on the same machine
+//
+// The latency run has two references of its own: the bare loop, and the
+// bare loop producing each insert with franz-go (bareLatencyMain).
 //
 // A relay run is timed to the moment the broker holds every row, and also
 // to the moment the slot's confirmed_flush_lsn passes the backlog, which
@@ -69,6 +75,9 @@ const (
 	cRelayKafkaSchemas = "relay->kafka+schemas"
 	cRelayRabbit       = "relay->rabbitmq"
 	cBareAMQP          = "amqp091 (bare)"
+	// cBarePipeline reads the WAL with pglogrepl and publishes with
+	// amqp091: the bare publisher plus a walsender's load.
+	cBarePipeline = "pglogrepl->amqp091"
 )
 
 type options struct {
@@ -377,7 +386,7 @@ func runWorkload(ctx context.Context, env *benchEnv, w workload, o options, rb *
 	rabbitReps := min(reps, 3)
 	if withRabbit {
 		for r := 1; r <= rabbitReps; r++ {
-			slots = append(slots, slotName("relay_rabbitmq", r))
+			slots = append(slots, slotName("relay_rabbitmq", r), slotName("bare_pipeline", r))
 		}
 		slots = append(slots, "relay_rabbitmq_spare")
 	}
@@ -490,6 +499,11 @@ func runWorkload(ctx context.Context, env *benchEnv, w workload, o options, rb *
 				}
 				break
 			}
+			quiet()
+			m, err := runBarePipeline(ctx, env, rb, db, slotName("bare_pipeline", r), end, w.Rows, body)
+			if i := add(m, err, cBarePipeline, r); i >= 0 {
+				wr.Runs[i].checkDelivered(w.Rows)
+			}
 		}
 		if profile {
 			if err := profileRelayRabbit(ctx, env, w, rb, url, db, end); err != nil {
@@ -532,7 +546,7 @@ func runBareAMQP(ctx context.Context, rb *rabbit, rows, body int) (measurement, 
 	defer rb.purge() // the next run purges first too
 	busy0, cpu0, b0 := machineBusy(), selfCPU(), rb.serverCPU()
 	m := measurement{launched: time.Now(), inProcess: true, Note: fmt.Sprintf("%d B bodies, the size of the relay's envelopes", body)}
-	err := bareAMQP(ctx, rb.url, rows, body)
+	err := bareAMQP(ctx, rb.url, rows, fixedBody(body))
 	m.done, m.consumerCPU, m.machineBusy, m.brokerCPU = time.Now(), selfCPU()-cpu0, machineBusy()-busy0, rb.serverCPU()-b0
 	if err != nil {
 		return m, err
@@ -631,7 +645,7 @@ func (wr *workloadResult) summarize() {
 			ref = cRecvlogical
 		case cRelayKafkaSchemas:
 			ref = cRelayKafka
-		case cRelayRabbit:
+		case cRelayRabbit, cBarePipeline:
 			ref = cBareAMQP
 		}
 		if ref != "" && rate[ref] > 0 && m.RowsPerSec > 0 {
@@ -673,7 +687,7 @@ func (m *measurement) finish(w workload) {
 	switch m.Consumer {
 	case cRelayKafka, cRelayKafkaSchemas:
 		m.BrokerCPUPer100k = per(m.benchCPU)
-	case cRelayRabbit, cBareAMQP:
+	case cRelayRabbit, cBareAMQP, cBarePipeline:
 		m.brokerCPU = max(m.brokerCPU, 0) // negative if the broker restarted
 		m.BrokerCPUPer100k = per(m.brokerCPU)
 	}
@@ -901,8 +915,15 @@ func targets(res *results) []string {
 			continue
 		}
 		m, ref := summaryOf(res, name, cRelayRabbit), summaryOf(res, name, cBareAMQP)
-		check(rate >= 0.9, "relay->rabbitmq at %s: %.0f rows/s against the bare amqp091 publisher's %.0f (medians); median of %d interleaved pairs x%.2f, relay CPU per row / the bare publisher's x%.2f (target >= 0.90)",
-			name, m.RowsPerSec, ref.RowsPerSec, n, rate, cpu)
+		// The pipeline reads the WAL too: what the bare publisher reaches
+		// with a walsender on the same machine, and the relay against it.
+		pipeline := ""
+		if pr, _, pn := pairedRatios(w.Runs, cBarePipeline, cBareAMQP, 1); pn > 0 {
+			rr, rc, _ := pairedRatios(w.Runs, cRelayRabbit, cBarePipeline, 1)
+			pipeline = fmt.Sprintf("; the bare pipeline (pglogrepl->amqp091) x%.2f of the publisher, the relay x%.2f of the pipeline (CPU per row x%.2f)", pr, rr, rc)
+		}
+		check(rate >= 0.9, "relay->rabbitmq at %s: %.0f rows/s against the bare amqp091 publisher's %.0f (medians); median of %d interleaved pairs x%.2f, relay CPU per row / the bare publisher's x%.2f%s (target >= 0.90)",
+			name, m.RowsPerSec, ref.RowsPerSec, n, rate, cpu, pipeline)
 	}
 	if w := workloadOf(res, "1kb-x100"); w != nil && summaryOf(res, w.Name, cRelayKafkaSchemas) != nil {
 		rate, cpu, n := pairedRatios(w.Runs, cRelayKafkaSchemas, cRelayKafka, quietPair)

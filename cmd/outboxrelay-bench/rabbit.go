@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
@@ -172,11 +174,22 @@ func (r *rabbit) purge() error {
 	})
 }
 
-// bareAMQP publishes n persistent messages of bodySize bytes with the
-// properties the sink sets (sinks/rabbitmq prepare), keeping
-// rabbitConfirms publishes unconfirmed: the ceiling of one amqp091
-// channel into this queue.
-func bareAMQP(ctx context.Context, url string, n, bodySize int) error {
+// fixedBody returns next for bareAMQP: bodySize bytes of letters, the same
+// for every message.
+func fixedBody(bodySize int) func() ([]byte, error) {
+	body := make([]byte, bodySize)
+	for i := range body {
+		body[i] = 'a' + byte(i%26)
+	}
+	return func() ([]byte, error) { return body, nil }
+}
+
+// bareAMQP publishes n persistent messages with the properties the sink
+// sets (sinks/rabbitmq prepare), keeping rabbitConfirms publishes
+// unconfirmed: the ceiling of one amqp091 channel into this queue. next
+// returns each body, on the publishing goroutine; the body may be reused
+// once the publish returns.
+func bareAMQP(ctx context.Context, url string, n int, next func() ([]byte, error)) error {
 	conn, err := dialRabbit(url)
 	if err != nil {
 		return err
@@ -190,10 +203,6 @@ func bareAMQP(ctx context.Context, url string, n, bodySize int) error {
 		return err
 	}
 	confirms := ch.NotifyPublish(make(chan amqp.Confirmation, 2*rabbitConfirms))
-	body := make([]byte, bodySize)
-	for i := range body {
-		body[i] = 'a' + byte(i%26)
-	}
 	slots := make(chan struct{}, rabbitConfirms)
 	acked := make(chan error, 1)
 	go func() {
@@ -226,6 +235,10 @@ func bareAMQP(ctx context.Context, url string, n, bodySize int) error {
 			}
 			return err
 		}
+		body, err := next()
+		if err != nil {
+			return err
+		}
 		id := strconv.Itoa(i)
 		pub := amqp.Publishing{
 			Headers: amqp.Table{
@@ -242,4 +255,88 @@ func bareAMQP(ctx context.Context, url string, n, bodySize int) error {
 		}
 	}
 	return <-acked
+}
+
+// walInserts returns next for bareAMQP in the bare pipeline: it receives
+// from conn's replication stream until the next pgoutput Insert, answering
+// keepalives with the position received so far, and returns the Insert's
+// bytes copied into a body of bodySize bytes (cut or padded): about the
+// work of a relay that neither decodes the row nor builds an envelope.
+func walInserts(ctx context.Context, conn *pgconn.PgConn, bodySize int) func() ([]byte, error) {
+	body := make([]byte, bodySize)
+	var pos pglogrepl.LSN
+	return func() ([]byte, error) {
+		for {
+			msg, err := conn.ReceiveMessage(context.Background())
+			if err != nil {
+				if ctx.Err() != nil {
+					return nil, ctx.Err()
+				}
+				return nil, fmt.Errorf("receive: %w", err)
+			}
+			xld, ka, err := replicationMessage(msg)
+			switch {
+			case err != nil:
+				return nil, err
+			case xld != nil:
+				pos = max(pos, xld.WALStart)
+				if len(xld.WALData) > 0 && xld.WALData[0] == 'I' {
+					clear(body[copy(body, xld.WALData):])
+					return body, nil
+				}
+			case ka != nil && ka.ReplyRequested:
+				err := pglogrepl.SendStandbyStatusUpdate(ctx, conn, pglogrepl.StandbyStatusUpdate{
+					WALWritePosition: pos, WALFlushPosition: pos, WALApplyPosition: pos, ClientTime: time.Now(),
+				})
+				if err != nil {
+					return nil, fmt.Errorf("send status: %w", err)
+				}
+			}
+		}
+	}
+}
+
+// runBarePipeline drains slot's rows bareLoop's way and publishes each
+// insert with bareAMQP, on one goroutine as the relay's stream does: the
+// reference that reads the WAL too, so that it shares the machine with a
+// walsender as the relay does.
+func runBarePipeline(ctx context.Context, env *benchEnv, rb *rabbit, db, slot string, end pglogrepl.LSN, rows, bodySize int) (measurement, error) {
+	if err := rb.purge(); err != nil {
+		return measurement{}, err
+	}
+	defer rb.purge() // the next run purges first too
+	watch, err := watchSlot(ctx, env.pg.URL(db), slot, end)
+	if err != nil {
+		return measurement{}, err
+	}
+	cfg, err := pgconn.ParseConfig(env.pg.URL(db))
+	if err != nil {
+		watch.close()
+		return measurement{}, err
+	}
+	cfg.RuntimeParams["replication"] = "database"
+	busy0, cpu0, b0 := machineBusy(), selfCPU(), rb.serverCPU()
+	m := measurement{launched: time.Now(), inProcess: true, Note: fmt.Sprintf("%d B bodies, the size of the relay's envelopes", bodySize)}
+	err = func() error {
+		conn, err := pgconn.ConnectConfig(ctx, cfg)
+		if err != nil {
+			return fmt.Errorf("connect for replication: %w", err)
+		}
+		defer conn.Close(context.WithoutCancel(ctx))
+		if err := pglogrepl.StartReplication(ctx, conn, slot, 0, pglogrepl.StartReplicationOptions{PluginArgs: pluginArgs(env.publication)}); err != nil {
+			return fmt.Errorf("start replication: %w", err)
+		}
+		stop := context.AfterFunc(ctx, func() { _ = conn.Conn().Close() })
+		defer stop()
+		return bareAMQP(ctx, rb.url, rows, walInserts(ctx, conn, bodySize))
+	}()
+	m.done, m.consumerCPU, m.machineBusy, m.brokerCPU = time.Now(), selfCPU()-cpu0, machineBusy()-busy0, rb.serverCPU()-b0
+	ws, started := watch.close()
+	m.walsenderCPU, m.streamed = ws.cpu, started
+	if err != nil {
+		return m, err
+	}
+	n, _, err := rb.settle(ctx, rows)
+	m.Delivered = int64(n)
+	return m, err
 }
