@@ -14,6 +14,9 @@
 //	relay->kafka+schemas  the same with relay.schemas.dir set, every row
 //	                 validated against a JSON Schema (1 KB, 100 rows/txn only):
 //	                 its ratio to relay->kafka is the cost of validation
+//	pglogrepl->franz-go  the bare loop producing each insert's pgoutput message
+//	                 to kfake with the sink's producer settings: the relay's
+//	                 two libraries and nothing else
 //	relay->rabbitmq  the same into RabbitMQ, a durable queue bound with "#"
 //	amqp091          a bare publisher, 1,000 confirms outstanding, same count and size
 //	pglogrepl->amqp091  the bare loop and that publisher on one goroutine, each
@@ -78,6 +81,9 @@ const (
 	// cBarePipeline reads the WAL with pglogrepl and publishes with
 	// amqp091: the bare publisher plus a walsender's load.
 	cBarePipeline = "pglogrepl->amqp091"
+	// cBareKafka reads the WAL with pglogrepl and produces with franz-go
+	// (barePipelineMain): the relay's two libraries and nothing else.
+	cBareKafka = "pglogrepl->franz-go"
 )
 
 type options struct {
@@ -103,6 +109,13 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == bareLoopCommand {
 		if err := bareLatencyMain(os.Args[2:]); err != nil {
 			fmt.Fprintln(os.Stderr, bareLoopCommand+":", err)
+			os.Exit(1)
+		}
+		return
+	}
+	if len(os.Args) > 1 && os.Args[1] == barePipelineCommand {
+		if err := barePipelineMain(os.Args[2:]); err != nil {
+			fmt.Fprintln(os.Stderr, barePipelineCommand+":", err)
 			os.Exit(1)
 		}
 		return
@@ -376,7 +389,7 @@ func runWorkload(ctx context.Context, env *benchEnv, w workload, o options, rb *
 	withSchemas := w.Payload == 1024 && w.RowsPerTxn == 100
 	var slots []string
 	for r := 1; r <= reps; r++ {
-		slots = append(slots, slotName("recvlogical", r), slotName("pglogrepl", r), slotName("relay_kafka", r))
+		slots = append(slots, slotName("recvlogical", r), slotName("pglogrepl", r), slotName("relay_kafka", r), slotName("bare_kafka", r))
 		if withSchemas {
 			slots = append(slots, slotName("relay_kafka_schemas", r))
 		}
@@ -438,6 +451,11 @@ func runWorkload(ctx context.Context, env *benchEnv, w workload, o options, rb *
 		quiet()
 		m, err = runRelayKafka(ctx, env, w, url, db, slotName("relay_kafka", r), end, "")
 		if i := add(m, err, cRelayKafka, r); i >= 0 {
+			wr.Runs[i].checkDelivered(w.Rows)
+		}
+		quiet()
+		m, err = runBareKafkaPipeline(ctx, env, w, db, slotName("bare_kafka", r), end)
+		if i := add(m, err, cBareKafka, r); i >= 0 {
 			wr.Runs[i].checkDelivered(w.Rows)
 		}
 		if withSchemas {
@@ -641,7 +659,7 @@ func (wr *workloadResult) summarize() {
 		m := &wr.Summary[i]
 		ref := ""
 		switch m.Consumer {
-		case cPglogrepl, cRelayKafka:
+		case cPglogrepl, cRelayKafka, cBareKafka:
 			ref = cRecvlogical
 		case cRelayKafkaSchemas:
 			ref = cRelayKafka
@@ -685,7 +703,7 @@ func (m *measurement) finish(w workload) {
 	m.CPUPer100k = per(m.consumerCPU)
 	m.WalsenderCPUPer100k = per(m.walsenderCPU)
 	switch m.Consumer {
-	case cRelayKafka, cRelayKafkaSchemas:
+	case cRelayKafka, cRelayKafkaSchemas, cBareKafka:
 		m.BrokerCPUPer100k = per(m.benchCPU)
 	case cRelayRabbit, cBareAMQP, cBarePipeline:
 		m.brokerCPU = max(m.brokerCPU, 0) // negative if the broker restarted
@@ -900,8 +918,13 @@ func targets(res *results) []string {
 		goal     float64
 	}{{"1kb-x100", 0.8}, {"10kb-toast-x10", 0.95}} {
 		if m, ref := summaryOf(res, t.workload, cRelayKafka), summaryOf(res, t.workload, cRecvlogical); m != nil && ref != nil && m.RatioOf != "" {
-			check(m.Ratio >= t.goal, "relay->kafka at %s: %.0f rows/s, %.2f of pg_recvlogical's %.0f (medians; target >= %.2f)",
-				t.workload, m.RowsPerSec, m.Ratio, ref.RowsPerSec, t.goal)
+			bare := ""
+			if b := summaryOf(res, t.workload, cBareKafka); b != nil && b.RowsPerSec > 0 && b.CPUPer100k > 0 {
+				bare = fmt.Sprintf("; the bare pipeline (pglogrepl->franz-go) %.2f, the relay x%.2f of its rows/s and x%.2f of its CPU per row",
+					b.Ratio, m.RowsPerSec/b.RowsPerSec, m.CPUPer100k/b.CPUPer100k)
+			}
+			check(m.Ratio >= t.goal, "relay->kafka at %s: %.0f rows/s, %.2f of pg_recvlogical's %.0f (medians%s; target >= %.2f)",
+				t.workload, m.RowsPerSec, m.Ratio, ref.RowsPerSec, bare, t.goal)
 		}
 	}
 	// Into RabbitMQ: the best safe bare publisher, at 1 KB and at 10 KB.
