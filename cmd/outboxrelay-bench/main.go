@@ -286,8 +286,8 @@ func run(ctx context.Context, o options) error {
 		"checkpoint_timeout":    "1h",
 		"shared_buffers":        "512MB",
 		"wal_buffers":           "64MB",
-		"max_wal_senders":       "30",
-		"max_replication_slots": "30",
+		"max_wal_senders":       "64",
+		"max_replication_slots": "64",
 		// The tables are insert-only; autovacuum would only add noise.
 		"autovacuum": "off",
 	}})
