@@ -254,7 +254,7 @@ func run(ctx context.Context, o options) error {
 	}
 
 	if o.micro {
-		fmt.Println("== micro-benchmarks: go test -run='^$' -bench=. -benchmem ./cdc ./envelope ./schema")
+		fmt.Println("== micro-benchmarks: go test -run='^$' -bench=. -benchmem ./cdc ./envelope ./internal/schema")
 		lines, err := microBenchmarks(ctx, root)
 		res.Micro = lines
 		if err != nil {
@@ -860,7 +860,7 @@ func gitState(root string) (commit string, dirty bool) {
 // microBenchmarks runs the Go benchmarks, streaming their output, and
 // returns the result lines.
 func microBenchmarks(ctx context.Context, root string) ([]string, error) {
-	cmd := exec.CommandContext(ctx, "go", "test", "-run=^$", "-bench=.", "-benchmem", "./cdc", "./envelope", "./schema")
+	cmd := exec.CommandContext(ctx, "go", "test", "-run=^$", "-bench=.", "-benchmem", "./cdc", "./envelope", "./internal/schema")
 	cmd.Dir, cmd.Stderr = root, os.Stderr
 	pr, err := cmd.StdoutPipe()
 	if err != nil {
