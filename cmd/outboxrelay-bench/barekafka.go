@@ -41,11 +41,10 @@ func barePipelineMain(args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	cfg, err := pgconn.ParseConfig(*url)
+	cfg, err := replicationConfig(*url)
 	if err != nil {
 		return err
 	}
-	cfg.RuntimeParams["replication"] = "database"
 	ctx := context.Background()
 	conn, err := pgconn.ConnectConfig(ctx, cfg)
 	if err != nil {
@@ -131,17 +130,11 @@ func barePipelineMain(args []string) error {
 // own, timed as runRelayKafka times the relay: until the broker holds
 // every row.
 func runBareKafkaPipeline(ctx context.Context, env *benchEnv, w workload, db, slot string, end pglogrepl.LSN) (measurement, error) {
-	kf, err := newKafka()
+	kb, err := newBenchKafka()
 	if err != nil {
 		return measurement{}, err
 	}
-	defer kf.Close() // frees the records
-	broker := kf.ListenAddrs()[0]
-	rc, err := newRecordCounter(broker)
-	if err != nil {
-		return measurement{}, err
-	}
-	defer rc.close()
+	defer kb.close()
 	watch, err := watchSlot(ctx, env.pg.URL(db), slot, end)
 	if err != nil {
 		return measurement{}, err
@@ -158,28 +151,14 @@ func runBareKafkaPipeline(ctx context.Context, env *benchEnv, w workload, db, sl
 	}
 	defer logf.Close()
 	cmd := exec.CommandContext(ctx, self, barePipelineCommand, "-url", env.pg.URL(db), "-slot", slot,
-		"-publication", env.publication, "-broker", broker, "-rows", strconv.Itoa(w.Rows))
+		"-publication", env.publication, "-broker", kb.addr, "-rows", strconv.Itoa(w.Rows))
 	cmd.Stdout, cmd.Stderr = logf, logf
-	busy0, self0 := machineBusy(), selfCPU()
-	launched := time.Now()
-	err = cmd.Start()
-	if err == nil {
-		watch.track(cmd.Process.Pid)
-		err = cmd.Wait()
-	}
 	// The process exits once every record is acknowledged, and kfake
 	// appends a batch before it acknowledges it: the broker holds them all.
-	done := time.Now()
-	busy, bench := machineBusy()-busy0, selfCPU()-self0
-	ws, started := watch.close()
+	m, err := runConsumer(cmd, watch)
 	if err != nil {
 		return measurement{}, fmt.Errorf("%s: %w (log in %s)", barePipelineCommand, err, logf.Name())
 	}
-	m := measurement{launched: launched, streamed: started, done: done,
-		walsenderCPU: ws.cpu, benchCPU: bench, machineBusy: busy, PeakRSSMB: float64(watch.hwmKiB) / 1024}
-	if st := cmd.ProcessState; st != nil {
-		m.consumerCPU = st.UserTime() + st.SystemTime()
-	}
-	m.Delivered, err = rc.count(ctx)
+	m.Delivered, err = kb.rc.count(ctx)
 	return m, err
 }

@@ -69,11 +69,10 @@ func bareLatencyMain(args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	cfg, err := pgconn.ParseConfig(*url)
+	cfg, err := replicationConfig(*url)
 	if err != nil {
 		return err
 	}
-	cfg.RuntimeParams["replication"] = "database"
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() {

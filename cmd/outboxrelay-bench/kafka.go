@@ -21,6 +21,33 @@ func newKafka() (*kfake.Cluster, error) {
 	return kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, topic), kfake.AllowAutoTopicCreation())
 }
 
+// benchKafka is a workload run's own broker and a counter of its records.
+type benchKafka struct {
+	kf   *kfake.Cluster
+	addr string
+	rc   *recordCounter
+}
+
+func newBenchKafka() (*benchKafka, error) {
+	kf, err := newKafka()
+	if err != nil {
+		return nil, err
+	}
+	addr := kf.ListenAddrs()[0]
+	rc, err := newRecordCounter(addr)
+	if err != nil {
+		kf.Close()
+		return nil, err
+	}
+	return &benchKafka{kf: kf, addr: addr, rc: rc}, nil
+}
+
+// close stops the counter and the broker, which frees the records.
+func (b *benchKafka) close() {
+	b.rc.close()
+	b.kf.Close()
+}
+
 // recordCounter counts the records in topic: the sum of the partitions'
 // end offsets. kfake appends a batch just before it acknowledges it, so the
 // count is what the broker has acknowledged.

@@ -603,22 +603,16 @@ func runRelayKafka(ctx context.Context, env *benchEnv, w workload, url, db, slot
 
 // runRelayKafkaWith is runRelayKafka with extra YAML appended to the relay's configuration.
 func runRelayKafkaWith(ctx context.Context, env *benchEnv, w workload, url, db, slot string, end pglogrepl.LSN, profile, extra string) (measurement, error) {
-	kf, err := newKafka()
+	kb, err := newBenchKafka()
 	if err != nil {
 		return measurement{}, err
 	}
-	defer kf.Close() // frees the records
-	broker := kf.ListenAddrs()[0]
-	rc, err := newRecordCounter(broker)
-	if err != nil {
-		return measurement{}, err
-	}
-	defer rc.close()
-	m, err := runRelay(ctx, env, "relay-kafka-"+w.Name, func(listen string) string { return kafkaConfig(url, broker, listen) + extra }, db, slot, end, w.Rows, rc.count, 10*time.Millisecond, profile)
+	defer kb.close()
+	m, err := runRelay(ctx, env, "relay-kafka-"+w.Name, func(listen string) string { return kafkaConfig(url, kb.addr, listen) + extra }, db, slot, end, w.Rows, kb.rc.count, 10*time.Millisecond, profile)
 	if err != nil {
 		return m, err
 	}
-	m.Delivered, err = rc.count(ctx)
+	m.Delivered, err = kb.rc.count(ctx)
 	return m, err
 }
 
@@ -1051,6 +1045,20 @@ func pairedRatios(runs []measurement, a, b string, maxBusy float64) (rate, cpu f
 	return median(rates), median(cpus), len(rates)
 }
 
+// print writes a latency reference's lines: what it is, how many rows it
+// counted, its latencies (what names their span) and cost, and its error.
+func (b *bareLatencyResult) print(out io.Writer, what, counted, span, name string) {
+	if b == nil {
+		return
+	}
+	fmt.Fprintf(out, "  reference, %s: %d %s\n", what, b.Received, counted)
+	fmt.Fprintf(out, "    %s: p50 %.2f ms  p99 %.2f ms  p99.9 %.2f ms  max %.2f ms; %.0f µs, %.1f context switches (%.1f voluntary) per row\n",
+		span, b.P50, b.P99, b.P999, b.Max, b.CPUPerRow, b.SwitchesPerRow, b.VoluntaryPerRow)
+	if b.Error != "" {
+		fmt.Fprintf(out, "    %s: %s\n", name, b.Error)
+	}
+}
+
 // printReport prints the table and the latency.
 func printReport(out io.Writer, res *results) {
 	fmt.Fprintf(out, "\n== results (%s, %d CPUs, load %.2f at start, PostgreSQL %s, %s%s)\n",
@@ -1124,22 +1132,10 @@ func printReport(out io.Writer, res *results) {
 		}
 		fmt.Fprintf(out, "  relay: %.2f CPU s over the run (%.0f µs, %.1f context switches, %.1f of them voluntary, per row), peak RSS %.0f MB; the rest of the machine used %.0f%% of its CPU meanwhile\n",
 			l.RelayCPUSeconds, l.RelayCPUPerRow, l.RelaySwitchesPerRow, l.RelayVoluntaryPerRow, l.PeakRSSMB, 100*l.OthersBusy)
-		if b := l.Bare; b != nil {
-			fmt.Fprintf(out, "  reference, a bare pglogrepl loop on its own slot and process, same transactions at the same time: %d received\n", b.Received)
-			fmt.Fprintf(out, "    commit -> receipt of the Commit message: p50 %.2f ms  p99 %.2f ms  p99.9 %.2f ms  max %.2f ms; %.0f µs, %.1f context switches (%.1f voluntary) per row\n",
-				b.P50, b.P99, b.P999, b.Max, b.CPUPerRow, b.SwitchesPerRow, b.VoluntaryPerRow)
-			if b.Error != "" {
-				fmt.Fprintf(out, "    bare loop: %s\n", b.Error)
-			}
-		}
-		if b := l.BareProduce; b != nil {
-			fmt.Fprintf(out, "  reference, the same loop producing each transaction's insert with franz-go (acks=all, idempotent, no linger) to the relay's kfake and confirming it once acknowledged, on a third slot and process: %d acknowledged\n", b.Received)
-			fmt.Fprintf(out, "    commit -> acknowledgement: p50 %.2f ms  p99 %.2f ms  p99.9 %.2f ms  max %.2f ms; %.0f µs, %.1f context switches (%.1f voluntary) per row\n",
-				b.P50, b.P99, b.P999, b.Max, b.CPUPerRow, b.SwitchesPerRow, b.VoluntaryPerRow)
-			if b.Error != "" {
-				fmt.Fprintf(out, "    bare loop with a producer: %s\n", b.Error)
-			}
-		}
+		l.Bare.print(out, "a bare pglogrepl loop on its own slot and process, same transactions at the same time", "received",
+			"commit -> receipt of the Commit message", "bare loop")
+		l.BareProduce.print(out, "the same loop producing each transaction's insert with franz-go (acks=all, idempotent, no linger) to the relay's kfake and confirming it once acknowledged, on a third slot and process", "acknowledged",
+			"commit -> acknowledgement", "bare loop with a producer")
 		for _, w := range l.Slow {
 			fmt.Fprintf(out, "  slow: %d rows over 20 ms committed between %.2fs and %.2fs into the run, up to %.1f ms\n", w.Rows, w.From, w.To, w.MaxMS)
 		}

@@ -309,12 +309,11 @@ func runBarePipeline(ctx context.Context, env *benchEnv, rb *rabbit, db, slot st
 	if err != nil {
 		return measurement{}, err
 	}
-	cfg, err := pgconn.ParseConfig(env.pg.URL(db))
+	cfg, err := replicationConfig(env.pg.URL(db))
 	if err != nil {
 		watch.close()
 		return measurement{}, err
 	}
-	cfg.RuntimeParams["replication"] = "database"
 	busy0, cpu0, b0 := machineBusy(), selfCPU(), rb.serverCPU()
 	m := measurement{launched: time.Now(), inProcess: true, Note: fmt.Sprintf("%d B bodies, the size of the relay's envelopes", bodySize)}
 	err = func() error {

@@ -134,9 +134,23 @@ func runRecvlogical(ctx context.Context, env *benchEnv, db, slot string, end pgl
 	}
 	defer logf.Close()
 	cmd.Stdout, cmd.Stderr = logf, logf
+	m, err := runConsumer(cmd, watch)
+	if err != nil {
+		return measurement{}, fmt.Errorf("pg_recvlogical: %w (log in %s)", err, logf.Name())
+	}
+	return m, nil
+}
+
+// runConsumer runs cmd, a consumer of watch's slot, to its exit, and closes
+// watch. The measurement ends when the process exits and holds its CPU
+// time, the walsender's, and this process's as benchCPU (kfake's, when it
+// runs here). The CPU time comes from wait4; the peak RSS from /proc,
+// because ru_maxrss of a child forked from this process counts this
+// process's memory too.
+func runConsumer(cmd *exec.Cmd, watch *slotWatch) (measurement, error) {
 	busy0, self0 := machineBusy(), selfCPU()
 	launched := time.Now()
-	err = cmd.Start()
+	err := cmd.Start()
 	if err == nil {
 		watch.track(cmd.Process.Pid)
 		err = cmd.Wait()
@@ -145,17 +159,24 @@ func runRecvlogical(ctx context.Context, env *benchEnv, db, slot string, end pgl
 	busy, self := machineBusy()-busy0, selfCPU()-self0
 	ws, started := watch.close()
 	if err != nil {
-		return measurement{}, fmt.Errorf("pg_recvlogical: %w (log in %s)", err, logf.Name())
+		return measurement{}, err
 	}
-	// The CPU time comes from wait4; the peak RSS from /proc, because
-	// ru_maxrss of a child forked from this process counts this process's
-	// memory too.
 	m := measurement{launched: launched, streamed: started, done: done,
 		walsenderCPU: ws.cpu, benchCPU: self, machineBusy: busy, PeakRSSMB: float64(watch.hwmKiB) / 1024}
 	if st := cmd.ProcessState; st != nil {
 		m.consumerCPU = st.UserTime() + st.SystemTime()
 	}
 	return m, nil
+}
+
+// replicationConfig parses url for a replication connection.
+func replicationConfig(url string) (*pgconn.Config, error) {
+	cfg, err := pgconn.ParseConfig(url)
+	if err != nil {
+		return nil, err
+	}
+	cfg.RuntimeParams["replication"] = "database"
+	return cfg, nil
 }
 
 // runBareReplication drains slot with a minimal pglogrepl loop in this
@@ -167,12 +188,11 @@ func runBareReplication(ctx context.Context, env *benchEnv, db, slot string, end
 	if err != nil {
 		return measurement{}, err
 	}
-	cfg, err := pgconn.ParseConfig(env.pg.URL(db))
+	cfg, err := replicationConfig(env.pg.URL(db))
 	if err != nil {
 		watch.close()
 		return measurement{}, err
 	}
-	cfg.RuntimeParams["replication"] = "database"
 	busy0, cpu0 := machineBusy(), selfCPU()
 	launched := time.Now()
 	err = bareLoop(ctx, cfg, slot, env.publication, end)
