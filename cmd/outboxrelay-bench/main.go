@@ -137,7 +137,7 @@ func main() {
 	flag.IntVar(&o.count, "count", 5, "repetitions of the PostgreSQL-side consumers; the table shows the median")
 	flag.IntVar(&o.countMaxRows, "count-max-rows", 200_000, "workloads with more rows run at most twice (the table then shows the faster run)")
 	flag.DurationVar(&o.timeout, "timeout", 30*time.Minute, "give up after this long")
-	flag.BoolVar(&o.micro, "micro", true, "run the cdc and envelope micro-benchmarks (go test -bench)")
+	flag.BoolVar(&o.micro, "micro", true, "run the cdc, envelope and internal/schema micro-benchmarks (go test -bench)")
 	flag.Parse()
 	if o.quick {
 		o.rows, o.bigTxRows, o.latencyFor = 20_000, 200_000, 5*time.Second
@@ -394,7 +394,7 @@ func runWorkload(ctx context.Context, env *benchEnv, w workload, o options, rb *
 			slots = append(slots, slotName("relay_kafka_schemas", r))
 		}
 	}
-	// The RabbitMQ pair (relay, bare publisher) repeats too, interleaved;
+	// The RabbitMQ triple (relay, bare publisher, pipeline) repeats too, interleaved;
 	// a spare slot repeats one relay run after a broker restart.
 	rabbitReps := min(reps, 3)
 	if withRabbit {
