@@ -235,24 +235,26 @@ func (b *Builder) finish(em *envelope.Message, table, traceparent string, lsn cd
 	}
 	m.Headers, m.Tracestate = b.brokerHeaders(m, headers, traceparent)
 	b.startSpan(m, em, traceparent != "" && m.Traceparent == traceparent)
-	buf := getBuffer(em.SizeHint() + len(b.cfg.CloudEventsSource))
+	size := em.SizeHint() + len(b.cfg.CloudEventsSource)
 	switch b.cfg.Format {
 	case FormatCloudEvents:
-		m.Envelope = em.AppendCloudEvent(buf, b.cfg.CloudEventsSource)
+		m.Envelope = em.AppendCloudEvent(getBuffer(size), b.cfg.CloudEventsSource)
 		m.pooled = true
 		m.ContentType = "application/cloudevents+json"
 	case FormatCloudEventsBinary:
+		// The body is a copy of its own, outside the pool: taking a pooled
+		// buffer here only to drop it cost a pool round trip per message.
 		body, ct := em.CloudEventData()
-		m.Envelope = append(buf[:0:0], body...)
+		m.Envelope = append(make([]byte, 0, len(body)), body...)
 		m.ContentType = ct
 		m.Attributes = em.CloudEventAttributes(b.cfg.CloudEventsSource)
 	case FormatDebezium:
 		d := em.Debezium()
-		m.Envelope = append(buf, d.Value...)
+		m.Envelope = append(getBuffer(size), d.Value...)
 		m.pooled = true
 		m.ContentType = d.ContentType
 	default:
-		m.Envelope = em.AppendJSON(buf)
+		m.Envelope = em.AppendJSON(getBuffer(size))
 		m.pooled = true
 	}
 	return m, errors.Join(errs...)

@@ -126,6 +126,20 @@ func encodeHeaders(m *relay.Message) (headers, attrs []byte, err error) {
 	return headers, attrs, nil
 }
 
+// decodeHeaders is the inverse of encodeHeaders: the row headers and the
+// attributes (nil when the column is empty) of a stored message.
+func decodeHeaders(headers, attrs json.RawMessage) (hs, as []envelope.Header, err error) {
+	if hs, err = envelope.ParseHeaders(headers); err != nil {
+		return nil, nil, err
+	}
+	if len(attrs) > 0 {
+		if as, err = envelope.ParseHeaders(attrs); err != nil {
+			return nil, nil, fmt.Errorf("attributes: %w", err)
+		}
+	}
+	return hs, as, nil
+}
+
 func nullJSON(b []byte) any {
 	if b == nil {
 		return nil
@@ -183,19 +197,13 @@ func (s *DeadLetters) List(ctx context.Context, f DeadLetterFilter) ([]DeadLette
 
 // Message rebuilds the relay message of a dead letter for publishing again.
 func (l *DeadLetter) Message() (*relay.Message, error) {
-	headers, err := envelope.ParseHeaders(l.Headers)
+	headers, attrs, err := decodeHeaders(l.Headers, l.Attributes)
 	if err != nil {
 		return nil, fmt.Errorf("dead letter %d: %w", l.ID, err)
 	}
 	body := l.Body
 	if body == nil { // stored before the body column existed
 		body = []byte(l.Envelope)
-	}
-	var attrs []envelope.Header
-	if len(l.Attributes) > 0 {
-		if attrs, err = envelope.ParseHeaders(l.Attributes); err != nil {
-			return nil, fmt.Errorf("dead letter %d attributes: %w", l.ID, err)
-		}
 	}
 	return &relay.Message{
 		ID: l.MessageID, AggregateType: l.AggregateType, AggregateID: l.AggregateID, EventType: l.EventType,

@@ -10,7 +10,6 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/outboxrelay/outboxrelay/envelope"
 	"github.com/outboxrelay/outboxrelay/relay"
 )
 
@@ -138,15 +137,9 @@ func (s *DeadLetters) chain(ctx context.Context, head int64) ([]ParkedMessage, e
 
 // Message rebuilds the relay message of a parked message.
 func (p *ParkedMessage) Message() (*relay.Message, error) {
-	headers, err := envelope.ParseHeaders(p.Headers)
+	headers, attrs, err := decodeHeaders(p.Headers, p.Attributes)
 	if err != nil {
 		return nil, fmt.Errorf("parked message %d: %w", p.ID, err)
-	}
-	var attrs []envelope.Header
-	if len(p.Attributes) > 0 {
-		if attrs, err = envelope.ParseHeaders(p.Attributes); err != nil {
-			return nil, fmt.Errorf("parked message %d attributes: %w", p.ID, err)
-		}
 	}
 	return &relay.Message{
 		ID: p.MessageID, AggregateType: p.AggregateType, AggregateID: p.AggregateID, EventType: p.EventType,
