@@ -50,10 +50,21 @@ type CoverageState struct {
 	// Others lists tables the publication sends that are neither configured
 	// nor partitions of a configured table.
 	Others []string
+	// Filtered maps each configured table that the publication sends only
+	// in part (PostgreSQL 15+: a row filter or a column list on its
+	// pg_publication_rel row) to what leaves rows or columns out.
+	Filtered map[string]string
+	// Unlogged maps each configured table to its UNLOGGED partitions (or to
+	// itself when it is UNLOGGED): inserts into them never reach the WAL.
+	Unlogged map[string][]string
 	// Guarded reports whether the coverage event trigger is installed and
 	// enabled.
 	Guarded bool
 }
+
+// FilterVersion is the first PostgreSQL version (server_version_num) whose
+// publications can filter rows and columns per table.
+const FilterVersion = 150000
 
 // CatalogReader runs read-only queries: *pgx.Conn and *pgxpool.Pool satisfy it.
 type CatalogReader interface {
@@ -69,7 +80,12 @@ type Querier interface {
 
 // ReadCoverage reads the state of publication pub for tables (schema.name).
 func ReadCoverage(ctx context.Context, q CatalogReader, pub string, tables []string) (CoverageState, error) {
-	s := CoverageState{Publication: pub, Tables: map[string]TableState{}, Published: map[string]bool{}}
+	s := CoverageState{Publication: pub, Tables: map[string]TableState{}, Published: map[string]bool{},
+		Filtered: map[string]string{}, Unlogged: map[string][]string{}}
+	var version int
+	if err := q.QueryRow(ctx, `SELECT current_setting('server_version_num')::int`).Scan(&version); err != nil {
+		return s, fmt.Errorf("read server_version_num: %w", err)
+	}
 	var pubOID uint32
 	err := q.QueryRow(ctx, `SELECT oid, pubinsert, pubviaroot, puballtables FROM pg_publication WHERE pubname = $1`, pub).
 		Scan(&pubOID, &s.Insert, &s.ViaRoot, &s.AllTables)
@@ -106,6 +122,35 @@ func ReadCoverage(ctx context.Context, q CatalogReader, pub string, tables []str
 		s.Published[key] = published && s.Exists
 		if kind == "p" {
 			s.Partitioned = append(s.Partitioned, key)
+		}
+		if st.OID == 0 {
+			continue
+		}
+		if st.Member != 0 && version >= FilterVersion {
+			// With publish_via_partition_root the root's filter decides for
+			// its partitions' rows too.
+			var filter string
+			err := q.QueryRow(ctx, `SELECT concat_ws(' and ',
+					'row filter WHERE ' || pg_get_expr(pr.prqual, pr.prrelid),
+					'column list (' || (SELECT string_agg(a.attname, ', ' ORDER BY a.attnum) FROM pg_attribute a
+					                    WHERE a.attrelid = pr.prrelid AND a.attnum = ANY (pr.prattrs::int2[])) || ')')
+				FROM pg_publication_rel pr WHERE pr.oid = $1`, st.Member).Scan(&filter)
+			if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+				return s, fmt.Errorf("read the publication filters of %s: %w", key, err)
+			}
+			if filter != "" {
+				s.Filtered[key] = filter
+			}
+		}
+		var unlogged []string
+		err = q.QueryRow(ctx, `SELECT coalesce(array_agg(n.nspname || '.' || c.relname ORDER BY 1), '{}')
+			FROM pg_partition_tree($1::oid::regclass) t JOIN pg_class c ON c.oid = t.relid JOIN pg_namespace n ON n.oid = c.relnamespace
+			WHERE c.relpersistence = 'u'`, st.OID).Scan(&unlogged)
+		if err != nil {
+			return s, fmt.Errorf("read the persistence of %s and its partitions: %w", key, err)
+		}
+		if len(unlogged) > 0 {
+			s.Unlogged[key] = unlogged
 		}
 	}
 	if s.Exists && !s.AllTables {
@@ -165,8 +210,40 @@ func (s CoverageState) Problems() []string {
 			p = append(p, fmt.Sprintf("outbox table %s is not in publication %s (fix: ALTER PUBLICATION %s ADD TABLE %s)",
 				t, s.Publication, pub, pgx.Identifier{schema, name}.Sanitize()))
 		}
+		if f := s.Filtered[t]; f != "" {
+			p = append(p, FilteredProblem(t, s.Publication, f))
+		}
+		for _, u := range s.Unlogged[t] {
+			p = append(p, UnloggedProblem(t, u))
+		}
 	}
 	return p
+}
+
+// FilteredProblem says that publication pub sends table only in part
+// (filter: a row filter, a column list).
+func FilteredProblem(table, pub, filter string) string {
+	return fmt.Sprintf("outbox table %s is in publication %s with a %s, so the rows or columns it leaves out are not relayed (fix: run `outboxrelay migrate`, which publishes it whole)",
+		table, pub, filter)
+}
+
+// UnloggedProblem says that rel, table itself or one of its partitions, is
+// UNLOGGED.
+func UnloggedProblem(table, rel string) string {
+	return fmt.Sprintf("%s (fix: ALTER TABLE %s SET LOGGED)", unlogged(table, rel), sanitizeTable(rel))
+}
+
+func unlogged(table, rel string) string {
+	what := "partition " + rel + " of outbox table " + table
+	if rel == table {
+		what = "outbox table " + table
+	}
+	return what + " is UNLOGGED, so its inserts are not written to the WAL and never reach the relay"
+}
+
+func sanitizeTable(t string) string {
+	schema, name, _ := SplitTable(t)
+	return pgx.Identifier{schema, name}.Sanitize()
 }
 
 func (s CoverageState) sortedTables() []string {

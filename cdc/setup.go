@@ -184,6 +184,12 @@ func EnsurePublication(ctx context.Context, conn *pgx.Conn, pub string, tables, 
 	if err != nil {
 		return nil, err
 	}
+	for _, t := range tables {
+		if u := s.Unlogged[t]; len(u) > 0 {
+			return nil, &SetupError{Msg: fmt.Sprintf("%s; run ALTER TABLE %s SET LOGGED, then republish the rows inserted into it from the outbox table",
+				unlogged(t, u[0]), sanitizeTable(u[0]))}
+		}
+	}
 	if !s.Exists {
 		_, err := conn.Exec(ctx, fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert', publish_via_partition_root = true)",
 			ident, strings.Join(idents, ", ")))
@@ -237,6 +243,20 @@ func EnsurePublication(ctx context.Context, conn *pgx.Conn, pub string, tables, 
 		}
 	}
 	for i, t := range tables {
+		filter := s.Filtered[t]
+		if filter == "" {
+			continue
+		}
+		if mode == ModeRun {
+			return nil, &SetupError{Msg: fmt.Sprintf("outbox table %s is in publication %s with a %s, so the rows or columns it leaves out are not relayed; run `outboxrelay migrate` to publish it whole, republish the rows it left out from the outbox table, then start the relay with --accept-config-change",
+				t, pub, filter)}
+		}
+		if err := republishWhole(ctx, conn, ident, idents[i]); err != nil {
+			return nil, privilegeHint(fmt.Errorf("publish %s whole in publication %s: %w", t, pub, err), "ownership of the publication and of the table")
+		}
+		changed = append(changed, fmt.Sprintf("publication %s had %s with a %s: re-added it whole; rows it left out before this were not relayed and must be republished from the outbox table", pub, t, filter))
+	}
+	for i, t := range tables {
 		if s.Tables[t].OID == 0 || s.Published[t] {
 			continue
 		}
@@ -254,6 +274,24 @@ func EnsurePublication(ctx context.Context, conn *pgx.Conn, pub string, tables, 
 		changed = append(changed, fmt.Sprintf("added %s to publication %s", t, pub))
 	}
 	return changed, nil
+}
+
+// republishWhole replaces table's membership in publication pub (both
+// sanitized) by one without a row filter or column list, in one
+// transaction: pgoutput sees either membership, never a gap between them.
+func republishWhole(ctx context.Context, conn *pgx.Conn, pub, table string) error {
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(ctx) // after Commit this is a no-op
+	if _, err := tx.Exec(ctx, fmt.Sprintf("ALTER PUBLICATION %s DROP TABLE %s", pub, table)); err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE %s", pub, table)); err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
 }
 
 // FailoverVersion is the first PostgreSQL version (server_version_num)

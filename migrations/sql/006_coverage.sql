@@ -55,6 +55,7 @@ BEGIN
         pub record;
         rel regclass;
         member oid;
+        unlogged text;
     BEGIN
         IF current_setting('outboxrelay.migrating', true) = 'on' THEN
             RETURN; -- outboxrelay migrate verifies and repairs coverage itself
@@ -64,7 +65,20 @@ BEGIN
             -- A table command is checked only when it touched a guarded table,
             -- so that unrelated DDL never fails for the outbox's sake.
             IF tg_tag NOT IN ('ALTER PUBLICATION', 'DROP PUBLICATION') THEN
-                CONTINUE WHEN rel IS NULL OR rel NOT IN (SELECT c.objid FROM pg_event_trigger_ddl_commands() c);
+                CONTINUE WHEN rel IS NULL;
+                -- An UNLOGGED partition (SET UNLOGGED, CREATE UNLOGGED TABLE
+                -- ... PARTITION OF, ATTACH PARTITION) or outbox table writes
+                -- no WAL: its inserts would never reach the relay.
+                SELECT string_agg(t.relid::regclass::text, ', ' ORDER BY 1) INTO unlogged
+                  FROM pg_partition_tree(rel) t JOIN pg_class c ON c.oid = t.relid
+                 WHERE c.relpersistence = 'u';
+                IF unlogged IS NOT NULL AND EXISTS (
+                    SELECT 1 FROM pg_event_trigger_ddl_commands() c, pg_partition_tree(rel) t
+                     WHERE c.classid = 'pg_class'::regclass AND c.objid = t.relid) THEN
+                    RAISE EXCEPTION 'outboxrelay: % would leave % of outbox table %.% UNLOGGED, so its inserts would not be written to the WAL and never relayed', tg_tag, unlogged, g.schema_name, g.table_name
+                        USING HINT = 'Outbox tables and their partitions must be logged (ALTER TABLE ... SET LOGGED, or CREATE TABLE without UNLOGGED)';
+                END IF;
+                CONTINUE WHEN rel NOT IN (SELECT c.objid FROM pg_event_trigger_ddl_commands() c);
             END IF;
             SELECT p.oid, p.pubinsert, p.pubviaroot, p.puballtables INTO pub FROM pg_publication p WHERE p.pubname = g.publication;
             IF NOT FOUND THEN
@@ -77,7 +91,16 @@ BEGIN
             END IF;
             CONTINUE WHEN rel IS NULL OR pub.puballtables; -- no table of that name: nothing can be inserted into it
             SELECT pr.oid INTO member FROM pg_publication_rel pr WHERE pr.prpubid = pub.oid AND pr.prrelid = rel;
-            CONTINUE WHEN FOUND;
+            IF FOUND AND current_setting('server_version_num')::int >= 150000 THEN
+                -- PostgreSQL 15+: a row filter or column list would leave
+                -- rows or columns out. (Only prepared on 15+, where the
+                -- columns exist.)
+                IF EXISTS (SELECT 1 FROM pg_publication_rel pr WHERE pr.oid = member AND (pr.prqual IS NOT NULL OR pr.prattrs IS NOT NULL)) THEN
+                    RAISE EXCEPTION 'outboxrelay: % would publish outbox table % in publication % with a row filter or column list, so the rows or columns it leaves out would not be relayed', tg_tag, rel, g.publication
+                        USING HINT = format('Publish it whole: ALTER PUBLICATION %I ADD TABLE %s, without WHERE or a column list', g.publication, rel);
+                END IF;
+            END IF;
+            CONTINUE WHEN member IS NOT NULL;
             CONTINUE WHEN EXISTS (SELECT 1 FROM pg_publication_tables t
                                   WHERE t.pubname = g.publication AND t.schemaname = g.schema_name AND t.tablename = g.table_name);
             IF tg_tag IN ('CREATE TABLE', 'CREATE TABLE AS', 'SELECT INTO')
