@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"slices"
 	"sort"
 	"strings"
 	"text/template"
@@ -36,6 +37,52 @@ type Options struct {
 	Debezium bool
 	// DebeziumTable is its name (default public.outboxevent).
 	DebeziumTable string
+	// Columns are the outbox table's column names (postgres.columns): the
+	// table is created with them, and its creation time index is on
+	// CreatedAt. An empty name is a column the table does not have. The
+	// zero value means the relay's own names.
+	Columns Columns
+}
+
+// Columns names the columns of an outbox table, as postgres.columns does.
+type Columns struct {
+	ID, AggregateType, AggregateID, EventType, Payload, Headers, Traceparent, SchemaVersion, CreatedAt string
+}
+
+// DefaultColumns are the relay's own column names.
+var DefaultColumns = Columns{ID: "id", AggregateType: "aggregate_type", AggregateID: "aggregate_id", EventType: "event_type",
+	Payload: "payload", Headers: "headers", Traceparent: "traceparent", SchemaVersion: "schema_version", CreatedAt: "created_at"}
+
+// DebeziumColumns are the columns of Debezium's outbox event router table.
+var DebeziumColumns = Columns{ID: "id", AggregateType: "aggregatetype", AggregateID: "aggregateid", EventType: "type",
+	Payload: "payload", Traceparent: "tracingspancontext"}
+
+// definitions returns the column definitions after the id, in the table's
+// order, leaving out the columns the mapping does not have.
+func (c Columns) definitions() []string {
+	var out []string
+	for _, d := range []struct{ name, def string }{
+		{c.AggregateType, "text        NOT NULL"},
+		{c.AggregateID, "text        NOT NULL"},
+		{c.EventType, "text        NOT NULL"},
+		{c.Payload, "jsonb       NOT NULL"},
+		{c.Headers, "jsonb       NOT NULL DEFAULT '{}'"},
+		{c.Traceparent, "text        NULL"},
+		{c.SchemaVersion, "int         NOT NULL DEFAULT 1"},
+		{c.CreatedAt, "timestamptz NOT NULL DEFAULT now()"},
+	} {
+		if d.name != "" {
+			out = append(out, fmt.Sprintf("%-16s %s", pgx.Identifier{d.name}.Sanitize(), d.def))
+		}
+	}
+	return out
+}
+
+// required are the columns every outbox table must have, with the setting
+// that names each.
+func (c Columns) required() [][2]string {
+	return [][2]string{{c.ID, "id"}, {c.AggregateType, "aggregate_type"}, {c.AggregateID, "aggregate_id"},
+		{c.EventType, "event_type"}, {c.Payload, "payload"}}
 }
 
 func (o Options) extraTables() []string {
@@ -46,6 +93,9 @@ func (o Options) extraTables() []string {
 }
 
 func (o *Options) setDefaults() {
+	if o.Columns == (Columns{}) {
+		o.Columns = DefaultColumns
+	}
 	if o.Table == "" {
 		o.Table = "public.outbox"
 	}
@@ -54,6 +104,18 @@ func (o *Options) setDefaults() {
 	}
 	if o.DebeziumTable == "" {
 		o.DebeziumTable = "public.outboxevent"
+	}
+	if o.Debezium {
+		t, err1 := qualified(o.Table)
+		d, err2 := qualified(o.DebeziumTable)
+		if err1 == nil && err2 == nil && t == d {
+			// The outbox table is the Debezium table: created once, in
+			// Debezium's shape unless Columns name another.
+			o.Debezium = false
+			if o.Columns == DefaultColumns {
+				o.Columns = DebeziumColumns
+			}
+		}
 	}
 }
 
@@ -74,6 +136,18 @@ func qualified(t string) (string, error) {
 		return "", err
 	}
 	return pgx.Identifier{schema, name}.Sanitize(), nil
+}
+
+// altIndex names the creation time index of outbox table name when
+// outbox_created_at_idx is another table's.
+func altIndex(name string) string { return name + "_created_at_idx" }
+
+// sanitizeOptional quotes a column name, leaving "" (no such column) empty.
+func sanitizeOptional(column string) string {
+	if column == "" {
+		return ""
+	}
+	return pgx.Identifier{column}.Sanitize()
 }
 
 func literal(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
@@ -102,6 +176,14 @@ func Render(o Options) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	for _, c := range o.Columns.required() {
+		if c[0] == "" {
+			return "", fmt.Errorf("postgres.columns.%s is empty; every outbox table needs it", c[1])
+		}
+	}
+	if o.Partitioned && o.Columns.CreatedAt == "" {
+		return "", fmt.Errorf("--partitioned partitions by the creation time column, and postgres.columns.created_at is empty; map it, or drop --partitioned")
+	}
 	schema, tname, _ := split(o.Table)
 	var cover []guarded
 	for _, t := range append([]string{o.Table}, o.extraTables()...) {
@@ -113,6 +195,11 @@ func Render(o Options) (string, error) {
 		"Partitioned":        o.Partitioned,
 		"DefaultPartition":   pgx.Identifier{schema, tname + "_default"}.Sanitize(),
 		"IndexLiteral":       literal(pgx.Identifier{schema, "outbox_created_at_idx"}.Sanitize()),
+		"AltIndex":           pgx.Identifier{altIndex(tname)}.Sanitize(),
+		"AltIndexLiteral":    literal(pgx.Identifier{schema, altIndex(tname)}.Sanitize()),
+		"ID":                 pgx.Identifier{o.Columns.ID}.Sanitize(),
+		"Columns":            o.Columns.definitions(),
+		"CreatedAt":          sanitizeOptional(o.Columns.CreatedAt),
 		"TableLiteral":       literal(table),
 		"Coverage":           cover,
 		"Debezium":           o.Debezium,
@@ -213,12 +300,15 @@ func ConcurrentSQL(o Options) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	if o.Columns.CreatedAt == "" {
+		return "-- No creation time column (postgres.columns.created_at is empty): no retention index.\n", nil
+	}
 	schema, _, _ := split(o.Table)
 	return fmt.Sprintf(`-- Outside a transaction, on an outbox table that existed before: built without blocking
 -- inserts. An INVALID index that a failed concurrent build left behind is dropped first
 -- (DROP INDEX CONCURRENTLY %[1]s), then built again.
-CREATE INDEX CONCURRENTLY IF NOT EXISTS outbox_created_at_idx ON %[2]s (created_at);
-`, pgx.Identifier{schema, "outbox_created_at_idx"}.Sanitize(), table), nil
+CREATE INDEX CONCURRENTLY IF NOT EXISTS outbox_created_at_idx ON %[2]s (%[3]s);
+`, pgx.Identifier{schema, "outbox_created_at_idx"}.Sanitize(), table, pgx.Identifier{o.Columns.CreatedAt}.Sanitize()), nil
 }
 
 // retentionIndex builds the created_at index of an existing, unpartitioned
@@ -234,8 +324,39 @@ func retentionIndex(ctx context.Context, conn *pgx.Conn, o Options) error {
 	if err != nil {
 		return err
 	}
-	schema, _, _ := split(o.Table)
-	index := pgx.Identifier{schema, "outbox_created_at_idx"}.Sanitize()
+	schema, name, _ := split(o.Table)
+	var cols []string
+	err = conn.QueryRow(ctx, `SELECT coalesce(array_agg(attname::text), '{}') FROM pg_attribute
+		WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped`, table).Scan(&cols)
+	if err != nil {
+		return fmt.Errorf("read the columns of %s.%s: %w", schema, name, err)
+	}
+	for _, c := range o.Columns.required() {
+		if !slices.Contains(cols, c[0]) {
+			return fmt.Errorf("outbox table %s.%s has no column %q (postgres.columns.%s); map postgres.columns to its columns and run `outboxrelay migrate --config FILE` (see the README's \"Coming from Debezium\")", schema, name, c[0], c[1])
+		}
+	}
+	if o.Columns.CreatedAt == "" {
+		return nil // no creation time: retention and time windows have nothing to index
+	}
+	if !slices.Contains(cols, o.Columns.CreatedAt) {
+		return fmt.Errorf("outbox table %s.%s has no column %q (postgres.columns.created_at); map it to the table's creation time column, or set it to \"\" when there is none, and run `outboxrelay migrate --config FILE`", schema, name, o.Columns.CreatedAt)
+	}
+	column := pgx.Identifier{o.Columns.CreatedAt}.Sanitize()
+	bare := "outbox_created_at_idx"
+	index := pgx.Identifier{schema, bare}.Sanitize()
+	// Index names are per schema: the name the index always had may belong
+	// to another outbox table's index there.
+	var taken bool
+	err = conn.QueryRow(ctx, `SELECT coalesce((SELECT i.indrelid <> to_regclass($2) FROM pg_index i WHERE i.indexrelid = to_regclass($1)), false)`,
+		index, table).Scan(&taken)
+	if err != nil {
+		return fmt.Errorf("look up index %s: %w", index, err)
+	}
+	if taken {
+		bare = altIndex(name)
+		index = pgx.Identifier{schema, bare}.Sanitize()
+	}
 	for {
 		var kind string
 		var valid *bool
@@ -265,7 +386,7 @@ func retentionIndex(ctx context.Context, conn *pgx.Conn, o Options) error {
 				return fmt.Errorf("drop invalid index %s: %w", index, err)
 			}
 		}
-		_, err = conn.Exec(ctx, fmt.Sprintf("CREATE INDEX CONCURRENTLY IF NOT EXISTS outbox_created_at_idx ON %s (created_at)", table))
+		_, err = conn.Exec(ctx, fmt.Sprintf("CREATE INDEX CONCURRENTLY IF NOT EXISTS %s ON %s (%s)", pgx.Identifier{bare}.Sanitize(), table, column))
 		if err != nil {
 			return fmt.Errorf("create index %s concurrently: %w; run migrate again to retry (it drops the INVALID index this left)", index, err)
 		}

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -36,7 +37,7 @@ func cmdMigrate(args []string, stdout io.Writer) error {
 	fs.StringVar(&o.Table, "table", "public.outbox", "outbox table to create")
 	fs.StringVar(&o.Publication, "publication", "outboxrelay", "publication to create")
 	fs.BoolVar(&o.Partitioned, "partitioned", false, "create the outbox table range-partitioned by created_at, in daily partitions the relay keeps ready and drops past postgres.retention")
-	fs.BoolVar(&o.Debezium, "debezium", false, "also create a Debezium-shaped outbox table (public.outboxevent)")
+	fs.BoolVar(&o.Debezium, "debezium", false, "also create a Debezium-shaped outbox table (public.outboxevent); with --config, create the configuration's table in that shape (postgres.columns must map Debezium's columns)")
 	slot := fs.String("slot", "outboxrelay", "replication slot to create, so rows written before the relay first runs are kept; empty to skip")
 	failoverSlot := fs.Bool("failover-slot", false, "create the slot as a failover slot (PostgreSQL 17+), as postgres.failover_slot does")
 	printRoleSQL := fs.Bool("print-role", false, "print the SQL that creates a least-privilege role for the relay, and exit")
@@ -62,6 +63,17 @@ func cmdMigrate(args []string, stdout io.Writer) error {
 		pg := cfg.Postgres
 		o.Table, o.Publication, *slot, slotSetting = pg.Tables[0], pg.Publication, pg.Slot, "postgres.slot"
 		extraTables = pg.Tables[1:]
+		c := pg.Columns
+		o.Columns = migrations.Columns{ID: c.ID, AggregateType: c.AggregateType, AggregateID: c.AggregateID, EventType: c.EventType,
+			Payload: c.Payload, Headers: c.Headers, Traceparent: c.Traceparent, SchemaVersion: c.SchemaVersion, CreatedAt: c.CreatedAt}
+		if o.Debezium {
+			// The relay reads one shape, postgres.columns: with a
+			// configuration, the Debezium table is its outbox table.
+			if c.AggregateType != "aggregatetype" || c.AggregateID != "aggregateid" || c.EventType != "type" {
+				return usageErr("migrate: --debezium with --config creates the configuration's tables in Debezium's shape, and postgres.columns does not map Debezium's aggregatetype, aggregateid and type; set the mapping of the README's \"Coming from Debezium\", or drop --debezium")
+			}
+			o.Debezium = false
+		}
 		*failoverSlot = *failoverSlot || pg.FailoverSlot
 		if *url == "" { // config.Load has applied OUTBOXRELAY_POSTGRES_URL
 			*url = pg.URL
@@ -98,12 +110,16 @@ func cmdMigrate(args []string, stdout io.Writer) error {
 	}
 	tables := append([]string{o.Table}, extraTables...)
 	if o.Debezium {
+		if o.DebeziumTable == "" {
+			o.DebeziumTable = "public.outboxevent"
+		}
 		tables = append(tables, o.DebeziumTable)
 	}
+	tables = distinctTables(tables)
 	if _, err := conn.Exec(ctx, "SET outboxrelay.migrating = on"); err != nil {
 		return usageErr("migrate: %v", err)
 	}
-	changed, err := cdc.EnsurePublication(ctx, conn, o.Publication, app.QualifiedTables(tables), nil, nil, cdc.ModeMigrate)
+	changed, err := cdc.EnsurePublication(ctx, conn, o.Publication, tables, nil, nil, cdc.ModeMigrate)
 	if err != nil {
 		return usageErr("migrate: %v", err)
 	}
@@ -129,6 +145,17 @@ func cmdMigrate(args []string, stdout io.Writer) error {
 		return nil
 	}
 	return migrateSlot(ctx, conn, *slot, slotSetting, *failoverSlot, set["slot"], *cfgPath != "", stdout)
+}
+
+// distinctTables returns tables as schema.name, each once, in order.
+func distinctTables(tables []string) []string {
+	var out []string
+	for _, t := range app.QualifiedTables(tables) {
+		if !slices.Contains(out, t) {
+			out = append(out, t)
+		}
+	}
+	return out
 }
 
 // migrateSlot creates the replication slot, so that outbox rows written

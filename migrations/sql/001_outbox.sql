@@ -1,30 +1,25 @@
 -- outboxrelay schema, version 1. Every statement is idempotent.
 CREATE SCHEMA IF NOT EXISTS outboxrelay;
 
-{{- define "outboxColumns"}}
-    aggregate_type text        NOT NULL,
-    aggregate_id   text        NOT NULL,
-    event_type     text        NOT NULL,
-    payload        jsonb       NOT NULL,
-    headers        jsonb       NOT NULL DEFAULT '{}',
-    traceparent    text        NULL,
-    schema_version int         NOT NULL DEFAULT 1,
-    created_at     timestamptz NOT NULL DEFAULT now()
-{{- end}}
 {{- if .Partitioned}}
 -- Range-partitioned by created_at into daily partitions that the relay (or
 -- `outboxrelay maintain`) creates ahead of time and drops past the
--- retention; the default partition takes any row outside them.
+-- retention; the default partition takes any row outside them. The column
+-- names are postgres.columns'.
 CREATE TABLE IF NOT EXISTS {{.Table}} (
-    id             uuid        NOT NULL DEFAULT gen_random_uuid(),
-    {{- template "outboxColumns"}},
-    PRIMARY KEY (id, created_at)
-) PARTITION BY RANGE (created_at);
+    {{printf "%-16s" .ID}} uuid        NOT NULL DEFAULT gen_random_uuid(),
+    {{- range .Columns}}
+    {{.}},
+    {{- end}}
+    PRIMARY KEY ({{.ID}}, {{.CreatedAt}})
+) PARTITION BY RANGE ({{.CreatedAt}});
 CREATE TABLE IF NOT EXISTS {{.DefaultPartition}} PARTITION OF {{.Table}} DEFAULT;
 {{- else}}
 CREATE TABLE IF NOT EXISTS {{.Table}} (
-    id             uuid        PRIMARY KEY DEFAULT gen_random_uuid(),
-    {{- template "outboxColumns"}}
+    {{printf "%-16s" .ID}} uuid        PRIMARY KEY DEFAULT gen_random_uuid()
+    {{- range .Columns}},
+    {{.}}
+    {{- end}}
 );
 {{- end}}
 {{- if .Debezium}}
