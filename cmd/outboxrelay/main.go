@@ -32,7 +32,7 @@ Usage:
   outboxrelay maintain --config FILE                 create daily partitions ahead, drop those past postgres.retention
   outboxrelay status  --database-url URL [--slot NAME | --all] [--json | -o json|wide] [--max-lag-bytes N] [--watch]
   outboxrelay dlq     list|show|replay|purge ...
-  outboxrelay verify  --config FILE --since T [--until T] [--aggregate-type A] [--id ID] [--rabbitmq-queue Q]
+  outboxrelay verify  --config FILE --since T [--until T] [--aggregate-type A] [--id ID] [--rabbitmq-queue Q] [--allow-uncovered]
                                                     prove committed rows reached the broker; exit 1 listing missing ids
   outboxrelay replay  --config FILE --since T [--until T] [--aggregate-type A] [--id ID] [--missing] [--rate N]
                                                     republish outbox rows with their envelope and message_id

@@ -157,10 +157,11 @@ func noRows(cfg config.Config) error {
 }
 
 func cmdVerify(args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("verify", "verify --config FILE --since T [--until T] [--aggregate-type A] [--id ID] [--rabbitmq-queue Q]",
+	fs := newFlags("verify", "verify --config FILE --since T [--until T] [--aggregate-type A] [--id ID] [--rabbitmq-queue Q] [--allow-uncovered]",
 		"Reconciles the outbox rows committed in the window, by message_id, with what the broker holds; prints the counts, lists the missing ids and exits 1 when any are missing.")
 	path := fs.String("config", "", "YAML configuration file")
 	queue := fs.String("rabbitmq-queue", "", "RabbitMQ: the verification queue bound to the exchange")
+	allowUncovered := fs.Bool("allow-uncovered", false, "exit 0 although part of the window lies past postgres.retention, whose rows may be deleted and so are not verified")
 	var w window
 	w.register(fs)
 	if err := parseFlags(fs, args); err != nil {
@@ -177,8 +178,13 @@ func cmdVerify(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer o.close(ctx)
+	gap := uncoveredPart(f, o.cfg.Postgres.Retention, time.Now())
 	rep, err := reconcile(ctx, o, f, w.margin, *queue, stderr, func(rep verify.Report) {
 		printReport(stdout, rep)
+		if gap.length > 0 {
+			fmt.Fprintf(stdout, "not covered    %s to %s: %s; rows created then may have been deleted and are not counted\n",
+				gap.from.UTC().Format(time.RFC3339), gap.to.UTC().Format(time.RFC3339), gap)
+		}
 		if rep.Missing > 0 {
 			fmt.Fprintln(stdout, "missing ids:")
 		}
@@ -193,7 +199,45 @@ func cmdVerify(args []string, stdout, stderr io.Writer) error {
 		return &exitError{code: exitUnhealthy, err: fmt.Errorf("%d of %d committed messages are missing at the broker; republish them with `outboxrelay replay --config FILE --since %s --missing`",
 			rep.Missing, rep.Committed, f.Since.UTC().Format(time.RFC3339))}
 	}
+	if gap.length > 0 && !*allowUncovered {
+		return &exitError{code: exitUnhealthy, err: fmt.Errorf("%s, so its rows may have been deleted and were not verified; verify from --since %s, or pass --allow-uncovered to accept the part still held",
+			gap, gap.to.UTC().Format(time.RFC3339))}
+	}
 	return nil
+}
+
+// uncovered is the part of a window whose rows retention may have deleted.
+type uncovered struct {
+	from, to  time.Time
+	length    time.Duration
+	window    time.Duration
+	retention time.Duration
+}
+
+func (u uncovered) String() string {
+	return fmt.Sprintf("%s of the window's %s (%.0f%%) lies past postgres.retention (%s)",
+		u.length.Round(time.Second), u.window.Round(time.Second), 100*u.length.Seconds()/u.window.Seconds(), u.retention)
+}
+
+// uncoveredPart returns the part of f's window, as of now, that lies
+// before what postgres.retention keeps; its length is 0 when none does.
+func uncoveredPart(f rows.Filter, retention time.Duration, now time.Time) uncovered {
+	if retention <= 0 || f.Since.IsZero() {
+		return uncovered{}
+	}
+	until := f.Until
+	if until.IsZero() || until.After(now) {
+		until = now
+	}
+	cutoff := now.Add(-retention)
+	if !f.Since.Before(cutoff) || !until.After(f.Since) {
+		return uncovered{}
+	}
+	to := cutoff
+	if until.Before(to) {
+		to = until
+	}
+	return uncovered{from: f.Since, to: to, length: to.Sub(f.Since), window: until.Sub(f.Since), retention: retention}
 }
 
 // reconcile runs verify.Run with a progress bar; counted is called with the

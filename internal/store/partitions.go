@@ -103,6 +103,13 @@ func Maintain(ctx context.Context, pool *pgxpool.Pool, cfg MaintainConfig) ([]st
 			return done, fmt.Errorf("list partitions of %s: %w", t, err)
 		}
 		cutoff := now().Add(-cfg.MaxAge)
+		trimmed, err := trimDefault(ctx, pool, parent, cutoff)
+		if err != nil {
+			return done, err
+		}
+		if trimmed != "" {
+			done = append(done, trimmed)
+		}
 		for _, part := range parts {
 			m := dailyRE.FindStringSubmatch(part)
 			if m == nil || !strings.HasPrefix(part, name+"_p") {
@@ -131,6 +138,40 @@ func Maintain(ctx context.Context, pool *pgxpool.Pool, cfg MaintainConfig) ([]st
 		}
 	}
 	return done, nil
+}
+
+// trimDefault deletes the rows of parent's default partition created before
+// cutoff, in batches: no daily partition holds them, so no drop ever would.
+// It returns what it did, or "" when there was nothing to delete.
+func trimDefault(ctx context.Context, pool *pgxpool.Pool, parent string, cutoff time.Time) (string, error) {
+	var def, column *string
+	err := pool.QueryRow(ctx, `SELECT (SELECT format('%I.%I', n.nspname, c.relname) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = p.partdefid),
+			(SELECT a.attname::text FROM pg_attribute a WHERE a.attrelid = p.partrelid AND a.attnum = p.partattrs[0])
+		FROM pg_partitioned_table p WHERE p.partrelid = $1::regclass`, parent).Scan(&def, &column)
+	if errors.Is(err, pgx.ErrNoRows) || (err == nil && (def == nil || column == nil)) {
+		return "", nil // no default partition, or a partition key that is an expression
+	}
+	if err != nil {
+		return "", fmt.Errorf("look up the default partition of %s: %w", parent, err)
+	}
+	// ctid is unique within the one partition.
+	stmt := fmt.Sprintf(`DELETE FROM %[1]s WHERE ctid = ANY (ARRAY(SELECT ctid FROM %[1]s WHERE %[2]s < $1 LIMIT 10000))`,
+		*def, pgx.Identifier{*column}.Sanitize())
+	var deleted int64
+	for {
+		tag, err := pool.Exec(ctx, stmt, cutoff)
+		if err != nil {
+			return "", fmt.Errorf("delete old rows of the default partition %s: %w", *def, err)
+		}
+		deleted += tag.RowsAffected()
+		if tag.RowsAffected() < 10000 {
+			break
+		}
+	}
+	if deleted == 0 {
+		return "", nil
+	}
+	return fmt.Sprintf("deleted %d rows created before %s from the default partition %s (retention)", deleted, cutoff.UTC().Format(time.RFC3339), *def), nil
 }
 
 // execLocked runs stmt on its own connection with a lock_timeout, so that
