@@ -35,7 +35,7 @@ type Binding struct {
 	Aggregate bool
 	// CloudEventsPrefix prefixes each CloudEvents attribute name in binary
 	// content mode: ce_ (Kafka binding), cloudEvents: (AMQP binding), ce-
-	// (NATS binding), ce_ (Redis, which has no binding: Kafka's is the
+	// (NATS and HTTP bindings), ce_ (Redis, which has no binding: Kafka's is the
 	// closest, a flat list of fields).
 	CloudEventsPrefix string
 }
@@ -46,6 +46,9 @@ var (
 	AMQP  = Binding{Properties: true, Aggregate: true, CloudEventsPrefix: "cloudEvents:"}
 	NATS  = Binding{Aggregate: true, CloudEventsPrefix: "ce-"}
 	Redis = Binding{Aggregate: true, CloudEventsPrefix: "ce_"}
+	// HTTP is the webhook sink's: headers as the CloudEvents HTTP binding
+	// names its attributes (ce-).
+	HTTP = Binding{Aggregate: true, CloudEventsPrefix: "ce-"}
 )
 
 // ContentType is the media type of m's body: m.ContentType, or

@@ -33,7 +33,7 @@ var descriptions = map[string]string{
 	"postgres.heartbeat_interval":     "heartbeat message interval, so an idle outbox does not pin WAL; 0 disables",
 	"postgres.retention":              "delete outbox rows older than this, in small batches; 0 keeps all",
 	"postgres.failover_slot":          "create the slot as a failover slot (PostgreSQL 17+), which follows a failover to a standby with `sync_replication_slots = on`; refused on older versions",
-	"sink.type":                       "the sink to run: `kafka`, `nats`, `rabbitmq` or `redis`",
+	"sink.type":                       "the sink to run: `kafka`, `nats`, `rabbitmq`, `redis` or `webhook`",
 	"envelope.format":                 "`envelope`, `cloudevents` (structured), `cloudevents-binary` or `debezium` (Debezium's outbox event router output: the payload as the body, an `id` header)",
 	"envelope.source":                 "CloudEvents `source` attribute",
 	"relay.max_inflight":              "messages handed to the broker and not yet acknowledged (backpressure)",

@@ -7,4 +7,5 @@ import (
 	_ "github.com/outboxrelay/outboxrelay/sinks/nats"
 	_ "github.com/outboxrelay/outboxrelay/sinks/rabbitmq"
 	_ "github.com/outboxrelay/outboxrelay/sinks/redis"
+	_ "github.com/outboxrelay/outboxrelay/sinks/webhook"
 )
