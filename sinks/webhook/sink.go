@@ -154,7 +154,7 @@ func (s *Sink) Connect(ctx context.Context) error {
 	resp, err := s.client.Do(req)
 	if err != nil {
 		s.ready.Store(false)
-		err = redact.Error(err, s.cfg.URL)
+		err = scrub(redact.Error(err, s.cfg.URL), req.URL)
 		if ce := sinks.CertError(err); ce != nil {
 			return fmt.Errorf("cannot reach the webhook receiver at %s: its TLS certificate did not verify (%v); check sink.webhook.tls.ca_file and server_name", s.ep.origin, ce)
 		}
