@@ -3,6 +3,7 @@ package webhook
 import (
 	"context"
 	"errors"
+	"net/url"
 	"strings"
 
 	"go.uber.org/zap"
@@ -71,9 +72,24 @@ func (c *Config) Warnings() []string {
 	return ws
 }
 
-// StaticDestinations is empty: the destination label is the rendered URL,
-// known only per message.
-func (c *Config) StaticDestinations() []string { return nil }
+// StaticDestinations returns the one destination of a URL without
+// placeholders, as metrics label it (see destination), and nothing
+// otherwise.
+func (c *Config) StaticDestinations() []string {
+	ep, err := parseURL(c.URL)
+	if err != nil {
+		return nil
+	}
+	raw, ok := ep.tmpl.Constant()
+	if !ok {
+		return nil
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		return nil
+	}
+	return []string{destination(u)}
+}
 
 // VerifyReader refuses: a webhook receiver cannot be read back.
 func (c *Config) VerifyReader(sinks.VerifyOptions) (verify.Reader, func(*relay.Message) (string, error), error) {

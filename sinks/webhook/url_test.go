@@ -1,6 +1,7 @@
 package webhook
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -55,6 +56,18 @@ func TestURLRenderContained(t *testing.T) {
 	for _, typ := range []string{"..", "."} {
 		if u, err := ep.render(&relay.Message{AggregateType: typ}); err == nil {
 			t.Errorf("render(%q) = %s, want an error for the dot segment", typ, u)
+		}
+	}
+}
+
+func TestStaticDestinations(t *testing.T) {
+	for url, want := range map[string]string{
+		"https://relay:pw@hooks.example.com/in?token=abc": "[https://hooks.example.com/in]",
+		"https://hooks.example.com/in/{aggregate_type}":   "[]",
+		"https://{aggregate_type}.example.com/":           "[]",
+	} {
+		if got := fmt.Sprint((&Config{URL: url}).StaticDestinations()); got != want {
+			t.Errorf("StaticDestinations(%q) = %s, want %s", url, got, want)
 		}
 	}
 }
