@@ -98,7 +98,6 @@ func New(cfg Config, log *zap.Logger) (*Sink, error) {
 		log = zap.NewNop()
 	}
 	tr := &http.Transport{
-		Proxy:               http.ProxyFromEnvironment,
 		DialContext:         (&net.Dialer{Timeout: cfg.Timeout, KeepAlive: 30 * time.Second}).DialContext,
 		TLSClientConfig:     tlsCfg,
 		TLSHandshakeTimeout: cfg.Timeout,
@@ -274,6 +273,7 @@ func (s *Sink) deliver(ctx context.Context, it *item) {
 func (s *Sink) send(ctx context.Context, m *relay.Message) error {
 	u, err := s.ep.render(m)
 	if err != nil {
+		m.Destination = s.ep.origin
 		return relay.Permanent(err)
 	}
 	m.Destination = destination(u)
