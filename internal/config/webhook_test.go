@@ -28,9 +28,9 @@ func TestWebhookSecrets(t *testing.T) {
 		env    map[string]string
 		secret string
 	}{
-		"in the file": {webhookYAML + "    secret: " + newSecret + "\n", nil, newSecret},
-		"secret_file": {webhookYAML + "    secret_file: " + secretFile + "\n    bearer_token_file: " + tokenFile + "\n", nil, newSecret + " " + oldSecret},
-		"environment": {webhookYAML, map[string]string{"OUTBOXRELAY_SINK_WEBHOOK_SECRET": oldSecret}, oldSecret},
+		"in the file":      {webhookYAML + "    secret: " + newSecret + "\n", nil, newSecret},
+		"secret_file":      {webhookYAML + "    secret_file: " + secretFile + "\n    bearer_token_file: " + tokenFile + "\n", nil, newSecret + " " + oldSecret},
+		"environment":      {webhookYAML, map[string]string{"OUTBOXRELAY_SINK_WEBHOOK_SECRET": oldSecret}, oldSecret},
 		"environment file": {webhookYAML, map[string]string{"OUTBOXRELAY_SINK_WEBHOOK_SECRET_FILE": secretFile}, newSecret + " " + oldSecret},
 	} {
 		cfg, err := Load(writeTemp(t, "c.yaml", tc.yml), env(tc.env))
