@@ -202,6 +202,18 @@ func TestWebhookEndToEnd(t *testing.T) {
 	p = e.startSinkRelay("webhook", sinkYAML)
 	r.waitDelivered(t, want, 5*time.Minute)
 
+	// Metrics carry the sink's name and the URL without its query.
+	_, body := get(t, "http://"+p.httpAddr()+"/metrics")
+	series := fmt.Sprintf(`{destination="%s/hooks/order",sink="webhook",slot="outboxrelay"}`, r.srv.URL)
+	if n := metricValues(body, "outboxrelay_messages_published_total")[series]; n < 1 {
+		t.Errorf("outboxrelay_messages_published_total%s = %v, want some: %v", series, n, metricValues(body, "outboxrelay_messages_published_total"))
+	}
+	if errs := metricValues(body, "outboxrelay_publish_errors_total"); sum(errs) < 1 {
+		t.Errorf("outboxrelay_publish_errors_total = %v, want the injected faults counted", errs)
+	} else {
+		t.Logf("publish errors of the restarted relay: %v", errs)
+	}
+
 	// The refused aggregate: its first row is a dead letter with the
 	// receiver's status and answer, the rows behind it are parked.
 	var letters, parked, withStatus int
