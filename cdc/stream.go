@@ -60,6 +60,9 @@ type Stream struct {
 	connCfg   *pgconn.Config
 	streaming atomic.Bool
 	standby   atomic.Bool
+	// waiting is when the reader began waiting for the walsender (Unix
+	// nanoseconds), 0 while it is not waiting: see Silent.
+	waiting atomic.Int64
 }
 
 // NewStream parses the configuration. It does not connect.
@@ -107,6 +110,26 @@ func (s *Stream) Ping(ctx context.Context) error {
 // Streaming reports whether the stream is currently receiving from the slot.
 // Safe for concurrent use.
 func (s *Stream) Streaming() bool { return s.streaming.Load() }
+
+// Silent returns how long the stream has been waiting for the walsender
+// without receiving anything: 0 while it is not streaming, or is busy with
+// what it received (a Handler that blocks is backpressure, not silence). A
+// live walsender answers within about 2 × Config.StatusInterval, because
+// the stream asks it for a reply at every status update once it has been
+// silent for one interval; Silent beyond StallAfter therefore means that
+// the connection is lost or the server stalled, long before ReceiveTimeout
+// ends the session. Safe for concurrent use.
+func (s *Stream) Silent() time.Duration {
+	since := s.waiting.Load()
+	if since == 0 || !s.streaming.Load() {
+		return 0
+	}
+	return time.Since(time.Unix(0, since))
+}
+
+// StallAfter is the silence (Silent) past which the stream counts as
+// stalled: 3 × Config.StatusInterval, and at least 3s.
+func (s *Stream) StallAfter() time.Duration { return max(3*s.cfg.StatusInterval, 3*time.Second) }
 
 // Standby reports whether the stream is waiting because another process
 // holds the slot. Safe for concurrent use.
@@ -213,7 +236,7 @@ func (s *Stream) session(ctx context.Context, h Handler) (err error) {
 	s.log.Info("streaming", zap.String("slot", s.cfg.Slot), zap.String("from", start.String()))
 
 	st := &statusWriter{conn: conn, h: h, reply: make(chan struct{}, 1),
-		replyEvery: max(1, int(s.cfg.ReceiveTimeout/(3*s.cfg.StatusInterval)))}
+		replyEvery: max(1, int(s.cfg.ReceiveTimeout/(3*s.cfg.StatusInterval))), silent: s.Silent}
 	statusCtx, stopStatus := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -300,9 +323,13 @@ func (s *Stream) read(ctx context.Context, conn *pgconn.PgConn, h Handler, st *s
 	stop := context.AfterFunc(ctx, dl.interrupt)
 	defer stop()
 	recvCtx := context.WithoutCancel(ctx)
+	defer s.waiting.Store(0)
 	for {
-		dl.extend(time.Now())
+		now := time.Now()
+		dl.extend(now)
+		s.waiting.Store(now.UnixNano())
 		msg, err := conn.ReceiveMessage(recvCtx)
+		s.waiting.Store(0)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
@@ -479,6 +506,9 @@ type statusWriter struct {
 	reply chan struct{}
 	// replyEvery: every how many ticks a reply is requested.
 	replyEvery int
+	// silent, when set, is how long the reader has received nothing
+	// (Stream.Silent); a tick after a silent interval asks for a reply.
+	silent func() time.Duration
 
 	mu       sync.Mutex
 	lastSent time.Time // of the last status update
@@ -505,8 +535,10 @@ func (w *statusWriter) run(ctx context.Context, every time.Duration, log *zap.Lo
 		case <-t.C:
 			tick++
 			// Ask for a reply well within the reader's receive timeout, so
-			// that the timeout only fires on a dead connection.
-			ask = tick%w.replyEvery == 0
+			// that the timeout only fires on a dead connection, and after
+			// every silent interval, so that silence means a lost
+			// connection within seconds (Stream.StallAfter).
+			ask = tick%w.replyEvery == 0 || (w.silent != nil && w.silent() >= every)
 		case <-w.reply:
 			if wait := w.holdReply(time.Now()); wait > 0 {
 				if held == nil {

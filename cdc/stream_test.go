@@ -32,6 +32,12 @@ func (*fixedHandler) Unacknowledged() int                            { return 1 
 // test reads: every standby status update the relay sends is passed to onStatus.
 func pipeConn(t *testing.T, onStatus func()) *pgconn.PgConn {
 	t.Helper()
+	return pipeConnData(t, func([]byte) { onStatus() })
+}
+
+// pipeConnData is pipeConn that passes each status update's bytes.
+func pipeConnData(t *testing.T, onStatus func(data []byte)) *pgconn.PgConn {
+	t.Helper()
 	client, server := net.Pipe()
 	cfg, err := pgconn.ParseConfig("postgres://relay@127.0.0.1/db")
 	if err != nil {
@@ -53,7 +59,7 @@ func pipeConn(t *testing.T, onStatus func()) *pgconn.PgConn {
 				return
 			}
 			if cd, ok := msg.(*pgproto3.CopyData); ok && len(cd.Data) > 0 && cd.Data[0] == 'r' {
-				onStatus()
+				onStatus(cd.Data)
 			}
 		}
 	}()
@@ -94,6 +100,51 @@ func TestKeepaliveRepliesAreThrottled(t *testing.T) {
 	}
 	if n < 2 {
 		t.Fatalf("%d replies in %s: reply requests must still be answered, or wal_sender_timeout ends the connection", n, window)
+	}
+}
+
+// Once the reader has heard nothing for a status interval, every status
+// update asks the walsender for a reply, so that a live one is never silent
+// for long and silence means a lost connection (Stream.StallAfter); while
+// the reader hears from it, updates ask only every replyEvery ticks.
+func TestSilentStreamAsksForReplies(t *testing.T) {
+	const every = 20 * time.Millisecond
+	for _, tc := range []struct {
+		name   string
+		silent time.Duration
+		asks   bool
+	}{{"hearing the walsender", 0, false}, {"silent for an interval", every, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			var updates, asked atomic.Int64
+			conn := pipeConnData(t, func(data []byte) {
+				updates.Add(1)
+				// 'r', write, flush, apply, client time (8 bytes each), reply requested
+				if len(data) == 34 && data[33] == 1 {
+					asked.Add(1)
+				}
+			})
+			h := &fixedHandler{}
+			st := &statusWriter{conn: conn, h: h, reply: make(chan struct{}, 1), replyEvery: 1000,
+				silent: func() time.Duration { return tc.silent }}
+			ctx, cancel := context.WithCancel(t.Context())
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				st.run(ctx, every, zap.NewNop())
+			}()
+			for updates.Load() < 10 {
+				time.Sleep(every)
+			}
+			cancel()
+			<-done
+			n, a := updates.Load(), asked.Load()
+			if tc.asks && a < n-1 {
+				t.Fatalf("%d of %d status updates asked for a reply while the reader was silent, want all", a, n)
+			}
+			if !tc.asks && a != 0 {
+				t.Fatalf("%d of %d status updates asked for a reply while the reader heard the walsender, want none", a, n)
+			}
+		})
 	}
 }
 

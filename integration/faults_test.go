@@ -297,6 +297,26 @@ func TestReplacedSlotIsRefused(t *testing.T) {
 	}
 }
 
+// TestDroppedSlotIsNamed: a slot dropped while the relay was stopped, on a
+// server that was never promoted, is reported as dropped, not blamed on a
+// failover.
+func TestDroppedSlotIsNamed(t *testing.T) {
+	e := newEnv(t)
+	c := e.consume("outbox.order")
+	p := e.start()
+	p.waitLog(`"streaming"`, 30*time.Second)
+	ids := e.insert("outbox", "order", "1", 10)
+	c.waitIDs(ids, 30*time.Second)
+	time.Sleep(1500 * time.Millisecond) // let the checkpoint be recorded
+	p.stop()
+	e.exec("SELECT pg_drop_replication_slot('outboxrelay')")
+	out, code := e.cli("run", "--config", e.config())
+	if code != 2 || !strings.Contains(out, "it was dropped") || strings.Contains(out, "failover") || !strings.Contains(out, "outboxrelay recover") {
+		t.Fatalf("exit %d, want 2 saying the slot was dropped, without blaming a failover, and naming recover:\n%s", code, out)
+	}
+	t.Logf("relay after the slot was dropped: %s", tail(strings.TrimSpace(out), 1))
+}
+
 func freePort(t *testing.T) int {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

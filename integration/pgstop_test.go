@@ -154,3 +154,52 @@ func sampleCPU(pid int) func() string {
 		return "not measured"
 	}
 }
+
+// TestPostgresStopsWhileCaughtUp: a fast shutdown terminates the relay's
+// regular sessions (57P01) before its walsender waits for the relay to
+// confirm the end of the WAL, the shutdown checkpoint included, which the
+// relay can no longer record. Finding the server refusing new sessions as
+// shutting down, the relay confirms unrecorded, so PostgreSQL stops; after
+// the restart the relay comes up again (no "re-created" refusal) and every
+// row arrives.
+func TestPostgresStopsWhileCaughtUp(t *testing.T) {
+	srv, _ := startServer(t, map[string]string{"max_wal_senders": "10", "max_replication_slots": "10"})
+	e := newEnvOn(t, srv)
+	c := e.consume("outbox.order")
+	p := e.start()
+	p.waitLog(`"streaming"`, 30*time.Second)
+	var ids []string
+	for i := range 5 {
+		ids = append(ids, e.insert("outbox", "order", strconv.Itoa(i), 20)...)
+	}
+	c.waitIDs(ids, 30*time.Second)
+
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	started := time.Now()
+	err := srv.Shutdown(ctx)
+	took := time.Since(started)
+	cancel()
+	t.Logf("pg_ctl stop -m fast with the relay caught up took %s", took.Round(10*time.Millisecond))
+	// A correctness bound, not a speed claim: a relay that withholds the
+	// confirmation keeps PostgreSQL from stopping at all.
+	if err != nil || took > 15*time.Second {
+		p.kill()
+		t.Fatalf("PostgreSQL did not stop within 15s with the relay caught up (took %s): %v", took.Round(10*time.Millisecond), err)
+	}
+	if !strings.Contains(p.out.String(), "confirming progress unrecorded") {
+		t.Errorf("relay did not log that it confirmed unrecorded while PostgreSQL shut down")
+	}
+	if err := srv.StartAgain(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	e.db = connectT(t, e.dbURL)
+	ids = append(ids, e.insertRetry("outbox", "order", "9", 20)...)
+	recs := c.waitIDs(ids, 120*time.Second)
+	select {
+	case <-p.done:
+		t.Fatalf("relay exited (%v) after PostgreSQL restarted; it must resume", p.err)
+	default:
+	}
+	p.stop()
+	t.Logf("rows committed %d, delivered %d, lost 0, duplicates %d (records %d)", len(ids), len(ids), duplicates(recs), len(recs))
+}
