@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
 	"os/signal"
 	"strings"
 	"syscall"
@@ -97,9 +96,9 @@ type opsEnv struct {
 }
 
 func openOps(ctx context.Context, path string, stderr io.Writer) (*opsEnv, error) {
-	cfg, err := config.Load(path, os.LookupEnv)
+	cfg, err := loadConfig(path, stderr)
 	if err != nil {
-		return nil, usageErr("invalid configuration: %v", err)
+		return nil, err
 	}
 	log, err := newLogger(cfg.Log.Level, stderr)
 	if err != nil {
