@@ -106,14 +106,15 @@ func TestLoadReportsEveryProblem(t *testing.T) {
 	}
 }
 
-// A mistyped OUTBOXRELAY_ variable is named with the closest key; a
-// variable that is a key is not.
+// A mistyped OUTBOXRELAY_ variable is named with the closest key, one far
+// from every key is named alone; a variable that is a key is not.
 func TestUnknownEnv(t *testing.T) {
 	got := UnknownEnv([]string{"OUTBOXRELAY_RELAY_MAXINFLIGHT=10", "OUTBOXRELAY_SINK_KAFKA_BROKERS=a:9092", "OUTBOXRELAY_POSTGRES_URL_FILE=/run/url",
-		"OUTBOXRELAY_POSTGRES_SLOTT=x", "HOME=/root", "OUTBOXRELAYX=1"})
+		"OUTBOXRELAY_POSTGRES_SLOTT=x", "HOME=/root", "OUTBOXRELAYX=1", "OUTBOXRELAY_PG_VERSION=15"})
 	want := []string{
 		"environment OUTBOXRELAY_RELAY_MAXINFLIGHT is not a configuration key and is ignored; did you mean OUTBOXRELAY_RELAY_MAX_INFLIGHT?",
 		"environment OUTBOXRELAY_POSTGRES_SLOTT is not a configuration key and is ignored; did you mean OUTBOXRELAY_POSTGRES_SLOT?",
+		"environment OUTBOXRELAY_PG_VERSION is not a configuration key and is ignored; no key is close (the README's Configuration section lists them)",
 	}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Fatalf("warnings:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))

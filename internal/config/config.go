@@ -587,8 +587,8 @@ func applyEnv(v reflect.Value, path, env string, lookup func(string) (string, bo
 
 // UnknownEnv returns a warning for every variable of environ (KEY=value
 // pairs, as os.Environ returns them) that starts with OUTBOXRELAY_ but
-// names no configuration key, naming the closest key: a mistyped variable
-// is otherwise silently ignored.
+// names no configuration key, naming the closest key when one is within a
+// few edits: a mistyped variable is otherwise silently ignored.
 func UnknownEnv(environ []string) []string {
 	known := map[string]bool{}
 	var names []string
@@ -602,14 +602,19 @@ func UnknownEnv(environ []string) []string {
 		if !strings.HasPrefix(name, EnvPrefix) || known[name] {
 			continue
 		}
-		warnings = append(warnings, fmt.Sprintf("environment %s is not a configuration key and is ignored; did you mean %s?", name, closest(name, names)))
+		near, d := closest(name, names)
+		if d <= max(3, len(name)/8) {
+			warnings = append(warnings, fmt.Sprintf("environment %s is not a configuration key and is ignored; did you mean %s?", name, near))
+			continue
+		}
+		warnings = append(warnings, fmt.Sprintf("environment %s is not a configuration key and is ignored; no key is close (the README's Configuration section lists them)", name))
 	}
 	return warnings
 }
 
-// closest returns the name of names nearest to s by edit distance, the
-// first in sorted order on a tie.
-func closest(s string, names []string) string {
+// closest returns the name of names nearest to s by edit distance (the
+// first in sorted order on a tie) and that distance.
+func closest(s string, names []string) (string, int) {
 	sorted := append([]string(nil), names...)
 	sort.Strings(sorted)
 	best, bestDist := "", -1
@@ -618,7 +623,7 @@ func closest(s string, names []string) string {
 			best, bestDist = n, d
 		}
 	}
-	return best
+	return best, bestDist
 }
 
 func setValue(v reflect.Value, s string) error {
