@@ -27,7 +27,7 @@ import (
 // to warn when the slot it creates is not the one the relay reads.
 var usualConfigs = []string{"/etc/outboxrelay/config.yaml", "outboxrelay.yaml"}
 
-func cmdMigrate(args []string, stdout io.Writer) error {
+func cmdMigrate(args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("migrate", "migrate --database-url URL | --config FILE [flags]",
 		"Create the outbox table, the outboxrelay schema, the publication and the replication slot. Idempotent: a rerun changes nothing and takes no lock.")
 	cfgPath := fs.String("config", "", "the relay's YAML configuration: migrate its postgres.tables, publication and slot (postgres.url unless --database-url)")
@@ -56,9 +56,9 @@ func cmdMigrate(args []string, stdout io.Writer) error {
 				return usageErr("migrate: --%s and --config both name it; drop --%s and set it in the configuration", name, name)
 			}
 		}
-		cfg, err := config.Load(*cfgPath, os.LookupEnv)
+		cfg, err := loadConfig(*cfgPath, stderr)
 		if err != nil {
-			return usageErr("invalid configuration: %v", err)
+			return err
 		}
 		pg := cfg.Postgres
 		o.Table, o.Publication, *slot, slotSetting = pg.Tables[0], pg.Publication, pg.Slot, "postgres.slot"
@@ -238,16 +238,16 @@ func connect(ctx context.Context, url string) (*pgx.Conn, error) {
 
 // cmdMaintain creates the daily partitions of partitioned outbox tables
 // ahead of time and drops those past postgres.retention, once.
-func cmdMaintain(args []string, stdout io.Writer) error {
+func cmdMaintain(args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("maintain", "maintain --config FILE",
 		"Create the daily partitions of partitioned outbox tables ahead of time and drop those past postgres.retention, once.")
 	path := fs.String("config", "", "YAML configuration file")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	cfg, err := config.Load(*path, os.LookupEnv)
+	cfg, err := loadConfig(*path, stderr)
 	if err != nil {
-		return usageErr("invalid configuration: %v", err)
+		return err
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()

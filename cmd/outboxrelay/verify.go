@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
 	"os/signal"
 	"strings"
 	"syscall"
@@ -97,9 +96,9 @@ type opsEnv struct {
 }
 
 func openOps(ctx context.Context, path string, stderr io.Writer) (*opsEnv, error) {
-	cfg, err := config.Load(path, os.LookupEnv)
+	cfg, err := loadConfig(path, stderr)
 	if err != nil {
-		return nil, usageErr("invalid configuration: %v", err)
+		return nil, err
 	}
 	log, err := newLogger(cfg.Log.Level, stderr)
 	if err != nil {
@@ -256,13 +255,21 @@ func reconcile(ctx context.Context, o *opsEnv, f rows.Filter, margin time.Durati
 	if total == 0 {
 		return verify.Report{}, noRows(o.cfg)
 	}
+	// The bar is erased before the report is printed: on a terminal,
+	// stdout and stderr share the screen, and the report must not start
+	// on the bar's line.
 	bar := newProgress(stderr, "reading the broker", 0)
 	rep, err := verify.Run(ctx, o.db, rd, verify.Config{
 		Source: o.source, Filter: f, Slot: o.cfg.Postgres.Slot, Destination: dest, Margin: margin,
 		Progress: func(n int64) { bar.set(n) },
-		Counted:  counted,
+		Counted: func(rep verify.Report) {
+			bar.clear()
+			if counted != nil {
+				counted(rep)
+			}
+		},
 	}, missing)
-	bar.done()
+	bar.clear()
 	if err != nil {
 		return rep, &exitError{code: exitUsage, err: fmt.Errorf("verify: %w", err)}
 	}
@@ -270,8 +277,8 @@ func reconcile(ctx context.Context, o *opsEnv, f rows.Filter, margin time.Durati
 }
 
 func printReport(w io.Writer, r verify.Report) {
-	fmt.Fprintf(w, "committed      %d\nfound          %d\nmissing        %d\nduplicates     %d\ndead-lettered  %d\n",
-		r.Committed, r.Found, r.Missing, r.Duplicates, r.DeadLettered)
+	fmt.Fprintf(w, "committed      %d\nfound          %d\nmissing        %d\nduplicates     %d\ndead-lettered  %d\nparked         %d\n",
+		r.Committed, r.Found, r.Missing, r.Duplicates, r.DeadLettered, r.Parked)
 }
 
 func cmdReplay(args []string, stdout, stderr io.Writer) error {

@@ -366,3 +366,58 @@ func TestPermanent(t *testing.T) {
 		}
 	}
 }
+
+// TestWaitReplicas: with wait_replicas 1 and a server without replicas,
+// every message is appended on the primary but fails, retryable, naming
+// the setting; the sink is not ready. wait_replicas 0, the default, sends
+// no WAIT and confirms on the primary's reply.
+func TestWaitReplicas(t *testing.T) {
+	needServer(t)
+	sinktest.VerifyNoLeaks(t)
+	f := newFixture(t)
+	info, err := f.rdb.Info(t.Context(), "replication").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(info, "connected_slaves:0") {
+		t.Fatalf("the test needs a Redis without replicas:\n%s", info)
+	}
+
+	cfg := f.config()
+	cfg.WaitReplicas = 1
+	cfg.WaitTimeout = 100 * time.Millisecond
+	s := startSink(t, cfg)
+	msgs := sinktest.Messages("waited", 3, 1)
+	r := sinktest.NewRecorder()
+	for _, m := range msgs {
+		s.Publish(t.Context(), m, r.Done)
+	}
+	for m, err := range r.Wait(t, len(msgs), 30*time.Second) {
+		if err == nil || !relay.Retryable(err) || !errors.Is(err, ErrTooFewReplicas) ||
+			!strings.Contains(err.Error(), "0 of the 1 replicas sink.redis.wait_replicas asks for") {
+			t.Errorf("message %s: %v, want a retryable error saying 0 of the 1 replicas acknowledged it", m.ID, err)
+		}
+	}
+	if l, err := f.rdb.XLen(t.Context(), f.prefix+"waited").Result(); err != nil || l != int64(len(msgs)) {
+		t.Errorf("XLEN %d (%v), want %d: the primary holds the batch", l, err, len(msgs))
+	}
+	if s.Ready() {
+		t.Error("ready while batches lack their replicas")
+	}
+
+	cfg.WaitReplicas = 0
+	s = startSink(t, cfg)
+	r = sinktest.NewRecorder()
+	msgs = sinktest.Messages("unwaited", 3, 1)
+	for _, m := range msgs {
+		s.Publish(t.Context(), m, r.Done)
+	}
+	for m, err := range r.Wait(t, len(msgs), 30*time.Second) {
+		if err != nil {
+			t.Errorf("message %s with wait_replicas 0: %v", m.ID, err)
+		}
+	}
+	if !s.Ready() {
+		t.Error("not ready with wait_replicas 0")
+	}
+}
