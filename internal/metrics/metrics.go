@@ -206,10 +206,10 @@ func New(cfg Config) *Metrics {
 		m.deadLetters.WithLabelValues(reason)
 	}
 	for _, d := range cfg.Destinations {
-		m.published.WithLabelValues(cfg.Sink, d)
+		m.published.WithLabelValues(cfg.Sink, label(d))
 	}
 	for _, t := range cfg.IgnoredTables {
-		m.skipped.WithLabelValues(t)
+		m.skipped.WithLabelValues(label(t))
 	}
 	for _, h := range envelope.ReservedForms() {
 		m.reserved.WithLabelValues(h)
