@@ -124,6 +124,9 @@ func TestExactlyOnceRowCannotWritePosition(t *testing.T) {
 	if lost != 0 {
 		t.Errorf("%d of %d rows lost after a row addressed the positions topic", lost, len(ids))
 	}
+	if d := duplicates(c.records()); d != 0 {
+		t.Errorf("%d rows arrived twice: the restarted relay did not resume from its position", d)
+	}
 	if !strings.Contains(reason, `kafka topic "__outboxrelay_positions" is reserved for the relay's exactly-once positions`) {
 		t.Errorf("hostile row's dead letter: %q, want the reason that the topic is the relay's own", reason)
 	}

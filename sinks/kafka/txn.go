@@ -31,8 +31,11 @@ func TransactionalID(slot string) string { return "outboxrelay-" + slot }
 // TxnSink is the exactly-once Kafka sink: a transactional producer. Each
 // Kafka transaction holds the records of one or more whole source
 // transactions and, in the same transaction, a record in
-// Config.PositionsTopic keyed by the transactional.id whose value is the
-// commit LSN of the last of them. A consumer reading with
+// Config.PositionsTopic keyed by the transactional.id, with a
+// [PositionHeader] naming it too, whose value is the commit LSN of the last
+// of them. No message can be produced to that topic (or to any __ topic),
+// and the reader ignores records without the header once there is one
+// with it. A consumer reading with
 // isolation.level=read_committed sees the records of a transaction exactly
 // when the position that covers them is committed, so a relay that resumes
 // after the position ([TxnSink.Position]) repeats nothing and loses nothing.
@@ -473,9 +476,12 @@ func (s *TxnSink) position(ctx context.Context, cl *kgo.Client) (cdc.LSN, error)
 				n = new(newest)
 				found[r.Partition] = n
 			}
-			if own {
+			switch {
+			case own:
 				n.own, n.hasOwn = lsn, true
-			} else {
+			case n.hasOwn:
+				ignored++ // unmarked after marked: not the relay's
+			default:
 				n.legacy, n.hasLegacy = lsn, true
 			}
 		})
