@@ -225,7 +225,7 @@ func checkContainedUTF8(t *testing.T, e *env, p *proc, bad string, good, got []s
 		t.Errorf("the broker holds %d messages for %d good rows: %d lost, %d repeated, bad row delivered %d times", len(got), len(good), lost, dup, seen[bad])
 	}
 	if !strings.Contains(reason, `is not valid UTF-8 (byte 0xE9 at offset`) {
-		t.Errorf("dead letter of the bad row: %q, want the reason that its destination is not valid UTF-8", reason)
+		t.Errorf("dead letter of the bad row: %q, want the reason that its destination or key is not valid UTF-8", reason)
 	}
 	if !strings.Contains(view, "/readyz 200") || code != 200 {
 		t.Errorf("after the dead letter: %s, /metrics %d; want the relay ready and its metrics served", view, code)
@@ -332,6 +332,32 @@ relay:
 	}
 	if n, _ := rdb.Exists(t.Context(), prefix+"ord\xe9r").Result(); n != 0 {
 		t.Errorf("the relay wrote the stream %q", prefix+"ord\xe9r")
+	}
+	checkContainedUTF8(t, e, p, bad, good, got)
+	p.stop()
+}
+
+// TestInvalidUTF8KeyKafka: in a SQL_ASCII database, a row whose
+// aggregate_id is not UTF-8 is dead-lettered rather than produced with the
+// raw bytes as its record key while its envelope shows U+FFFD: a record's
+// key and envelope always agree.
+func TestInvalidUTF8KeyKafka(t *testing.T) {
+	e := newSQLASCIIEnv(t)
+	c := e.consume("outbox.order")
+	p := e.start("OUTBOXRELAY_RELAY_MAX_ATTEMPTS=2")
+	p.waitLog(`"streaming"`, 30*time.Second)
+	good := e.insert("public.outbox", "order", "1", 5)
+	var bad string
+	if err := e.db.QueryRow(t.Context(), `INSERT INTO public.outbox (aggregate_type, aggregate_id, event_type, payload)
+		VALUES ('order', E'caf\xe9', 'order.created', '{}') RETURNING id::text`).Scan(&bad); err != nil {
+		t.Fatal(err)
+	}
+	good = append(good, e.insert("public.outbox", "order", "2", 5)...)
+	c.waitIDs(good, 60*time.Second)
+	e.deadLetterError(bad, 30*time.Second)
+	var got []string
+	for _, r := range c.records() {
+		got = append(got, r.Headers["message_id"])
 	}
 	checkContainedUTF8(t, e, p, bad, good, got)
 	p.stop()
