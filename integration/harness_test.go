@@ -106,6 +106,14 @@ func newEnvWith(t *testing.T, srv *pgserver.Server, preMigrate string, migrateAr
 	if err != nil {
 		t.Fatalf("create database: %v", err)
 	}
+	return newEnvIn(t, url, preMigrate, migrateArgs...)
+}
+
+// newEnvIn is newEnvWith in the database at url, which the test created.
+func newEnvIn(t *testing.T, url, preMigrate string, migrateArgs ...string) *env {
+	t.Helper()
+	ctx := t.Context()
+	var err error
 	e := &env{t: t, dbURL: url}
 	if preMigrate != "" {
 		c, err := pgx.Connect(ctx, url)

@@ -136,13 +136,24 @@ func (s *Sink) Connect(ctx context.Context) error {
 
 // Publish renders m's stream key, sets m.Destination to it and queues m for
 // Run; done is called exactly once, from Run's goroutine once the batch
-// holding m has been executed, or before Publish returns when ctx ends or
-// the sink is closed first (ctx.Err() or ErrClosed, both retryable). done
-// must not block. Publish blocks while Config.MaxPending messages are
-// queued. Messages are appended in the order of the Publish calls.
+// holding m has been executed, or before Publish returns: with a
+// relay.Permanent error when no row may write to the key or a field is not
+// valid UTF-8, and when ctx ends or the sink is closed first (ctx.Err() or
+// ErrClosed, both retryable). done must not block. Publish blocks while
+// Config.MaxPending messages are queued. Messages are appended in the order
+// of the Publish calls.
 func (s *Sink) Publish(ctx context.Context, m *relay.Message, done func(*relay.Message, error)) {
-	key := s.stream.render(m)
+	key, err := s.stream.render(m)
 	m.Destination = key
+	if err != nil {
+		done(m, relay.Permanent(err))
+		return
+	}
+	it, err := newItem(m, done, key, s.cfg.MaxLen)
+	if err != nil {
+		done(m, relay.Permanent(fmt.Errorf("append to redis stream %q: %w", key, err)))
+		return
+	}
 	if err := ctx.Err(); err != nil {
 		done(m, err)
 		return
@@ -157,7 +168,6 @@ func (s *Sink) Publish(ctx context.Context, m *relay.Message, done func(*relay.M
 	s.mu.RUnlock()
 	defer s.publishers.Done()
 
-	it := newItem(m, done, key, s.cfg.MaxLen)
 	select {
 	case s.queue <- it:
 	case <-ctx.Done():
@@ -168,11 +178,15 @@ func (s *Sink) Publish(ctx context.Context, m *relay.Message, done func(*relay.M
 }
 
 // newItem builds m's XADD. One allocation holds the arguments; the
-// envelope is passed as it is.
-func newItem(m *relay.Message, done func(*relay.Message, error), key string, maxLen int64) *item {
+// envelope is passed as it is. It fails when a field name or value is not
+// valid UTF-8 (sinks.CheckHeaders).
+func newItem(m *relay.Message, done func(*relay.Message, error), key string, maxLen int64) (*item, error) {
 	it := &item{m: m, done: done}
 	var own [16]envelope.Header
 	hs, n := sinks.Redis.Headers(own[:0], m)
+	if err := sinks.CheckHeaders(hs); err != nil {
+		return nil, err
+	}
 	v := it.vals[:0]
 	for _, h := range hs[:n] {
 		v = append(v, h.Key, h.Value)
@@ -186,7 +200,7 @@ func newItem(m *relay.Message, done func(*relay.Message, error), key string, max
 		it.args.MaxLen = maxLen
 		it.args.Approx = true
 	}
-	return it
+	return it, nil
 }
 
 // headersJSON encodes the row's headers as a JSON object in row order.

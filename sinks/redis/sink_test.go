@@ -341,14 +341,36 @@ func TestRender(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := tmpl.render(&relay.Message{AggregateType: "order", EventType: "order.created", Table: "public.outbox"})
-	if want := "outbox:order:order.created:public.outbox"; got != want {
-		t.Errorf("render = %q, want %q", got, want)
+	got, err := tmpl.render(&relay.Message{AggregateType: "order", EventType: "order.created", Table: "public.outbox"})
+	if want := "outbox:order:order.created:public.outbox"; got != want || err != nil {
+		t.Errorf("render = %q, %v; want %q", got, err, want)
 	}
-	for _, s := range []string{"", "{x}", "a{", "a}", "{aggregate_type"} {
+	for _, s := range []string{"", "{x}", "a{", "a}", "{aggregate_type", "__outboxrelay_{aggregate_type}"} {
 		if _, err := parseTemplate(s); err == nil {
 			t.Errorf("parseTemplate(%q) succeeded", s)
 		}
+	}
+}
+
+// TestContained: a stream key that is not valid UTF-8 or that starts with
+// the relay's own prefix, and a field that is not valid UTF-8, fail the
+// message permanently, naming the key or field, before anything is sent.
+func TestContained(t *testing.T) {
+	tmpl, err := parseTemplate("{aggregate_type}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ aggType, want string }{
+		{"caf\xe9", `redis stream key "caf\xe9" is not valid UTF-8 (byte 0xE9 at offset 3)`},
+		{"__outboxrelay_positions", `redis stream key "__outboxrelay_positions" is reserved for the relay's own use`},
+	} {
+		if key, err := tmpl.render(&relay.Message{ID: "1", AggregateType: c.aggType}); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("aggregate_type %q rendered %q, %v; want an error containing %s", c.aggType, key, err, c.want)
+		}
+	}
+	m := &relay.Message{ID: "1", AggregateType: "order", AggregateID: "caf\xe9", EventType: "x"}
+	if _, err := newItem(m, nil, "order", 0); err == nil || !strings.Contains(err.Error(), `header "aggregate_id" value "caf\xe9" is not valid UTF-8`) {
+		t.Errorf("aggregate_id that is not UTF-8: %v, want an error naming the field", err)
 	}
 }
 
