@@ -75,7 +75,7 @@ test-outbox:
 # a PostgreSQL of their own (inbox/internal/pgtest); the Kafka runner's run
 # consumers as child processes (against kfake over TCP, or the RabbitMQ on
 # 127.0.0.1:5672 on a queue of their own) and kill them.
-INBOX_MODULES := inbox inbox/kafka inbox/rabbitmq
+INBOX_MODULES := inbox inbox/kafka inbox/rabbitmq inbox/inboxprom
 test-inbox:
 	@set -e; for m in $(INBOX_MODULES); do \
 		echo "test-inbox: $$m"; \
