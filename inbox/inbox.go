@@ -441,7 +441,19 @@ func stored(m Message) (key, body []byte, headers map[string]string) {
 		}
 		return m.Raw.Key, v, h
 	}
-	return []byte(m.AggregateID), envelopeOf(m), map[string]string{}
+	return []byte(m.AggregateID), envelopeOf(m), map[string]string{storedEnvelopeHeader: "1"}
+}
+
+// storedEnvelopeHeader marks a stored body that the inbox encoded itself,
+// as an envelope, whatever Config.Format says.
+const storedEnvelopeHeader = "x-outboxrelay-inbox-envelope"
+
+// decodeStored decodes a dead letter's or a parked message's body.
+func (in *Inbox) decodeStored(raw Raw) (Message, error) {
+	if raw.Headers[storedEnvelopeHeader] != "" {
+		return Decode(FormatEnvelope, raw)
+	}
+	return Decode(in.cfg.Format, raw)
 }
 
 func nullTime(t time.Time) *time.Time {

@@ -387,3 +387,28 @@ func ExampleSQL() {
 	fmt.Println(strings.SplitN(SQL("billing_inbox"), "\n", 2)[0])
 	// Output: CREATE SCHEMA IF NOT EXISTS "billing_inbox";
 }
+
+// TestReplayOfAHandBuiltMessage: a Message built without Decode is stored
+// as an envelope and replayed as one, whatever Config.Format says.
+func TestReplayOfAHandBuiltMessage(t *testing.T) {
+	msgs := ledger.Generate(1, 1)
+	f := newFixture(t, msgs, Config{Format: FormatDebezium, MaxAttempts: 1})
+	ctx := context.Background()
+	m := Message{ID: msgs[0].ID, AggregateType: "account", AggregateID: msgs[0].Account,
+		Payload: []byte(`{"account":"acct-000","seq":1,"amount":1,"poison":true}`)}
+	res, err := f.in.Process(ctx, m, f.handler)
+	if err != nil || res.Outcome != DeadLettered {
+		t.Fatalf("= %+v, %v; want dead-lettered", res, err)
+	}
+	st, err := f.in.Status(ctx)
+	if err != nil || len(st.DeadLetters) != 1 {
+		t.Fatalf("status = %+v, %v", st, err)
+	}
+	f.poisoned.Store(false)
+	if rr, err := f.in.Replay(ctx, st.DeadLetters[0].ID, f.handler); err != nil || rr.Processed != 1 {
+		t.Fatalf("replay = %+v, %v; want 1 processed", rr, err)
+	}
+	if r := f.check(t); !r.ExactlyOnce() {
+		t.Fatal(r)
+	}
+}

@@ -55,7 +55,7 @@ FROM %s.dead_letters WHERE id = $1 AND consumer = $2`, in.q.schema), id, in.cons
 		return err
 	}
 	if headDone == nil {
-		m, err := Decode(in.cfg.Format, raw)
+		m, err := in.decodeStored(raw)
 		if err != nil {
 			return res, fmt.Errorf("replay dead letter %d: %w", id, err)
 		}
@@ -131,7 +131,7 @@ WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3 ORDER BY seq L
 	if err := json.Unmarshal(hdr, &raw.Headers); err != nil {
 		return 0, fmt.Errorf("parked message %d: headers: %w", seq, err)
 	}
-	m, err := Decode(in.cfg.Format, raw)
+	m, err := in.decodeStored(raw)
 	if err != nil {
 		return 0, fmt.Errorf("parked message %d: %w", seq, err)
 	}
