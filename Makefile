@@ -1,7 +1,7 @@
 GO ?= go
 FUZZTIME ?= 10s
 
-.PHONY: tidy-check lint build test test-outbox test-matrix test-chart test-rules test-short torture bench demo fuzz audit clean
+.PHONY: tidy-check lint build test test-outbox test-inbox test-matrix test-chart test-rules test-short torture bench demo fuzz audit clean
 
 # make build stamps the version (git describe) and the commit into the
 # binary: `outboxrelay version --json` and the build_info metric show them.
@@ -29,6 +29,7 @@ test: tidy-check lint
 	$(GO) test -race -count=1 -timeout 15m -p 2 $(RACE_PKGS)
 	$(GO) test -count=1 -timeout 20m -p 1 $(SERIAL_PKGS)
 	$(MAKE) --no-print-directory test-outbox
+	$(MAKE) --no-print-directory test-inbox
 	$(MAKE) --no-print-directory test-chart
 	$(MAKE) --no-print-directory test-matrix
 
@@ -68,6 +69,19 @@ torture:
 test-outbox:
 	cd outbox && $(GO) vet ./... && $(GO) test -count=1 ./... && $(GO) test -race -count=1 ./...
 
+# The consumer inbox (inbox/go.mod) and each of its broker runners
+# (inbox/kafka, inbox/rabbitmq, inbox/nats) are modules of their own, so that a Kafka
+# consumer's module graph holds no other broker's client. Their tests start
+# a PostgreSQL of their own (inbox/internal/pgtest); the Kafka runner's run
+# consumers as child processes (against kfake over TCP, or the RabbitMQ and
+# NATS on 127.0.0.1 with a queue or stream of their own) and kill them.
+INBOX_MODULES := inbox inbox/kafka inbox/rabbitmq inbox/nats inbox/inboxprom
+test-inbox:
+	@set -e; for m in $(INBOX_MODULES); do \
+		echo "test-inbox: $$m"; \
+		(cd $$m && $(GO) vet ./... && $(GO) test -count=1 -timeout 10m -p 1 ./... && $(GO) test -race -count=1 -timeout 10m -p 1 ./...); \
+	done
+
 test-chart:
 	cd deploy/helm && $(GO) vet ./... && $(GO) test -count=1 -timeout 10m ./...
 
@@ -82,15 +96,17 @@ STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 lint:
 	$(GO) run $(STATICCHECK) ./...
 	cd outbox && $(GO) run $(STATICCHECK) ./...
+	@set -e; for m in $(INBOX_MODULES); do (cd $$m && $(GO) run $(STATICCHECK) ./...); done
 
 test-short:
 	$(GO) test -short -count=1 ./...
 
 # go.mod and go.sum must be what go mod tidy makes of them, in the relay's
-# module and in the outbox library's.
+# module, in the outbox library's and in the inbox modules'.
 tidy-check:
 	$(GO) mod tidy -diff
 	cd outbox && $(GO) mod tidy -diff
+	@set -e; for m in $(INBOX_MODULES); do (cd $$m && $(GO) mod tidy -diff); done
 
 bench:
 	$(GO) run ./cmd/outboxrelay-bench $(BENCHFLAGS)
