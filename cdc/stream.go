@@ -50,6 +50,11 @@ type Handler interface {
 	// Drain waits until every message handed out so far is acknowledged or
 	// ctx is done.
 	Drain(ctx context.Context) error
+	// Room returns nil when the Handler can take another change without
+	// waiting for the broker, or else a channel that is closed once it may
+	// have room. The stream asks before every change, so that it does not
+	// stop reading the replication connection while the Handler is full.
+	Room() <-chan struct{}
 }
 
 // Stream is the logical replication connection. It reconnects by itself
@@ -136,6 +141,11 @@ func (s *Stream) Run(ctx context.Context, h Handler) error {
 		}
 		var wait time.Duration
 		s.standby.Store(IsSlotInUse(err))
+		if errors.Is(err, errResume) {
+			// Everything handed out is confirmed: resume at once.
+			retry.Reset()
+			continue
+		}
 		if IsSlotInUse(err) {
 			// A standby polls quickly so that it takes over within seconds.
 			wait = backoff.Jitter(s.cfg.StandbyPoll)
@@ -237,7 +247,7 @@ func (s *Stream) session(ctx context.Context, h Handler) (err error) {
 	// confirmed, so a restart repeats as little as possible.
 	drainCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.DrainTimeout)
 	defer cancel()
-	if readErr == nil || ctx.Err() != nil || isHandlerErr(readErr) {
+	if readErr == nil || ctx.Err() != nil || isHandlerErr(readErr) || errors.Is(readErr, errResume) {
 		if err := h.Drain(drainCtx); err != nil {
 			s.log.Warn("drain incomplete; unacknowledged messages will be delivered again after restart", zap.Error(err))
 		}
@@ -284,33 +294,26 @@ func isHandlerErr(err error) bool {
 var errCannotConfirm = errors.New("PostgreSQL waits for the relay to confirm everything it sent (it is shutting down or switching over), but the broker has not acknowledged every message; closing the replication connection without confirming them, so that PostgreSQL can stop, and resuming from the slot afterwards")
 
 func (s *Stream) read(ctx context.Context, conn *pgconn.PgConn, h Handler, st *statusWriter) error {
-	dec := NewDecoder()
-	var ev Event
-	var order walOrder // a session's held insert dies with it, as its transaction does
-	inTx := false
-	waits := waitWatch{gap: waitGap, after: waitAfter}
+	r := &sessionReader{s: s, ctx: ctx, conn: conn, h: h, st: st, dec: NewDecoder(),
+		waits: waitWatch{gap: waitGap, after: waitAfter}}
 	// A silent peer (a cut without a reset) must not hold the session
 	// forever: the status writer asks the server for a reply regularly, so a
 	// live walsender always sends something within the timeout.
-	dl := &readDeadline{conn: conn.Conn(), timeout: s.cfg.ReceiveTimeout, slack: s.cfg.ReceiveTimeout / 8}
+	r.dl = &readDeadline{conn: conn.Conn(), timeout: s.cfg.ReceiveTimeout, slack: s.cfg.ReceiveTimeout / 8}
 	// ctx interrupts a blocked receive through the read deadline, watched
 	// once for the session. Handing ctx to every ReceiveMessage made pgconn
 	// register and remove a context.AfterFunc per message (two allocations,
 	// four mutexes; a quarter of the loop's CPU in BenchmarkReadLoop).
-	stop := context.AfterFunc(ctx, dl.interrupt)
+	stop := context.AfterFunc(ctx, r.dl.interrupt)
 	defer stop()
-	recvCtx := context.WithoutCancel(ctx)
+	r.recvCtx = context.WithoutCancel(ctx)
 	for {
-		dl.extend(time.Now())
-		msg, err := conn.ReceiveMessage(recvCtx)
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			if pgconn.Timeout(err) {
-				return retryableErr{fmt.Errorf("nothing from the walsender for %s; reconnecting", s.cfg.ReceiveTimeout)}
-			}
-			return fmt.Errorf("receive from walsender: %w", err)
+		msg, err := r.receive()
+		if errors.Is(err, errNudged) {
+			continue
+		}
+		if err != nil || msg == nil {
+			return err
 		}
 		switch msg := msg.(type) {
 		case *pgproto3.CopyData:
@@ -319,53 +322,237 @@ func (s *Stream) read(ctx context.Context, conn *pgconn.PgConn, h Handler, st *s
 			}
 			switch msg.Data[0] {
 			case pglogrepl.PrimaryKeepaliveMessageByteID:
-				ka, err := pglogrepl.ParsePrimaryKeepaliveMessage(msg.Data[1:])
-				if err != nil {
-					return fmt.Errorf("parse keepalive: %w", err)
-				}
-				if !inTx {
-					h.Idle(ka.ServerWALEnd)
-				}
-				if ka.ReplyRequested {
-					n := h.Unacknowledged()
-					if waits.observe(time.Now(), n > 0 && h.Confirmed() < ka.ServerWALEnd) {
-						return retryableErr{fmt.Errorf("%w (%d unacknowledged, confirmed %s, server at %s)", errCannotConfirm, n, h.Confirmed(), ka.ServerWALEnd)}
-					}
-					st.requestReply()
-				}
-			case pglogrepl.XLogDataByteID:
-				xld, err := pglogrepl.ParseXLogData(msg.Data[1:])
-				if err != nil {
-					return fmt.Errorf("parse xlogdata: %w", err)
-				}
-				if err := dec.Decode(xld.WALData, xld.WALStart, &ev); err != nil {
+				if err := r.keepalive(msg.Data, true); err != nil {
 					return err
 				}
-				switch ev.Kind {
-				case KindBegin:
-					inTx = true
-					err = h.Begin(ctx, ev.Begin)
-				case KindInsert:
-					err = order.insert(ctx, h, &ev.Insert)
-				case KindMessage:
-					err = order.message(ctx, h, &ev.Message)
-				case KindCommit:
-					inTx = false
-					if err = order.flush(ctx, h); err == nil {
-						err = h.Commit(ctx, ev.Commit)
+			case pglogrepl.XLogDataByteID:
+				if room := h.Room(); room != nil {
+					held, err := r.waitRoom(room, msg.Data)
+					if err != nil || ctx.Err() != nil {
+						return err
 					}
+					msg.Data = held
 				}
-				if err != nil {
-					if ctx.Err() != nil {
-						return nil
-					}
-					return handlerErr{err}
+				if err := r.xlogData(msg.Data); err != nil {
+					return err
 				}
 			}
 		case *pgproto3.ErrorResponse:
 			return fmt.Errorf("walsender: %w", pgconn.ErrorResponseToPgError(msg))
 		case *pgproto3.CopyDone:
 			return fmt.Errorf("walsender ended the stream: %w", io.ErrUnexpectedEOF)
+		}
+	}
+}
+
+// sessionReader is one session's read loop. Stream goroutine only.
+type sessionReader struct {
+	s       *Stream
+	ctx     context.Context
+	recvCtx context.Context // ctx without its cancellation, which dl carries
+	conn    *pgconn.PgConn
+	h       Handler
+	st      *statusWriter
+	dl      *readDeadline
+	dec     *Decoder
+	ev      Event
+	order   walOrder // a session's held insert dies with it, as its transaction does
+	inTx    bool
+	waits   waitWatch
+	held    []byte // the XLogData held while the Handler is full
+}
+
+// receive returns the next message from the walsender. A nil message with
+// a nil error means that ctx ended.
+func (r *sessionReader) receive() (pgproto3.BackendMessage, error) {
+	r.dl.extend(time.Now())
+	msg, err := r.conn.ReceiveMessage(r.recvCtx)
+	if err == nil {
+		return msg, nil
+	}
+	if r.ctx.Err() != nil {
+		return nil, nil
+	}
+	if pgconn.Timeout(err) {
+		if r.dl.nudged() {
+			return nil, errNudged
+		}
+		return nil, retryableErr{fmt.Errorf("nothing from the walsender for %s; reconnecting", r.s.cfg.ReceiveTimeout)}
+	}
+	return nil, fmt.Errorf("receive from walsender: %w", err)
+}
+
+// errNudged: a receive was interrupted to look at the Handler again.
+var errNudged = errors.New("receive interrupted")
+
+// keepalive handles a primary keepalive message; delivered says that every
+// change received before it has been handed to the Handler.
+func (r *sessionReader) keepalive(data []byte, delivered bool) error {
+	ka, err := pglogrepl.ParsePrimaryKeepaliveMessage(data[1:])
+	if err != nil {
+		return fmt.Errorf("parse keepalive: %w", err)
+	}
+	if delivered && !r.inTx {
+		r.h.Idle(ka.ServerWALEnd)
+	}
+	if ka.ReplyRequested {
+		n := r.h.Unacknowledged()
+		if r.waits.observe(time.Now(), n > 0 && r.h.Confirmed() < ka.ServerWALEnd) {
+			return retryableErr{fmt.Errorf("%w (%d unacknowledged, confirmed %s, server at %s)", errCannotConfirm, n, r.h.Confirmed(), ka.ServerWALEnd)}
+		}
+		r.st.requestReply()
+	}
+	return nil
+}
+
+// xlogData decodes one XLogData message and hands its change to the Handler.
+func (r *sessionReader) xlogData(data []byte) error {
+	xld, err := pglogrepl.ParseXLogData(data[1:])
+	if err != nil {
+		return fmt.Errorf("parse xlogdata: %w", err)
+	}
+	ctx, h, ev := r.ctx, r.h, &r.ev
+	if err := r.dec.Decode(xld.WALData, xld.WALStart, ev); err != nil {
+		return err
+	}
+	switch ev.Kind {
+	case KindBegin:
+		r.inTx = true
+		err = h.Begin(ctx, ev.Begin)
+	case KindInsert:
+		err = r.order.insert(ctx, h, &ev.Insert)
+	case KindMessage:
+		err = r.order.message(ctx, h, &ev.Message)
+	case KindCommit:
+		r.inTx = false
+		if err = r.order.flush(ctx, h); err == nil {
+			err = h.Commit(ctx, ev.Commit)
+		}
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return handlerErr{err}
+	}
+	return nil
+}
+
+// How the stream goes on reading while the Handler is full.
+//
+// A stopping walsender first sends everything it has decoded, then waits
+// for its client to confirm it (see waitWatch). A reader that stops while
+// the Handler's in-flight window is full reads none of it: the walsender
+// blocks writing to the full socket, never reaches WalSndDone, and
+// PostgreSQL waits for the relay, which waits for the broker. So when the
+// Handler has had no room for fullHold, the reader holds the message it
+// has (one, copied) and reads on: keepalives are handled as usual, except
+// that they no longer tell the Handler that everything before them was
+// delivered. A second change while the Handler is still full cannot be
+// kept without buffering more than the window allows, so from then on the
+// session drops every change it receives (discarding): it goes on reading
+// only to see the walsender's keepalives, reply requests and end. A
+// stopping walsender is then recognised as when the window is not full and
+// the session ends without confirming. Otherwise the session ends once the
+// Handler has nothing unacknowledged, after confirming what it was handed;
+// the next session resumes from the slot there, so the dropped changes
+// come again and nothing already acknowledged is sent twice.
+const (
+	// fullHold is how long a full Handler is plain backpressure: a broker
+	// that acknowledges anything within it keeps the reader waiting.
+	fullHold = time.Second
+	// fullPoll is how often a reader that reads on while the Handler is
+	// full looks at the Handler again.
+	fullPoll = 200 * time.Millisecond
+)
+
+// errResume ends a session that dropped changes while the Handler was full,
+// once the Handler has nothing unacknowledged.
+var errResume = errors.New("the broker acknowledged every message in flight; resuming from the slot with the changes received while the in-flight window was full")
+
+// waitRoom waits until the Handler has room for the XLogData message data.
+// It returns data, or the copy of it held meanwhile, to be handled next. It
+// returns an error when the session must end, and nil with ctx done on a
+// stop.
+func (r *sessionReader) waitRoom(room <-chan struct{}, data []byte) ([]byte, error) {
+	hold := time.NewTimer(fullHold)
+	defer hold.Stop()
+	select {
+	case <-room:
+		return data, nil
+	case <-r.ctx.Done():
+		return nil, nil
+	case <-hold.C:
+	}
+	// Look at the Handler again every fullPoll, and at once when room is freed.
+	r.held = append(r.held[:0], data...)
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(fullPoll)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-room:
+				room = nil
+				r.dl.nudge()
+			case <-t.C:
+				r.dl.nudge()
+			}
+		}
+	}()
+	defer func() {
+		close(done)
+		wg.Wait()
+		r.dl.nudged() // a nudge not yet seen must not end the next receive
+	}()
+	r.s.log.Warn("the in-flight window is full and the broker has acknowledged nothing for a while; reading on so that PostgreSQL is not kept waiting",
+		zap.Int("unacknowledged", r.h.Unacknowledged()), zap.Duration("for", fullHold))
+	dropped, lastRecv := 0, time.Now()
+	for {
+		if dropped == 0 && r.h.Room() == nil {
+			r.s.log.Info("the in-flight window has room again")
+			return r.held, nil
+		}
+		if dropped > 0 && r.h.Unacknowledged() == 0 {
+			r.s.log.Info("resuming from the slot", zap.Int("changes_dropped", dropped), zap.String("confirmed", r.h.Confirmed().String()))
+			return nil, retryableErr{errResume}
+		}
+		msg, err := r.receive()
+		if errors.Is(err, errNudged) {
+			if time.Since(lastRecv) > r.s.cfg.ReceiveTimeout {
+				return nil, retryableErr{fmt.Errorf("nothing from the walsender for %s; reconnecting", r.s.cfg.ReceiveTimeout)}
+			}
+			continue
+		}
+		if err != nil || msg == nil {
+			return nil, err
+		}
+		lastRecv = time.Now()
+		switch msg := msg.(type) {
+		case *pgproto3.CopyData:
+			if len(msg.Data) == 0 {
+				continue
+			}
+			switch msg.Data[0] {
+			case pglogrepl.PrimaryKeepaliveMessageByteID:
+				if err := r.keepalive(msg.Data, false); err != nil {
+					return nil, err
+				}
+			case pglogrepl.XLogDataByteID:
+				if dropped == 0 {
+					r.s.log.Warn("the in-flight window is still full: dropping the changes received from now on, to receive them again from the slot once the broker has acknowledged what is in flight")
+				}
+				dropped++
+			}
+		case *pgproto3.ErrorResponse:
+			return nil, fmt.Errorf("walsender: %w", pgconn.ErrorResponseToPgError(msg))
+		case *pgproto3.CopyDone:
+			return nil, fmt.Errorf("walsender ended the stream: %w", io.ErrUnexpectedEOF)
 		}
 	}
 }
@@ -378,24 +565,26 @@ func (s *Stream) read(ctx context.Context, conn *pgconn.PgConn, h Handler, st *s
 type readDeadline struct {
 	conn           net.Conn
 	timeout, slack time.Duration
-	at             time.Time // the deadline set; written by extend only
+	at             atomic.Int64 // the deadline set, Unix nanoseconds; written under mu
 
 	mu          sync.Mutex
 	interrupted bool
+	nudges      bool // a nudge not yet seen by nudged
 }
 
 // extend makes sure the deadline is at least timeout after now.
 func (d *readDeadline) extend(now time.Time) {
-	if d.at.Sub(now) >= d.timeout {
+	if time.Duration(d.at.Load()-now.UnixNano()) >= d.timeout {
 		return
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.interrupted {
-		return // keep the deadline interrupt set
+	if d.interrupted || d.nudges {
+		return // keep the interrupt or the nudge set
 	}
-	d.at = now.Add(d.timeout + d.slack)
-	_ = d.conn.SetReadDeadline(d.at)
+	at := now.Add(d.timeout + d.slack)
+	d.at.Store(at.UnixNano())
+	_ = d.conn.SetReadDeadline(at)
 }
 
 // interrupt ends a blocked receive and every later one.
@@ -404,6 +593,28 @@ func (d *readDeadline) interrupt() {
 	defer d.mu.Unlock()
 	d.interrupted = true
 	_ = d.conn.SetReadDeadline(time.Now())
+}
+
+// nudge ends a blocked receive, or the next one, once; nudged tells such a
+// timeout from a silent connection. Any goroutine.
+func (d *readDeadline) nudge() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.interrupted {
+		return
+	}
+	d.nudges = true
+	d.at.Store(0) // the next extend sets a full deadline again
+	_ = d.conn.SetReadDeadline(time.Now())
+}
+
+// nudged reports whether a nudge came since the last call, and forgets it.
+func (d *readDeadline) nudged() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	n := d.nudges
+	d.nudges = false
+	return n
 }
 
 // How the relay tells a stopping walsender from a live one.
@@ -435,9 +646,9 @@ func (d *readDeadline) interrupt() {
 // wal_sender_timeout under about two seconds, while the broker is down) costs
 // a reconnect, never a message.
 //
-// Not covered: a reader blocked in the Handler (the in-flight window is
-// full) reads no keepalives, and the walsender, unable to send, never gets to
-// WalSndDone; PostgreSQL then waits for the relay as before.
+// A full Handler does not stop the reader from seeing this (waitRoom). Not
+// covered: a Handler that blocks in one of its calls with room in its
+// window (a sink whose Publish waits for its broker) stops the reader.
 const (
 	// replyGap is the least time between two replies to reply requests while
 	// the confirmed position stands still. A walsender's own request

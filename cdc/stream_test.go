@@ -27,6 +27,7 @@ func (*fixedHandler) Reset()                                         {}
 func (h *fixedHandler) Confirmed() LSN                               { return LSN(h.pos.Load()) }
 func (*fixedHandler) Drain(context.Context) error                    { return nil }
 func (*fixedHandler) Unacknowledged() int                            { return 1 }
+func (*fixedHandler) Room() <-chan struct{}                          { return nil }
 
 // pipeConn returns a replication connection whose server side is a pipe the
 // test reads: every standby status update the relay sends is passed to onStatus.

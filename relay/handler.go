@@ -62,6 +62,17 @@ func (h *handler) Unacknowledged() int {
 	return n
 }
 
+// Room implements cdc.Handler: the in-flight window's room. An exactly-once
+// transaction that fills the window on its own will never get room: dispatch
+// refuses it, so Room lets its next change through to fail there.
+func (h *handler) Room() <-chan struct{} {
+	room := h.window.full()
+	if room != nil && h.batch != nil && len(h.batch.msgs) > 0 && len(h.batch.msgs) >= h.window.inflight() {
+		return nil
+	}
+	return room
+}
+
 // Idle implements cdc.Handler.
 func (h *handler) Idle(walEnd cdc.LSN) { h.tracker.idle(walEnd) }
 
