@@ -193,8 +193,14 @@ func (h *handler) dispatch(ctx context.Context, m *Message, buildErr error) erro
 		if h.batch.skipping {
 			return nil // committed in the broker already
 		}
-		if len(h.batch.msgs) >= h.cfg.MaxInFlight {
-			return fmt.Errorf("a transaction has more than %d outbox rows and exactly-once mode publishes whole transactions; raise relay.max_inflight above the largest transaction", h.cfg.MaxInFlight)
+		if err := h.batch.fits(len(m.Envelope), h.cfg); err != nil {
+			// No acknowledgement can make room for it, and a stop must not
+			// hide it: fail now. Its messages were never handed over, so
+			// they hold nothing in flight.
+			h.batch.drop(h.pub.complete)
+			endSpan(m, err)
+			h.failure.fail(err)
+			return err
 		}
 	}
 	if err := h.window.acquire(ctx, len(m.Envelope)); err != nil {
@@ -214,6 +220,7 @@ func (h *handler) dispatch(ctx context.Context, m *Message, buildErr error) erro
 	}
 	if h.batch != nil {
 		h.batch.msgs = append(h.batch.msgs, m)
+		h.batch.bytes += len(m.Envelope)
 		return nil
 	}
 	h.pub.submit(ctx, m)
