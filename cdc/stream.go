@@ -294,26 +294,36 @@ func isHandlerErr(err error) bool {
 var errCannotConfirm = errors.New("PostgreSQL waits for the relay to confirm everything it sent (it is shutting down or switching over), but the broker has not acknowledged every message; closing the replication connection without confirming them, so that PostgreSQL can stop, and resuming from the slot afterwards")
 
 func (s *Stream) read(ctx context.Context, conn *pgconn.PgConn, h Handler, st *statusWriter) error {
-	r := &sessionReader{s: s, ctx: ctx, conn: conn, h: h, st: st, dec: NewDecoder(),
-		waits: waitWatch{gap: waitGap, after: waitAfter}}
+	dec := NewDecoder()
+	var ev Event
+	var order walOrder // a session's held insert dies with it, as its transaction does
+	inTx := false
+	waits := waitWatch{gap: waitGap, after: waitAfter}
 	// A silent peer (a cut without a reset) must not hold the session
 	// forever: the status writer asks the server for a reply regularly, so a
 	// live walsender always sends something within the timeout.
-	r.dl = &readDeadline{conn: conn.Conn(), timeout: s.cfg.ReceiveTimeout, slack: s.cfg.ReceiveTimeout / 8}
+	dl := &readDeadline{conn: conn.Conn(), timeout: s.cfg.ReceiveTimeout, slack: s.cfg.ReceiveTimeout / 8}
 	// ctx interrupts a blocked receive through the read deadline, watched
 	// once for the session. Handing ctx to every ReceiveMessage made pgconn
 	// register and remove a context.AfterFunc per message (two allocations,
 	// four mutexes; a quarter of the loop's CPU in BenchmarkReadLoop).
-	stop := context.AfterFunc(ctx, r.dl.interrupt)
+	stop := context.AfterFunc(ctx, dl.interrupt)
 	defer stop()
-	r.recvCtx = context.WithoutCancel(ctx)
+	recvCtx := context.WithoutCancel(ctx)
 	for {
-		msg, err := r.receive()
-		if errors.Is(err, errNudged) {
-			continue
-		}
-		if err != nil || msg == nil {
-			return err
+		dl.extend(time.Now())
+		msg, err := conn.ReceiveMessage(recvCtx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			if pgconn.Timeout(err) {
+				if dl.nudged() {
+					continue
+				}
+				return retryableErr{fmt.Errorf("nothing from the walsender for %s; reconnecting", s.cfg.ReceiveTimeout)}
+			}
+			return fmt.Errorf("receive from walsender: %w", err)
 		}
 		switch msg := msg.(type) {
 		case *pgproto3.CopyData:
@@ -322,19 +332,54 @@ func (s *Stream) read(ctx context.Context, conn *pgconn.PgConn, h Handler, st *s
 			}
 			switch msg.Data[0] {
 			case pglogrepl.PrimaryKeepaliveMessageByteID:
-				if err := r.keepalive(msg.Data, true); err != nil {
-					return err
+				ka, err := pglogrepl.ParsePrimaryKeepaliveMessage(msg.Data[1:])
+				if err != nil {
+					return fmt.Errorf("parse keepalive: %w", err)
+				}
+				if !inTx {
+					h.Idle(ka.ServerWALEnd)
+				}
+				if ka.ReplyRequested {
+					n := h.Unacknowledged()
+					if waits.observe(time.Now(), n > 0 && h.Confirmed() < ka.ServerWALEnd) {
+						return retryableErr{fmt.Errorf("%w (%d unacknowledged, confirmed %s, server at %s)", errCannotConfirm, n, h.Confirmed(), ka.ServerWALEnd)}
+					}
+					st.requestReply()
 				}
 			case pglogrepl.XLogDataByteID:
 				if room := h.Room(); room != nil {
-					held, err := r.waitRoom(room, msg.Data)
+					data, err := s.waitRoom(ctx, conn, h, st, dl, &waits, room, msg.Data)
 					if err != nil || ctx.Err() != nil {
 						return err
 					}
-					msg.Data = held
+					msg.Data = data
 				}
-				if err := r.xlogData(msg.Data); err != nil {
+				xld, err := pglogrepl.ParseXLogData(msg.Data[1:])
+				if err != nil {
+					return fmt.Errorf("parse xlogdata: %w", err)
+				}
+				if err := dec.Decode(xld.WALData, xld.WALStart, &ev); err != nil {
 					return err
+				}
+				switch ev.Kind {
+				case KindBegin:
+					inTx = true
+					err = h.Begin(ctx, ev.Begin)
+				case KindInsert:
+					err = order.insert(ctx, h, &ev.Insert)
+				case KindMessage:
+					err = order.message(ctx, h, &ev.Message)
+				case KindCommit:
+					inTx = false
+					if err = order.flush(ctx, h); err == nil {
+						err = h.Commit(ctx, ev.Commit)
+					}
+				}
+				if err != nil {
+					if ctx.Err() != nil {
+						return nil
+					}
+					return handlerErr{err}
 				}
 			}
 		case *pgproto3.ErrorResponse:
@@ -343,99 +388,6 @@ func (s *Stream) read(ctx context.Context, conn *pgconn.PgConn, h Handler, st *s
 			return fmt.Errorf("walsender ended the stream: %w", io.ErrUnexpectedEOF)
 		}
 	}
-}
-
-// sessionReader is one session's read loop. Stream goroutine only.
-type sessionReader struct {
-	s       *Stream
-	ctx     context.Context
-	recvCtx context.Context // ctx without its cancellation, which dl carries
-	conn    *pgconn.PgConn
-	h       Handler
-	st      *statusWriter
-	dl      *readDeadline
-	dec     *Decoder
-	ev      Event
-	order   walOrder // a session's held insert dies with it, as its transaction does
-	inTx    bool
-	waits   waitWatch
-	held    []byte // the XLogData held while the Handler is full
-}
-
-// receive returns the next message from the walsender. A nil message with
-// a nil error means that ctx ended.
-func (r *sessionReader) receive() (pgproto3.BackendMessage, error) {
-	r.dl.extend(time.Now())
-	msg, err := r.conn.ReceiveMessage(r.recvCtx)
-	if err == nil {
-		return msg, nil
-	}
-	if r.ctx.Err() != nil {
-		return nil, nil
-	}
-	if pgconn.Timeout(err) {
-		if r.dl.nudged() {
-			return nil, errNudged
-		}
-		return nil, retryableErr{fmt.Errorf("nothing from the walsender for %s; reconnecting", r.s.cfg.ReceiveTimeout)}
-	}
-	return nil, fmt.Errorf("receive from walsender: %w", err)
-}
-
-// errNudged: a receive was interrupted to look at the Handler again.
-var errNudged = errors.New("receive interrupted")
-
-// keepalive handles a primary keepalive message; delivered says that every
-// change received before it has been handed to the Handler.
-func (r *sessionReader) keepalive(data []byte, delivered bool) error {
-	ka, err := pglogrepl.ParsePrimaryKeepaliveMessage(data[1:])
-	if err != nil {
-		return fmt.Errorf("parse keepalive: %w", err)
-	}
-	if delivered && !r.inTx {
-		r.h.Idle(ka.ServerWALEnd)
-	}
-	if ka.ReplyRequested {
-		n := r.h.Unacknowledged()
-		if r.waits.observe(time.Now(), n > 0 && r.h.Confirmed() < ka.ServerWALEnd) {
-			return retryableErr{fmt.Errorf("%w (%d unacknowledged, confirmed %s, server at %s)", errCannotConfirm, n, r.h.Confirmed(), ka.ServerWALEnd)}
-		}
-		r.st.requestReply()
-	}
-	return nil
-}
-
-// xlogData decodes one XLogData message and hands its change to the Handler.
-func (r *sessionReader) xlogData(data []byte) error {
-	xld, err := pglogrepl.ParseXLogData(data[1:])
-	if err != nil {
-		return fmt.Errorf("parse xlogdata: %w", err)
-	}
-	ctx, h, ev := r.ctx, r.h, &r.ev
-	if err := r.dec.Decode(xld.WALData, xld.WALStart, ev); err != nil {
-		return err
-	}
-	switch ev.Kind {
-	case KindBegin:
-		r.inTx = true
-		err = h.Begin(ctx, ev.Begin)
-	case KindInsert:
-		err = r.order.insert(ctx, h, &ev.Insert)
-	case KindMessage:
-		err = r.order.message(ctx, h, &ev.Message)
-	case KindCommit:
-		r.inTx = false
-		if err = r.order.flush(ctx, h); err == nil {
-			err = h.Commit(ctx, ev.Commit)
-		}
-	}
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil
-		}
-		return handlerErr{err}
-	}
-	return nil
 }
 
 // How the stream goes on reading while the Handler is full.
@@ -455,8 +407,9 @@ func (r *sessionReader) xlogData(data []byte) error {
 // stopping walsender is then recognised as when the window is not full and
 // the session ends without confirming. Otherwise the session ends once the
 // Handler has nothing unacknowledged, after confirming what it was handed;
-// the next session resumes from the slot there, so the dropped changes
-// come again and nothing already acknowledged is sent twice.
+// the next session resumes from the slot there: the dropped changes come
+// again, and of what was acknowledged only a transaction that was being
+// received when the window filled comes again (in full).
 const (
 	// fullHold is how long a full Handler is plain backpressure: a broker
 	// that acknowledges anything within it keeps the reader waiting.
@@ -470,22 +423,23 @@ const (
 // once the Handler has nothing unacknowledged.
 var errResume = errors.New("the broker acknowledged every message in flight; resuming from the slot with the changes received while the in-flight window was full")
 
-// waitRoom waits until the Handler has room for the XLogData message data.
-// It returns data, or the copy of it held meanwhile, to be handled next. It
+// waitRoom waits until the Handler has room for the XLogData message data,
+// and returns data, or the copy of it held meanwhile, to be handled next. It
 // returns an error when the session must end, and nil with ctx done on a
 // stop.
-func (r *sessionReader) waitRoom(room <-chan struct{}, data []byte) ([]byte, error) {
+func (s *Stream) waitRoom(ctx context.Context, conn *pgconn.PgConn, h Handler, st *statusWriter, dl *readDeadline, waits *waitWatch,
+	room <-chan struct{}, data []byte) ([]byte, error) {
 	hold := time.NewTimer(fullHold)
 	defer hold.Stop()
 	select {
 	case <-room:
 		return data, nil
-	case <-r.ctx.Done():
+	case <-ctx.Done():
 		return nil, nil
 	case <-hold.C:
 	}
+	held := append([]byte(nil), data...)
 	// Look at the Handler again every fullPoll, and at once when room is freed.
-	r.held = append(r.held[:0], data...)
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -499,38 +453,43 @@ func (r *sessionReader) waitRoom(room <-chan struct{}, data []byte) ([]byte, err
 				return
 			case <-room:
 				room = nil
-				r.dl.nudge()
+				dl.nudge()
 			case <-t.C:
-				r.dl.nudge()
+				dl.nudge()
 			}
 		}
 	}()
 	defer func() {
 		close(done)
 		wg.Wait()
-		r.dl.nudged() // a nudge not yet seen must not end the next receive
+		dl.nudged() // a nudge not yet seen must not end the next receive
 	}()
-	r.s.log.Warn("the in-flight window is full and the broker has acknowledged nothing for a while; reading on so that PostgreSQL is not kept waiting",
-		zap.Int("unacknowledged", r.h.Unacknowledged()), zap.Duration("for", fullHold))
+	s.log.Warn("the in-flight window is full and has had no room for a while; reading on so that PostgreSQL is not kept waiting",
+		zap.Int("unacknowledged", h.Unacknowledged()), zap.Duration("for", fullHold))
+	recvCtx := context.WithoutCancel(ctx)
 	dropped, lastRecv := 0, time.Now()
 	for {
-		if dropped == 0 && r.h.Room() == nil {
-			r.s.log.Info("the in-flight window has room again")
-			return r.held, nil
+		if dropped == 0 && h.Room() == nil {
+			s.log.Info("the in-flight window has room again")
+			return held, nil
 		}
-		if dropped > 0 && r.h.Unacknowledged() == 0 {
-			r.s.log.Info("resuming from the slot", zap.Int("changes_dropped", dropped), zap.String("confirmed", r.h.Confirmed().String()))
+		if dropped > 0 && h.Unacknowledged() == 0 {
+			s.log.Info("resuming from the slot", zap.Int("changes_dropped", dropped), zap.String("confirmed", h.Confirmed().String()))
 			return nil, retryableErr{errResume}
 		}
-		msg, err := r.receive()
-		if errors.Is(err, errNudged) {
-			if time.Since(lastRecv) > r.s.cfg.ReceiveTimeout {
-				return nil, retryableErr{fmt.Errorf("nothing from the walsender for %s; reconnecting", r.s.cfg.ReceiveTimeout)}
+		dl.extend(time.Now())
+		msg, err := conn.ReceiveMessage(recvCtx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, nil
 			}
-			continue
-		}
-		if err != nil || msg == nil {
-			return nil, err
+			if pgconn.Timeout(err) && dl.nudged() && time.Since(lastRecv) <= s.cfg.ReceiveTimeout {
+				continue
+			}
+			if pgconn.Timeout(err) {
+				return nil, retryableErr{fmt.Errorf("nothing from the walsender for %s; reconnecting", s.cfg.ReceiveTimeout)}
+			}
+			return nil, fmt.Errorf("receive from walsender: %w", err)
 		}
 		lastRecv = time.Now()
 		switch msg := msg.(type) {
@@ -540,12 +499,22 @@ func (r *sessionReader) waitRoom(room <-chan struct{}, data []byte) ([]byte, err
 			}
 			switch msg.Data[0] {
 			case pglogrepl.PrimaryKeepaliveMessageByteID:
-				if err := r.keepalive(msg.Data, false); err != nil {
-					return nil, err
+				// Changes before it are held or dropped: it says nothing
+				// about what was delivered (no Idle).
+				ka, err := pglogrepl.ParsePrimaryKeepaliveMessage(msg.Data[1:])
+				if err != nil {
+					return nil, fmt.Errorf("parse keepalive: %w", err)
+				}
+				if ka.ReplyRequested {
+					n := h.Unacknowledged()
+					if waits.observe(time.Now(), n > 0 && h.Confirmed() < ka.ServerWALEnd) {
+						return nil, retryableErr{fmt.Errorf("%w (%d unacknowledged, confirmed %s, server at %s)", errCannotConfirm, n, h.Confirmed(), ka.ServerWALEnd)}
+					}
+					st.requestReply()
 				}
 			case pglogrepl.XLogDataByteID:
 				if dropped == 0 {
-					r.s.log.Warn("the in-flight window is still full: dropping the changes received from now on, to receive them again from the slot once the broker has acknowledged what is in flight")
+					s.log.Warn("the in-flight window is still full: dropping the changes received from now on, to receive them again from the slot once the broker has acknowledged what is in flight")
 				}
 				dropped++
 			}
