@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
@@ -15,7 +17,7 @@ import (
 func TestMakeBuildStampsVersion(t *testing.T) {
 	for _, tool := range []string{"make", "git"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s is not installed", tool)
+			skipUnlessCI(t, "%s is not installed", tool)
 		}
 	}
 	root, err := filepath.Abs("../..")
@@ -25,7 +27,7 @@ func TestMakeBuildStampsVersion(t *testing.T) {
 	git := func(args ...string) string {
 		out, err := exec.Command("git", append([]string{"-C", root}, args...)...).Output()
 		if err != nil {
-			t.Skipf("git %s: %v (not a checkout)", strings.Join(args, " "), err)
+			skipUnlessCI(t, "git %s: %v (not a checkout?)", strings.Join(args, " "), err)
 		}
 		return strings.TrimSpace(string(out))
 	}
@@ -76,4 +78,16 @@ func TestVersionJSONWithoutLdflags(t *testing.T) {
 	if got["go"] != runtime.Version() || got["version"] == "" {
 		t.Errorf("version --json = %v", got)
 	}
+}
+
+// skipUnlessCI skips t with the message, or fails it when the CI
+// environment variable is "true": CI runs on a git checkout with make and
+// git installed (.ci/run), so a missing one there is a broken setup.
+func skipUnlessCI(t *testing.T, format string, args ...any) {
+	t.Helper()
+	msg := fmt.Sprintf(format, args...)
+	if os.Getenv("CI") == "true" {
+		t.Fatalf("%s; CI must provide make, git and a checkout (see .ci/run)", msg)
+	}
+	t.Skipf("%s (set CI=true to make this a failure)", msg)
 }
