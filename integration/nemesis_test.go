@@ -199,9 +199,9 @@ type nemesisMin struct {
 // did: about 330 rows, 6 rolled-back transactions and 30 rows under
 // rolled-back savepoints a second, and an injection every 2.3 s (35 s of
 // Kafka faults: 11,408 rows, 235 rollbacks, 970 savepoint rows, 16
-// injections of 8 kinds). The minimums are a sixteenth of that, a quarter
-// for the faults, so that they hold from 35 s (make test) to hours (make
-// torture).
+// injections of 8 kinds). The minimums are a thirteenth of that or less (a
+// quarter for the faults), so that they hold from 35 s (make test) to
+// hours (make torture).
 func nemesisMinimums(d time.Duration, kinds int) nemesisMin {
 	secs := int(d / time.Second)
 	return nemesisMin{
