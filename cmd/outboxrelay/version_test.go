@@ -15,6 +15,11 @@ import (
 // make build stamps what git says into the binary, and version --json
 // prints it.
 func TestMakeBuildStampsVersion(t *testing.T) {
+	if raceEnabled {
+		// It runs make and the binary it builds, neither under the race
+		// detector: the run without -race (make test has both) covers it.
+		t.Skip("runs programs only; covered by the run without -race")
+	}
 	for _, tool := range []string{"make", "git"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			skipUnlessCI(t, "%s is not installed", tool)
