@@ -18,14 +18,15 @@ build:
 # The integration package also runs the alert-rule unit tests (promtool)
 # and the dashboard test (a real Prometheus); deploy/helm, a module of its
 # own so that helm never becomes a dependency of the relay, renders the chart.
+# The integration run includes the PostgreSQL version matrix (test-matrix).
 SERIAL_PKGS := ./sinks/rabbitmq ./integration
 # The unit packages, whose tests need no broker beyond kfake and the
 # PostgreSQL the harness starts, run a second time under the race detector,
 # except those whose code and tests start no goroutine and share nothing
 # (NO_RACE_PKGS: pure encoding, parsing and routing), where it can find no
 # race and only slows the tests down; their code runs under it in the
-# tests of relay and cmd/outboxrelay. Tests that only run a program skip
-# themselves there (cmd/outboxrelay/race_test.go).
+# tests of relay, sinks/kafka and cmd/outboxrelay. Tests that only run a
+# program skip themselves there (cmd/outboxrelay/race_test.go).
 NO_RACE_PKGS := ./envelope ./internal/config ./internal/schema ./sinks/route
 RACE_PKGS = $(filter-out $(patsubst ./%,$(MODULE)/%,$(NO_RACE_PKGS)),$(shell $(GO) list ./cdc ./cmd/outboxrelay ./internal/... ./relay ./sinks/kafka))
 MODULE := github.com/outboxrelay/outboxrelay
