@@ -260,11 +260,18 @@ func TestIdleSlotDoesNotPinWAL(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	var current string
-	e.db.QueryRow(t.Context(), "SELECT pg_current_wal_lsn()::text").Scan(&current)
+	if err := e.db.QueryRow(t.Context(), "SELECT pg_current_wal_lsn()::text").Scan(&current); err != nil {
+		t.Fatalf("read the current WAL position: %v", err)
+	}
 	deadline := time.Now().Add(15 * time.Second)
 	for {
+		// A missing slot or a NULL confirmed_flush_lsn is an error here, not
+		// a slot that caught up.
 		var behind bool
-		e.db.QueryRow(t.Context(), "SELECT $1::pg_lsn > confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = 'outboxrelay'", current).Scan(&behind)
+		err := e.db.QueryRow(t.Context(), "SELECT $1::pg_lsn > confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = 'outboxrelay'", current).Scan(&behind)
+		if err != nil {
+			t.Fatalf("compare the slot's confirmed_flush_lsn with %s: %v", current, err)
+		}
 		if !behind {
 			break
 		}
