@@ -118,12 +118,26 @@ func (c Checkpoint) Recorded(ctx context.Context) (lsn cdc.LSN, ok bool, since t
 // Reset moves the confirmed position to lsn, back or forward, and clears
 // the recorded error: recovery calls it once it has republished from a new
 // slot whose consistent point is lsn. A slot without a checkpoint is left
-// without one.
+// without one (recovery holds one first, see Hold).
 func (c Checkpoint) Reset(ctx context.Context, lsn cdc.LSN) error {
 	_, err := c.DB.Exec(ctx, `UPDATE outboxrelay.checkpoint SET confirmed_lsn = $2::pg_lsn, confirmed_at = now(), updated_at = now(), error = NULL, error_at = NULL
 		WHERE slot = $1`, c.Slot, lsn.String())
 	if err != nil {
 		return fmt.Errorf("reset the checkpoint record: %w", err)
+	}
+	return nil
+}
+
+// Hold makes sure the checkpoint records a confirmed position, 0/0 when it
+// had none, without touching one it has or the times recovery reads
+// (Recorded): recovery calls it before it drops or creates the slot, so
+// that from then until Reset a relay refuses the new slot (Verify) or its
+// absence (cdc's missing-slot check) and a rerun of recovery starts over.
+func (c Checkpoint) Hold(ctx context.Context) error {
+	_, err := c.DB.Exec(ctx, `INSERT INTO outboxrelay.checkpoint AS c (slot, confirmed_lsn, updated_at) VALUES ($1, '0/0', now())
+		ON CONFLICT (slot) DO UPDATE SET confirmed_lsn = coalesce(c.confirmed_lsn, '0/0'), updated_at = now()`, c.Slot)
+	if err != nil {
+		return fmt.Errorf("hold the checkpoint record: %w", err)
 	}
 	return nil
 }
