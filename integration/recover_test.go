@@ -1,13 +1,17 @@
 package integration
 
 import (
+	"context"
 	"fmt"
+	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kfake"
 )
 
 // commitLedger is the commit order of each aggregate's messages, as the test
@@ -271,4 +275,181 @@ func TestRecoverDeadLetteredRows(t *testing.T) {
 	l.check(t, recs)
 	t.Logf("dead-letter recovery figures: %d good rows, 5 refused; recover --force exit 0, then recover exit 1 with 2 new dead letters (5 in all); the relay then streamed; duplicates %d\n%s\n%s",
 		len(l.ids), duplicates(recs), forced, out)
+}
+
+// newEnvOwner is newEnv migrated by an owner without REPLICATION, as on a
+// managed database: migrate creates no slot. preMigrate (SQL) runs as the
+// owner first. The relay and e.db use the server's superuser.
+func newEnvOwner(t *testing.T, preMigrate string) *env {
+	t.Helper()
+	ctx := t.Context()
+	name := fmt.Sprintf("it_%d_%d", os.Getpid(), dbCounter.Add(1))
+	url, err := pg.CreateDatabase(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	owner := "owner_" + name
+	admin := connectT(t, url)
+	for _, sql := range []string{
+		fmt.Sprintf("CREATE ROLE %s LOGIN NOREPLICATION", owner),
+		fmt.Sprintf("GRANT CREATE ON DATABASE %s TO %s", name, owner),
+		fmt.Sprintf("ALTER SCHEMA public OWNER TO %s", owner),
+	} {
+		if _, err := admin.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	t.Cleanup(func() {
+		c, err := pgx.Connect(context.Background(), url)
+		if err != nil {
+			return
+		}
+		defer c.Close(context.Background())
+		for attempt := 0; attempt < 50; attempt++ {
+			c.Exec(context.Background(), `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots
+				WHERE database = current_database() AND active_pid IS NOT NULL`)
+			c.Exec(context.Background(), "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = current_database() AND NOT active")
+			var left int
+			if c.QueryRow(context.Background(), "SELECT count(*) FROM pg_replication_slots WHERE database = current_database()").Scan(&left) != nil || left == 0 {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		c.Exec(context.Background(), fmt.Sprintf("REASSIGN OWNED BY %s TO postgres", owner))
+		c.Exec(context.Background(), fmt.Sprintf("DROP OWNED BY %s", owner))
+		c.Exec(context.Background(), "DROP ROLE "+owner)
+	})
+	ownerURL := strings.Replace(url, "postgres://postgres@", "postgres://"+owner+"@", 1)
+	if preMigrate != "" {
+		c := connectT(t, ownerURL)
+		if _, err := c.Exec(ctx, preMigrate); err != nil {
+			t.Fatalf("%s: %v", preMigrate, err)
+		}
+	}
+	e := &env{t: t, dbURL: ownerURL}
+	out, code := e.cli("migrate", "--database-url", ownerURL)
+	if code != 0 || !strings.Contains(out, "has no REPLICATION") {
+		t.Fatalf("migrate as %s exited %d, want 0 without a slot:\n%s", owner, code, out)
+	}
+	e.dbURL = url
+	e.db = admin
+	var slots int
+	if err := admin.QueryRow(ctx, "SELECT count(*) FROM pg_replication_slots WHERE database = current_database()").Scan(&slots); err != nil || slots != 0 {
+		t.Fatalf("slots after migrate: %d %v, want none", slots, err)
+	}
+	e.kafka, err = kfake.NewCluster(kfake.NumBrokers(1), kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.kafka.Close)
+	e.brokers = e.kafka.ListenAddrs()[0]
+	return e
+}
+
+// TestFirstStartPublishesRowsBeforeSlot: migrate ran as an owner without
+// REPLICATION, so no slot exists while the service commits rows; a writer
+// keeps committing while the relay makes its first start. Every row must
+// arrive exactly once, each aggregate's in commit order.
+func TestFirstStartPublishesRowsBeforeSlot(t *testing.T) {
+	e := newEnvOwner(t, "")
+	ctx := t.Context()
+	l := newCommitLedger()
+	var mu sync.Mutex
+	writer := connectT(t, e.dbURL)
+	txn := func(n int) {
+		t.Helper()
+		tx, err := writer.Begin(ctx)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		pending := map[string][]string{}
+		for step := 0; step < 6; step++ {
+			agg := fmt.Sprintf("agg-%d", (n+step%3)%8)
+			var id string
+			if err := tx.QueryRow(ctx, `INSERT INTO public.outbox (aggregate_type, aggregate_id, event_type, payload)
+				VALUES ('first', $1, 'first.step', jsonb_build_object('txn', $2::int, 'step', $3::int)) RETURNING id::text`, agg, n, step).Scan(&id); err != nil {
+				_ = tx.Rollback(ctx)
+				t.Error(err)
+				return
+			}
+			pending[agg] = append(pending[agg], id)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Error(err)
+			return
+		}
+		mu.Lock()
+		for agg, ids := range pending {
+			l.commit(agg, ids...)
+		}
+		mu.Unlock()
+	}
+	for n := 0; n < 40; n++ {
+		txn(n)
+	}
+	before := len(l.ids)
+
+	// Commits go on through the relay's first start.
+	stop := make(chan struct{})
+	done := make(chan int)
+	go func() {
+		n := 40
+		for {
+			select {
+			case <-stop:
+				done <- n - 40
+				return
+			default:
+			}
+			txn(n)
+			n++
+			time.Sleep(2 * time.Millisecond)
+		}
+	}()
+	p := e.start()
+	p.waitLog(`"streaming"`, 60*time.Second)
+	time.Sleep(300 * time.Millisecond)
+	close(stop)
+	during := <-done
+	if t.Failed() {
+		t.FailNow()
+	}
+	mu.Lock()
+	ids := append([]string(nil), l.ids...)
+	mu.Unlock()
+	recs := e.consume("outbox.first").waitIDs(ids, 60*time.Second)
+	p.stop()
+	if n := duplicates(recs); n != 0 {
+		t.Errorf("%d messages arrived twice, want each once", n)
+	}
+	bad := l.check(t, recs)
+	if !strings.Contains(p.out.String(), "first start: published the rows committed before the replication slot existed") {
+		t.Errorf("the relay did not log its first-start publish")
+	}
+	t.Logf("first-start figures: %d rows committed before the slot existed, %d in %d transactions during the first start; received %d records, duplicates %d, aggregates out of order %d",
+		before, len(ids)-before, during, len(recs), duplicates(recs), bad)
+}
+
+// TestFirstStartAdoptedTable: an outbox table that held rows before
+// migrate adopted it (delivered by another tool) starts from now: nothing
+// old is republished, and the relay says how to publish it anyway.
+func TestFirstStartAdoptedTable(t *testing.T) {
+	e := newEnvOwner(t, outboxDDL+`;
+		INSERT INTO public.outbox (aggregate_type, aggregate_id, event_type, payload)
+		SELECT 'adopted', (g % 5)::text, 'adopted.old', jsonb_build_object('seq', g) FROM generate_series(1, 50) g`)
+	p := e.start()
+	p.waitLog(`"streaming"`, 60*time.Second)
+	ids := e.insert("public.outbox", "adopted", "1", 5)
+	recs := e.consume("outbox.adopted").waitIDs(ids, 60*time.Second)
+	time.Sleep(500 * time.Millisecond)
+	recs = e.consume("outbox.adopted").waitIDs(ids, 10*time.Second)
+	p.stop()
+	if len(recs) != len(ids) {
+		t.Errorf("%d records in outbox.adopted, want only the %d rows committed after the start (50 older rows not republished)", len(recs), len(ids))
+	}
+	if !strings.Contains(p.out.String(), "postgres.backfill: all") {
+		t.Errorf("the relay did not say how to publish the older rows")
+	}
+	t.Logf("adopted-table figures: 50 rows before migrate, %d after the start; received %d", len(ids), len(recs))
 }
