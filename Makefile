@@ -36,11 +36,12 @@ test: tidy-check lint
 # version at a time (OUTBOXRELAY_PG_VERSION; .ci/run caches the binaries):
 # committed-only delivery with a savepoint rolled back in a spilled
 # transaction, kill -9, heartbeats, status and metrics, dead letters. A
-# version whose binaries are missing fails under CI=true. Each name must run
-# and pass: a renamed test cannot drop out of the matrix unnoticed.
+# version whose binaries are missing fails under CI=true. The first start
+# runs CREATE_REPLICATION_SLOT ... EXPORT_SNAPSHOT on each version. Each name
+# must run and pass: a renamed test cannot drop out of the matrix unnoticed.
 PG_MATRIX ?= 14 15 16 17 18
 MATRIX_TESTS := TestOnlyCommittedRowsArrive TestKillNineRepeatedly TestIdleSlotDoesNotPinWAL \
-	TestStatusMissingSlot TestMetricsDuringRun TestPoisonMessageDeadLettered
+	TestStatusMissingSlot TestMetricsDuringRun TestPoisonMessageDeadLettered TestFirstStartPublishesRowsBeforeSlot
 test-matrix:
 	@set -e; run="^($$(echo $(MATRIX_TESTS) | tr ' ' '|'))$$"; \
 	for v in $(PG_MATRIX); do \
