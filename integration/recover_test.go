@@ -441,9 +441,9 @@ func TestFirstStartAdoptedTable(t *testing.T) {
 	p := e.start()
 	p.waitLog(`"streaming"`, 60*time.Second)
 	ids := e.insert("public.outbox", "adopted", "1", 5)
-	recs := e.consume("outbox.adopted").waitIDs(ids, 60*time.Second)
-	time.Sleep(500 * time.Millisecond)
-	recs = e.consume("outbox.adopted").waitIDs(ids, 10*time.Second)
+	e.consume("outbox.adopted").waitIDs(ids, 60*time.Second)
+	time.Sleep(500 * time.Millisecond) // for older rows, were any published
+	recs := e.consume("outbox.adopted").waitIDs(ids, 10*time.Second)
 	p.stop()
 	if len(recs) != len(ids) {
 		t.Errorf("%d records in outbox.adopted, want only the %d rows committed after the start (50 older rows not republished)", len(recs), len(ids))
@@ -488,9 +488,9 @@ func TestFirstStartAfterMigrateSlotRerun(t *testing.T) {
 	p = e.startConfig(second)
 	p.waitLog(`"streaming"`, 60*time.Second)
 	fresh := e.insert("public.outbox", "rerun", "0", 4)
-	got := e.consume("second.rerun").waitIDs(fresh, 60*time.Second)
-	time.Sleep(500 * time.Millisecond)
-	got = e.consume("second.rerun").waitIDs(fresh, 10*time.Second)
+	e.consume("second.rerun").waitIDs(fresh, 60*time.Second)
+	time.Sleep(500 * time.Millisecond) // for older rows, were any published
+	got := e.consume("second.rerun").waitIDs(fresh, 10*time.Second)
 	p.stop()
 	if len(got) != len(fresh) {
 		t.Errorf("the fresh configuration published %d records, want only the %d rows committed after it started", len(got), len(fresh))
