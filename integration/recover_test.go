@@ -12,6 +12,9 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/outboxrelay/outboxrelay/integration/pgserver"
+	"github.com/outboxrelay/outboxrelay/integration/pgserver/pgservertest"
 )
 
 // commitLedger is the commit order of each aggregate's messages, as the test
@@ -67,7 +70,22 @@ func (l *commitLedger) check(t *testing.T, recs []record) int {
 // others of their aggregate committed but wrote after. Every message must
 // arrive, each aggregate's in commit order.
 func TestRecoverCommitOrder(t *testing.T) {
-	e := newEnv(t)
+	recoverCommitOrder(t, newEnv(t))
+}
+
+// TestRecoverCommitOrderCommitTimestamps is TestRecoverCommitOrder with
+// track_commit_timestamp = on, which orders transactions by commit time.
+func TestRecoverCommitOrderCommitTimestamps(t *testing.T) {
+	srv := pgservertest.Start(t, pgserver.Options{Settings: map[string]string{"track_commit_timestamp": "on"}})
+	e := newEnvOn(t, srv)
+	var on string
+	if err := e.db.QueryRow(t.Context(), "SHOW track_commit_timestamp").Scan(&on); err != nil || on != "on" {
+		t.Fatalf("track_commit_timestamp = %q (%v), want on", on, err)
+	}
+	recoverCommitOrder(t, e)
+}
+
+func recoverCommitOrder(t *testing.T, e *env) {
 	cfg := e.config()
 	ctx := t.Context()
 	p := e.start()
