@@ -73,8 +73,8 @@ type Postgres struct {
 	// in small batches; 0 keeps every row. Delivery never depends on the
 	// rows: the relay publishes from the WAL its slot retains.
 	Retention time.Duration `yaml:"retention"`
-	// Backfill says which rows a relay's first start (no slot and no
-	// recorded position) publishes from the tables before it streams:
+	// Backfill says which rows a relay's first start (no position recorded
+	// for its slot) publishes from the tables before it streams:
 	// BackfillAuto, BackfillAll or BackfillNone.
 	Backfill string `yaml:"backfill"`
 }
