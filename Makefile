@@ -42,7 +42,8 @@ test: tidy-check lint
 # The core end-to-end suite on every supported PostgreSQL version
 # (.ci/run caches the binaries): committed-only delivery with a savepoint
 # rolled back in a spilled transaction, kill -9, heartbeats, status and
-# metrics, dead letters. The integration test process starts a server per
+# metrics, dead letters, the first start's CREATE_REPLICATION_SLOT ...
+# EXPORT_SNAPSHOT. The integration test process starts a server per
 # version (OUTBOXRELAY_PG_MATRIX; the package's own server serves its
 # version) and integration.TestMatrix runs MATRIX_TESTS on each, the
 # versions MATRIX_PARALLEL at a time, as TestMatrix/pgNN/TestName. make test
@@ -54,7 +55,7 @@ test: tidy-check lint
 # a renamed test cannot drop out of the matrix unnoticed.
 PG_MATRIX ?= 14 15 16 17 18
 MATRIX_TESTS := TestOnlyCommittedRowsArrive TestKillNineRepeatedly TestIdleSlotDoesNotPinWAL \
-	TestStatusMissingSlot TestMetricsDuringRun TestPoisonMessageDeadLettered
+	TestStatusMissingSlot TestMetricsDuringRun TestPoisonMessageDeadLettered TestFirstStartPublishesRowsBeforeSlot
 MATRIX_PARALLEL ?= 3
 MATRIX_ENV = OUTBOXRELAY_PG_MATRIX="$(PG_MATRIX)" OUTBOXRELAY_PG_MATRIX_TESTS="$(strip $(MATRIX_TESTS))"
 MATRIX_TOP = ^($(subst $(eval) ,|,$(strip $(MATRIX_TESTS))))$$

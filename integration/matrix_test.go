@@ -42,6 +42,7 @@ var matrixTests = []func(*testing.T){
 	TestStatusMissingSlot,
 	TestMetricsDuringRun,
 	TestPoisonMessageDeadLettered,
+	TestFirstStartPublishesRowsBeforeSlot,
 }
 
 // matrixServer is one version's server, or why it is missing.

@@ -184,7 +184,7 @@ func migrateSlot(ctx context.Context, conn *pgx.Conn, slot, setting string, fail
 		return nil
 	}
 	if !canReplicate {
-		msg := fmt.Sprintf("replication slot %s not created: role %s has no REPLICATION attribute; the relay's role (LOGIN REPLICATION, see `outboxrelay migrate --print-role`) creates it when the relay first starts, and outbox rows written before then are not relayed; to keep them from now on, run migrate as a role with REPLICATION",
+		msg := fmt.Sprintf("replication slot %s not created: role %s has no REPLICATION attribute; the relay's role (LOGIN REPLICATION, see `outboxrelay migrate --print-role`) creates it when the relay first starts, and then first publishes the outbox rows written before (postgres.backfill); to keep table-less messages from now on too, run migrate as a role with REPLICATION",
 			slot, role)
 		if explicit {
 			return usageErr("migrate: %s", msg)
@@ -199,6 +199,11 @@ func migrateSlot(ctx context.Context, conn *pgx.Conn, slot, setting string, fail
 	if !created { // another migrate or relay created it meanwhile
 		fmt.Fprintf(stdout, "replication slot %s ready: it already existed\n", slot)
 		return nil
+	}
+	// For a relay's first start: transactions that begin from now on are in
+	// the slot, earlier ones it publishes from the tables.
+	if err := (store.Checkpoint{DB: conn, Slot: slot}).SlotCreated(ctx); err != nil {
+		return usageErr("migrate: %v", err)
 	}
 	fmt.Fprintf(stdout, "replication slot %s created: outbox rows are kept for the relay from now on\n", slot)
 	if fromConfig {

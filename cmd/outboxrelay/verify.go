@@ -325,11 +325,11 @@ func cmdReplay(args []string, stdout, stderr io.Writer) error {
 	if total == 0 {
 		return noRows(o.cfg)
 	}
-	res, err := publishRows(ctx, o, stderr, *rate, total, func(ctx context.Context, pub *rows.Publisher, row func()) error {
+	res, err := publishRows(ctx, o, stderr, *rate, total, nil, func(ctx context.Context, pub *rows.Publisher, row func()) error {
 		return o.source.Scan(ctx, o.db, f, func(m *relay.Message, invalid error) error {
 			row()
 			if invalid != nil {
-				pub.Invalid(m, invalid)
+				pub.Invalid(ctx, m, invalid)
 				return nil
 			}
 			return pub.Publish(ctx, m)
@@ -350,7 +350,9 @@ func resultErr(res rows.Result) error {
 }
 
 // publishRows opens the sink, runs it, and publishes what scan hands over.
-func publishRows(ctx context.Context, o *opsEnv, stderr io.Writer, rate float64, total int64,
+// A message the broker refuses, or an invalid row, is stored through
+// deadLetter when it is set.
+func publishRows(ctx context.Context, o *opsEnv, stderr io.Writer, rate float64, total int64, deadLetter func(context.Context, *relay.Message) error,
 	scan func(ctx context.Context, pub *rows.Publisher, row func()) error) (rows.Result, error) {
 	sink, err := openSink(ctx, o.cfg, o.log)
 	if err != nil {
@@ -364,7 +366,7 @@ func publishRows(ctx context.Context, o *opsEnv, stderr io.Writer, rate float64,
 		ran <- nil
 	}
 	bar := newProgress(stderr, "publishing", total)
-	pub := rows.NewPublisher(sink, rows.PublisherConfig{Rate: rate, MaxAttempts: o.cfg.Relay.MaxAttempts}, o.log)
+	pub := rows.NewPublisher(sink, rows.PublisherConfig{Rate: rate, MaxAttempts: o.cfg.Relay.MaxAttempts, DeadLetter: deadLetter}, o.log)
 	var n int64
 	err = scan(ctx, pub, func() {
 		n++
@@ -380,7 +382,11 @@ func publishRows(ctx context.Context, o *opsEnv, stderr io.Writer, rate float64,
 		o.log.Warn("close sink", zap.Error(cerr))
 	}
 	if err = errors.Join(err, werr); err != nil {
-		return res, &exitError{code: exitUsage, err: fmt.Errorf("replay: %w", err)}
+		code := exitUsage
+		if errors.Is(err, rows.ErrFailed) {
+			code = exitUnhealthy // the broker refused messages
+		}
+		return res, &exitError{code: code, err: fmt.Errorf("replay: %w", err)}
 	}
 	return res, nil
 }

@@ -236,7 +236,8 @@ func (a *App) Run(ctx context.Context) error {
 			return fmt.Errorf("%v; choose a free address for http.listen", err)
 		}
 	}
-	createdSlot, err := cdc.EnsureSlot(setupCtx, conn, cfg.Postgres.Slot, "postgres.slot", cfg.Postgres.FailoverSlot)
+	// Not setupCtx: a first start may publish many rows from the tables.
+	createdSlot, err := a.ensureSlot(ctx, conn, dur.pool, database)
 	if err != nil {
 		_ = sink.Close()
 		return startErr(fmt.Errorf("prepare PostgreSQL: %w", err))

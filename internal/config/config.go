@@ -74,7 +74,23 @@ type Postgres struct {
 	// in small batches; 0 keeps every row. Delivery never depends on the
 	// rows: the relay publishes from the WAL its slot retains.
 	Retention time.Duration `yaml:"retention"`
+	// Backfill says which rows a relay's first start (no position recorded
+	// for its slot) publishes from the tables before it streams:
+	// BackfillAuto, BackfillAll or BackfillNone.
+	Backfill string `yaml:"backfill"`
 }
+
+// The values of postgres.backfill.
+const (
+	// BackfillAuto publishes the rows of the tables migrate created, when
+	// no relay has relayed them yet; a table migrate found starts from now.
+	BackfillAuto = "auto"
+	// BackfillAll publishes every row the tables hold.
+	BackfillAll = "all"
+	// BackfillNone publishes nothing from the tables: the relay starts from
+	// the slot's creation.
+	BackfillNone = "none"
+)
 
 // Envelope chooses the message format.
 type Envelope struct {
@@ -283,6 +299,7 @@ func Default() Config {
 			Slot: "outboxrelay", Publication: "outboxrelay", Tables: []string{"public.outbox"},
 			Columns: relay.DefaultColumns(), MessagePrefix: "outboxrelay",
 			StatusInterval: time.Second, HeartbeatInterval: 10 * time.Second, CoverageInterval: time.Second,
+			Backfill: BackfillAuto,
 		},
 		Sink:     defaultSink("kafka"),
 		Envelope: Envelope{Format: "envelope", Source: "outboxrelay"},
@@ -679,6 +696,11 @@ func (c *Config) Validate() error {
 	var errs []error
 	if c.Postgres.URL == "" {
 		errs = append(errs, errors.New("postgres.url is required (or OUTBOXRELAY_POSTGRES_URL)"))
+	}
+	switch c.Postgres.Backfill {
+	case BackfillAuto, BackfillAll, BackfillNone:
+	default:
+		errs = append(errs, fmt.Errorf("postgres.backfill %q is not one of auto, all, none", c.Postgres.Backfill))
 	}
 	cc := c.CDC()
 	if err := cc.Validate(); err != nil && c.Postgres.URL != "" {
