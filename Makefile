@@ -1,7 +1,7 @@
 GO ?= go
 FUZZTIME ?= 10s
 
-.PHONY: tidy-check lint build test test-outbox test-matrix test-chart test-rules test-short torture bench demo fuzz audit clean
+.PHONY: tidy-check lint build test test-outbox test-inbox test-matrix test-chart test-rules test-short torture bench demo fuzz audit clean
 
 # make build stamps the version (git describe) and the commit into the
 # binary: `outboxrelay version --json` and the build_info metric show them.
@@ -18,39 +18,57 @@ build:
 # The integration package also runs the alert-rule unit tests (promtool)
 # and the dashboard test (a real Prometheus); deploy/helm, a module of its
 # own so that helm never becomes a dependency of the relay, renders the chart.
+# The integration run includes the PostgreSQL version matrix (test-matrix).
 SERIAL_PKGS := ./sinks/rabbitmq ./integration
 # The unit packages, whose tests need no broker beyond kfake and the
-# PostgreSQL the harness starts, run a second time under the race detector
-# (allocation tests skip themselves there: envelope/race_test.go).
-RACE_PKGS := ./cdc ./cmd/outboxrelay ./envelope ./internal/... ./relay ./sinks/kafka ./sinks/route
+# PostgreSQL the harness starts, run a second time under the race detector,
+# except those whose code and tests start no goroutine and share nothing
+# (NO_RACE_PKGS: pure encoding, parsing and routing), where it can find no
+# race and only slows the tests down; their code runs under it in the
+# tests of relay, sinks/kafka and cmd/outboxrelay. Tests that only run a
+# program skip themselves there (cmd/outboxrelay/race_test.go).
+NO_RACE_PKGS := ./envelope ./internal/config ./internal/schema ./sinks/route
+RACE_PKGS = $(filter-out $(patsubst ./%,$(MODULE)/%,$(NO_RACE_PKGS)),$(shell $(GO) list ./cdc ./cmd/outboxrelay ./internal/... ./relay ./sinks/kafka))
+MODULE := github.com/outboxrelay/outboxrelay
 test: tidy-check lint
 	$(GO) vet ./...
 	$(GO) test -count=1 -timeout 15m -p 2 $$($(GO) list ./... | grep -v -e '/integration$$' -e '/sinks/rabbitmq$$')
 	$(GO) test -race -count=1 -timeout 15m -p 2 $(RACE_PKGS)
-	$(GO) test -count=1 -timeout 20m -p 1 $(SERIAL_PKGS)
+	$(MATRIX_ENV) $(GO) test -count=1 -timeout 25m -p 1 -parallel $(MATRIX_PARALLEL) -skip '$(MATRIX_TOP)' $(SERIAL_PKGS)
 	$(MAKE) --no-print-directory test-outbox
+	$(MAKE) --no-print-directory test-inbox
 	$(MAKE) --no-print-directory test-chart
-	$(MAKE) --no-print-directory test-matrix
 
-# The core end-to-end suite on every supported PostgreSQL version, one
-# version at a time (OUTBOXRELAY_PG_VERSION; .ci/run caches the binaries):
-# committed-only delivery with a savepoint rolled back in a spilled
-# transaction, kill -9, heartbeats, status and metrics, dead letters. A
-# version whose binaries are missing fails under CI=true. Each name must run
-# and pass: a renamed test cannot drop out of the matrix unnoticed.
+# The core end-to-end suite on every supported PostgreSQL version
+# (.ci/run caches the binaries): committed-only delivery with a savepoint
+# rolled back in a spilled transaction, kill -9, heartbeats, status and
+# metrics, dead letters, the first start's CREATE_REPLICATION_SLOT ...
+# EXPORT_SNAPSHOT. The integration test process starts a server per
+# version (OUTBOXRELAY_PG_MATRIX; the package's own server serves its
+# version) and integration.TestMatrix runs MATRIX_TESTS on each, the
+# versions MATRIX_PARALLEL at a time, as TestMatrix/pgNN/TestName. make test
+# does so in its integration run, where -skip drops the top-level copies of
+# the tests (they run as TestMatrix/pgNN on the package's server's version);
+# make test-matrix runs the matrix alone. A version whose binaries are
+# missing fails under CI=true. Each name must run and pass on each version
+# (TestMatrix fails on a skip, and unless MATRIX_TESTS and its list agree):
+# a renamed test cannot drop out of the matrix unnoticed.
 PG_MATRIX ?= 14 15 16 17 18
 MATRIX_TESTS := TestOnlyCommittedRowsArrive TestKillNineRepeatedly TestIdleSlotDoesNotPinWAL \
-	TestStatusMissingSlot TestMetricsDuringRun TestPoisonMessageDeadLettered
+	TestStatusMissingSlot TestMetricsDuringRun TestPoisonMessageDeadLettered TestFirstStartPublishesRowsBeforeSlot
+MATRIX_PARALLEL ?= 3
+MATRIX_ENV = OUTBOXRELAY_PG_MATRIX="$(PG_MATRIX)" OUTBOXRELAY_PG_MATRIX_TESTS="$(strip $(MATRIX_TESTS))"
+MATRIX_TOP = ^($(subst $(eval) ,|,$(strip $(MATRIX_TESTS))))$$
 test-matrix:
-	@set -e; run="^($$(echo $(MATRIX_TESTS) | tr ' ' '|'))$$"; \
+	@set -e; echo "matrix: PostgreSQL $(PG_MATRIX)"; \
+	out=$$($(MATRIX_ENV) $(GO) test -count=1 -timeout 20m -parallel $(MATRIX_PARALLEL) -v -run '^TestMatrix$$' ./integration 2>&1) && rc=0 || rc=$$?; \
+	printf '%s\n' "$$out" | grep -E '^( *--- |ok|FAIL|matrix: |PostgreSQL [0-9]+ from|skipping)' || true; \
+	if [ $$rc -ne 0 ]; then printf '%s\n' "$$out" | tail -n 80; exit $$rc; fi; \
+	if printf '%s\n' "$$out" | grep -q '^skipping the end-to-end tests'; then exit 0; fi; \
 	for v in $(PG_MATRIX); do \
-		echo "matrix: PostgreSQL $$v"; \
-		out=$$(OUTBOXRELAY_PG_VERSION=$$v $(GO) test -count=1 -timeout 10m -v -run "$$run" ./integration 2>&1) && rc=0 || rc=$$?; \
-		printf '%s\n' "$$out" | grep -E '^(--- |ok|FAIL|PostgreSQL [0-9]+ from|skipping)' || true; \
-		if [ $$rc -ne 0 ]; then printf '%s\n' "$$out" | tail -n 80; exit $$rc; fi; \
-		if printf '%s\n' "$$out" | grep -q '^skipping the end-to-end tests'; then continue; fi; \
+		if printf '%s\n' "$$out" | grep -q "^matrix: skipping PostgreSQL $$v:"; then continue; fi; \
 		for name in $(MATRIX_TESTS); do \
-			printf '%s\n' "$$out" | grep -q "^--- PASS: $$name " || { echo "matrix: $$name did not pass on PostgreSQL $$v"; exit 1; }; \
+			printf '%s\n' "$$out" | grep -qE "^ *--- PASS: TestMatrix/pg$$v/$$name " || { echo "matrix: $$name did not pass on PostgreSQL $$v"; exit 1; }; \
 		done; \
 	done
 
@@ -68,6 +86,19 @@ torture:
 test-outbox:
 	cd outbox && $(GO) vet ./... && $(GO) test -count=1 ./... && $(GO) test -race -count=1 ./...
 
+# The consumer inbox (inbox/go.mod) and each of its broker runners
+# (inbox/kafka, inbox/rabbitmq, inbox/nats) are modules of their own, so that a Kafka
+# consumer's module graph holds no other broker's client. Their tests start
+# a PostgreSQL of their own (inbox/internal/pgtest); the Kafka runner's run
+# consumers as child processes (against kfake over TCP, or the RabbitMQ and
+# NATS on 127.0.0.1 with a queue or stream of their own) and kill them.
+INBOX_MODULES := inbox inbox/kafka inbox/rabbitmq inbox/nats inbox/inboxprom
+test-inbox:
+	@set -e; for m in $(INBOX_MODULES); do \
+		echo "test-inbox: $$m"; \
+		(cd $$m && $(GO) vet ./... && $(GO) test -count=1 -timeout 10m -p 1 ./... && $(GO) test -race -count=1 -timeout 10m -p 1 ./...); \
+	done
+
 test-chart:
 	cd deploy/helm && $(GO) vet ./... && $(GO) test -count=1 -timeout 10m ./...
 
@@ -82,15 +113,17 @@ STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 lint:
 	$(GO) run $(STATICCHECK) ./...
 	cd outbox && $(GO) run $(STATICCHECK) ./...
+	@set -e; for m in $(INBOX_MODULES); do (cd $$m && $(GO) run $(STATICCHECK) ./...); done
 
 test-short:
 	$(GO) test -short -count=1 ./...
 
 # go.mod and go.sum must be what go mod tidy makes of them, in the relay's
-# module and in the outbox library's.
+# module, in the outbox library's and in the inbox modules'.
 tidy-check:
 	$(GO) mod tidy -diff
 	cd outbox && $(GO) mod tidy -diff
+	@set -e; for m in $(INBOX_MODULES); do (cd $$m && $(GO) mod tidy -diff); done
 
 bench:
 	$(GO) run ./cmd/outboxrelay-bench $(BENCHFLAGS)

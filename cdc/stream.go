@@ -50,6 +50,11 @@ type Handler interface {
 	// Drain waits until every message handed out so far is acknowledged or
 	// ctx is done.
 	Drain(ctx context.Context) error
+	// Room returns nil when the Handler can take another change without
+	// waiting for the broker, or else a channel that is closed once it may
+	// have room. The stream asks before every change, so that it does not
+	// stop reading the replication connection while the Handler is full.
+	Room() <-chan struct{}
 }
 
 // Stream is the logical replication connection. It reconnects by itself
@@ -60,6 +65,9 @@ type Stream struct {
 	connCfg   *pgconn.Config
 	streaming atomic.Bool
 	standby   atomic.Bool
+	// waiting is when the reader began waiting for the walsender (Unix
+	// nanoseconds), 0 while it is not waiting: see Silent.
+	waiting atomic.Int64
 }
 
 // NewStream parses the configuration. It does not connect.
@@ -108,6 +116,26 @@ func (s *Stream) Ping(ctx context.Context) error {
 // Safe for concurrent use.
 func (s *Stream) Streaming() bool { return s.streaming.Load() }
 
+// Silent returns how long the stream has been waiting for the walsender
+// without receiving anything: 0 while it is not streaming, or is busy with
+// what it received (a Handler that blocks is backpressure, not silence). A
+// live walsender answers within about 2 × Config.StatusInterval, because
+// the stream asks it for a reply at every status update once it has been
+// silent for one interval; Silent beyond StallAfter therefore means that
+// the connection is lost or the server stalled, long before ReceiveTimeout
+// ends the session. Safe for concurrent use.
+func (s *Stream) Silent() time.Duration {
+	since := s.waiting.Load()
+	if since == 0 || !s.streaming.Load() {
+		return 0
+	}
+	return time.Since(time.Unix(0, since))
+}
+
+// StallAfter is the silence (Silent) past which the stream counts as
+// stalled: 3 × Config.StatusInterval, and at least 3s.
+func (s *Stream) StallAfter() time.Duration { return max(3*s.cfg.StatusInterval, 3*time.Second) }
+
 // Standby reports whether the stream is waiting because another process
 // holds the slot. Safe for concurrent use.
 func (s *Stream) Standby() bool { return s.standby.Load() }
@@ -136,6 +164,11 @@ func (s *Stream) Run(ctx context.Context, h Handler) error {
 		}
 		var wait time.Duration
 		s.standby.Store(IsSlotInUse(err))
+		if errors.Is(err, errResume) {
+			// Everything handed out is confirmed: resume at once.
+			retry.Reset()
+			continue
+		}
 		if IsSlotInUse(err) {
 			// A standby polls quickly so that it takes over within seconds.
 			wait = backoff.Jitter(s.cfg.StandbyPoll)
@@ -213,7 +246,7 @@ func (s *Stream) session(ctx context.Context, h Handler) (err error) {
 	s.log.Info("streaming", zap.String("slot", s.cfg.Slot), zap.String("from", start.String()))
 
 	st := &statusWriter{conn: conn, h: h, reply: make(chan struct{}, 1),
-		replyEvery: max(1, int(s.cfg.ReceiveTimeout/(3*s.cfg.StatusInterval)))}
+		replyEvery: max(1, int(s.cfg.ReceiveTimeout/(3*s.cfg.StatusInterval))), silent: s.Silent}
 	statusCtx, stopStatus := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -237,7 +270,7 @@ func (s *Stream) session(ctx context.Context, h Handler) (err error) {
 	// confirmed, so a restart repeats as little as possible.
 	drainCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.DrainTimeout)
 	defer cancel()
-	if readErr == nil || ctx.Err() != nil || isHandlerErr(readErr) {
+	if readErr == nil || ctx.Err() != nil || isHandlerErr(readErr) || errors.Is(readErr, errResume) {
 		if err := h.Drain(drainCtx); err != nil {
 			s.log.Warn("drain incomplete; unacknowledged messages will be delivered again after restart", zap.Error(err))
 		}
@@ -300,14 +333,21 @@ func (s *Stream) read(ctx context.Context, conn *pgconn.PgConn, h Handler, st *s
 	stop := context.AfterFunc(ctx, dl.interrupt)
 	defer stop()
 	recvCtx := context.WithoutCancel(ctx)
+	defer s.waiting.Store(0)
 	for {
-		dl.extend(time.Now())
+		now := time.Now()
+		dl.extend(now)
+		s.waiting.Store(now.UnixNano())
 		msg, err := conn.ReceiveMessage(recvCtx)
+		s.waiting.Store(0)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
 			if pgconn.Timeout(err) {
+				if dl.nudged() {
+					continue
+				}
 				return retryableErr{fmt.Errorf("nothing from the walsender for %s; reconnecting", s.cfg.ReceiveTimeout)}
 			}
 			return fmt.Errorf("receive from walsender: %w", err)
@@ -334,6 +374,13 @@ func (s *Stream) read(ctx context.Context, conn *pgconn.PgConn, h Handler, st *s
 					st.requestReply()
 				}
 			case pglogrepl.XLogDataByteID:
+				if room := h.Room(); room != nil {
+					data, err := s.waitRoom(ctx, conn, h, st, dl, &waits, room, msg.Data)
+					if err != nil || ctx.Err() != nil {
+						return err
+					}
+					msg.Data = data
+				}
 				xld, err := pglogrepl.ParseXLogData(msg.Data[1:])
 				if err != nil {
 					return fmt.Errorf("parse xlogdata: %w", err)
@@ -370,6 +417,142 @@ func (s *Stream) read(ctx context.Context, conn *pgconn.PgConn, h Handler, st *s
 	}
 }
 
+// How the stream goes on reading while the Handler is full.
+//
+// A stopping walsender first sends everything it has decoded, then waits
+// for its client to confirm it (see waitWatch). A reader that stops while
+// the Handler's in-flight window is full reads none of it: the walsender
+// blocks writing to the full socket, never reaches WalSndDone, and
+// PostgreSQL waits for the relay, which waits for the broker. So when the
+// Handler has had no room for fullHold, the reader holds the message it
+// has (one, copied) and reads on: keepalives are handled as usual, except
+// that they no longer tell the Handler that everything before them was
+// delivered. A second change while the Handler is still full cannot be
+// kept without buffering more than the window allows, so from then on the
+// session drops every change it receives (discarding): it goes on reading
+// only to see the walsender's keepalives, reply requests and end. A
+// stopping walsender is then recognised as when the window is not full and
+// the session ends without confirming. Otherwise the session ends once the
+// Handler has nothing unacknowledged, after confirming what it was handed;
+// the next session resumes from the slot there: the dropped changes come
+// again, and of what was acknowledged only a transaction that was being
+// received when the window filled comes again (in full).
+const (
+	// fullHold is how long a full Handler is plain backpressure: a broker
+	// that acknowledges anything within it keeps the reader waiting.
+	fullHold = time.Second
+	// fullPoll is how often a reader that reads on while the Handler is
+	// full looks at the Handler again.
+	fullPoll = 200 * time.Millisecond
+)
+
+// errResume ends a session that dropped changes while the Handler was full,
+// once the Handler has nothing unacknowledged.
+var errResume = errors.New("the broker acknowledged every message in flight; resuming from the slot with the changes received while the in-flight window was full")
+
+// waitRoom waits until the Handler has room for the XLogData message data,
+// and returns data, or the copy of it held meanwhile, to be handled next. It
+// returns an error when the session must end, and nil with ctx done on a
+// stop.
+func (s *Stream) waitRoom(ctx context.Context, conn *pgconn.PgConn, h Handler, st *statusWriter, dl *readDeadline, waits *waitWatch,
+	room <-chan struct{}, data []byte) ([]byte, error) {
+	hold := time.NewTimer(fullHold)
+	defer hold.Stop()
+	select {
+	case <-room:
+		return data, nil
+	case <-ctx.Done():
+		return nil, nil
+	case <-hold.C:
+	}
+	held := append([]byte(nil), data...)
+	// Look at the Handler again every fullPoll, and at once when room is freed.
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(fullPoll)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-room:
+				room = nil
+				dl.nudge()
+			case <-t.C:
+				dl.nudge()
+			}
+		}
+	}()
+	defer func() {
+		close(done)
+		wg.Wait()
+		dl.nudged() // a nudge not yet seen must not end the next receive
+	}()
+	s.log.Warn("the in-flight window is full and has had no room for a while; reading on so that PostgreSQL is not kept waiting",
+		zap.Int("unacknowledged", h.Unacknowledged()), zap.Duration("for", fullHold))
+	recvCtx := context.WithoutCancel(ctx)
+	dropped, lastRecv := 0, time.Now()
+	for {
+		if dropped == 0 && h.Room() == nil {
+			s.log.Info("the in-flight window has room again")
+			return held, nil
+		}
+		if dropped > 0 && h.Unacknowledged() == 0 {
+			s.log.Info("resuming from the slot", zap.Int("changes_dropped", dropped), zap.String("confirmed", h.Confirmed().String()))
+			return nil, retryableErr{errResume}
+		}
+		dl.extend(time.Now())
+		msg, err := conn.ReceiveMessage(recvCtx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, nil
+			}
+			if pgconn.Timeout(err) && dl.nudged() && time.Since(lastRecv) <= s.cfg.ReceiveTimeout {
+				continue
+			}
+			if pgconn.Timeout(err) {
+				return nil, retryableErr{fmt.Errorf("nothing from the walsender for %s; reconnecting", s.cfg.ReceiveTimeout)}
+			}
+			return nil, fmt.Errorf("receive from walsender: %w", err)
+		}
+		lastRecv = time.Now()
+		switch msg := msg.(type) {
+		case *pgproto3.CopyData:
+			if len(msg.Data) == 0 {
+				continue
+			}
+			switch msg.Data[0] {
+			case pglogrepl.PrimaryKeepaliveMessageByteID:
+				// Changes before it are held or dropped: it says nothing
+				// about what was delivered (no Idle).
+				ka, err := pglogrepl.ParsePrimaryKeepaliveMessage(msg.Data[1:])
+				if err != nil {
+					return nil, fmt.Errorf("parse keepalive: %w", err)
+				}
+				if ka.ReplyRequested {
+					n := h.Unacknowledged()
+					if waits.observe(time.Now(), n > 0 && h.Confirmed() < ka.ServerWALEnd) {
+						return nil, retryableErr{fmt.Errorf("%w (%d unacknowledged, confirmed %s, server at %s)", errCannotConfirm, n, h.Confirmed(), ka.ServerWALEnd)}
+					}
+					st.requestReply()
+				}
+			case pglogrepl.XLogDataByteID:
+				if dropped == 0 {
+					s.log.Warn("the in-flight window is still full: dropping the changes received from now on, to receive them again from the slot once the broker has acknowledged what is in flight")
+				}
+				dropped++
+			}
+		case *pgproto3.ErrorResponse:
+			return nil, fmt.Errorf("walsender: %w", pgconn.ErrorResponseToPgError(msg))
+		case *pgproto3.CopyDone:
+			return nil, fmt.Errorf("walsender ended the stream: %w", io.ErrUnexpectedEOF)
+		}
+	}
+}
+
 // readDeadline keeps a receive deadline at least timeout ahead while moving
 // it only once every slack: a SetReadDeadline per message reprogrammed a
 // runtime timer per message. A silent connection therefore ends between
@@ -378,24 +561,26 @@ func (s *Stream) read(ctx context.Context, conn *pgconn.PgConn, h Handler, st *s
 type readDeadline struct {
 	conn           net.Conn
 	timeout, slack time.Duration
-	at             time.Time // the deadline set; written by extend only
+	at             atomic.Int64 // the deadline set, Unix nanoseconds; written under mu
 
 	mu          sync.Mutex
 	interrupted bool
+	nudges      bool // a nudge not yet seen by nudged
 }
 
 // extend makes sure the deadline is at least timeout after now.
 func (d *readDeadline) extend(now time.Time) {
-	if d.at.Sub(now) >= d.timeout {
+	if time.Duration(d.at.Load()-now.UnixNano()) >= d.timeout {
 		return
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.interrupted {
-		return // keep the deadline interrupt set
+	if d.interrupted || d.nudges {
+		return // keep the interrupt or the nudge set
 	}
-	d.at = now.Add(d.timeout + d.slack)
-	_ = d.conn.SetReadDeadline(d.at)
+	at := now.Add(d.timeout + d.slack)
+	d.at.Store(at.UnixNano())
+	_ = d.conn.SetReadDeadline(at)
 }
 
 // interrupt ends a blocked receive and every later one.
@@ -404,6 +589,28 @@ func (d *readDeadline) interrupt() {
 	defer d.mu.Unlock()
 	d.interrupted = true
 	_ = d.conn.SetReadDeadline(time.Now())
+}
+
+// nudge ends a blocked receive, or the next one, once; nudged tells such a
+// timeout from a silent connection. Any goroutine.
+func (d *readDeadline) nudge() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.interrupted {
+		return
+	}
+	d.nudges = true
+	d.at.Store(0) // the next extend sets a full deadline again
+	_ = d.conn.SetReadDeadline(time.Now())
+}
+
+// nudged reports whether a nudge came since the last call, and forgets it.
+func (d *readDeadline) nudged() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	n := d.nudges
+	d.nudges = false
+	return n
 }
 
 // How the relay tells a stopping walsender from a live one.
@@ -435,9 +642,9 @@ func (d *readDeadline) interrupt() {
 // wal_sender_timeout under about two seconds, while the broker is down) costs
 // a reconnect, never a message.
 //
-// Not covered: a reader blocked in the Handler (the in-flight window is
-// full) reads no keepalives, and the walsender, unable to send, never gets to
-// WalSndDone; PostgreSQL then waits for the relay as before.
+// A full Handler does not stop the reader from seeing this (waitRoom). Not
+// covered: a Handler that blocks in one of its calls with room in its
+// window (a sink whose Publish waits for its broker) stops the reader.
 const (
 	// replyGap is the least time between two replies to reply requests while
 	// the confirmed position stands still. A walsender's own request
@@ -479,6 +686,9 @@ type statusWriter struct {
 	reply chan struct{}
 	// replyEvery: every how many ticks a reply is requested.
 	replyEvery int
+	// silent, when set, is how long the reader has received nothing
+	// (Stream.Silent); a tick after a silent interval asks for a reply.
+	silent func() time.Duration
 
 	mu       sync.Mutex
 	lastSent time.Time // of the last status update
@@ -505,8 +715,10 @@ func (w *statusWriter) run(ctx context.Context, every time.Duration, log *zap.Lo
 		case <-t.C:
 			tick++
 			// Ask for a reply well within the reader's receive timeout, so
-			// that the timeout only fires on a dead connection.
-			ask = tick%w.replyEvery == 0
+			// that the timeout only fires on a dead connection, and after
+			// every silent interval, so that silence means a lost
+			// connection within seconds (Stream.StallAfter).
+			ask = tick%w.replyEvery == 0 || (w.silent != nil && w.silent() >= every)
 		case <-w.reply:
 			if wait := w.holdReply(time.Now()); wait > 0 {
 				if held == nil {

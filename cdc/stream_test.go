@@ -2,6 +2,8 @@ package cdc
 
 import (
 	"context"
+	"encoding/binary"
+	"errors"
 	"net"
 	"sync/atomic"
 	"testing"
@@ -27,10 +29,17 @@ func (*fixedHandler) Reset()                                         {}
 func (h *fixedHandler) Confirmed() LSN                               { return LSN(h.pos.Load()) }
 func (*fixedHandler) Drain(context.Context) error                    { return nil }
 func (*fixedHandler) Unacknowledged() int                            { return 1 }
+func (*fixedHandler) Room() <-chan struct{}                          { return nil }
 
 // pipeConn returns a replication connection whose server side is a pipe the
 // test reads: every standby status update the relay sends is passed to onStatus.
 func pipeConn(t *testing.T, onStatus func()) *pgconn.PgConn {
+	t.Helper()
+	return pipeConnData(t, func([]byte) { onStatus() })
+}
+
+// pipeConnData is pipeConn that passes each status update's bytes.
+func pipeConnData(t *testing.T, onStatus func(data []byte)) *pgconn.PgConn {
 	t.Helper()
 	client, server := net.Pipe()
 	cfg, err := pgconn.ParseConfig("postgres://relay@127.0.0.1/db")
@@ -53,7 +62,7 @@ func pipeConn(t *testing.T, onStatus func()) *pgconn.PgConn {
 				return
 			}
 			if cd, ok := msg.(*pgproto3.CopyData); ok && len(cd.Data) > 0 && cd.Data[0] == 'r' {
-				onStatus()
+				onStatus(cd.Data)
 			}
 		}
 	}()
@@ -94,6 +103,51 @@ func TestKeepaliveRepliesAreThrottled(t *testing.T) {
 	}
 	if n < 2 {
 		t.Fatalf("%d replies in %s: reply requests must still be answered, or wal_sender_timeout ends the connection", n, window)
+	}
+}
+
+// Once the reader has heard nothing for a status interval, every status
+// update asks the walsender for a reply, so that a live one is never silent
+// for long and silence means a lost connection (Stream.StallAfter); while
+// the reader hears from it, updates ask only every replyEvery ticks.
+func TestSilentStreamAsksForReplies(t *testing.T) {
+	const every = 20 * time.Millisecond
+	for _, tc := range []struct {
+		name   string
+		silent time.Duration
+		asks   bool
+	}{{"hearing the walsender", 0, false}, {"silent for an interval", every, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			var updates, asked atomic.Int64
+			conn := pipeConnData(t, func(data []byte) {
+				updates.Add(1)
+				// 'r', write, flush, apply, client time (8 bytes each), reply requested
+				if len(data) == 34 && data[33] == 1 {
+					asked.Add(1)
+				}
+			})
+			h := &fixedHandler{}
+			st := &statusWriter{conn: conn, h: h, reply: make(chan struct{}, 1), replyEvery: 1000,
+				silent: func() time.Duration { return tc.silent }}
+			ctx, cancel := context.WithCancel(t.Context())
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				st.run(ctx, every, zap.NewNop())
+			}()
+			for updates.Load() < 10 {
+				time.Sleep(every)
+			}
+			cancel()
+			<-done
+			n, a := updates.Load(), asked.Load()
+			if tc.asks && a < n-1 {
+				t.Fatalf("%d of %d status updates asked for a reply while the reader was silent, want all", a, n)
+			}
+			if !tc.asks && a != 0 {
+				t.Fatalf("%d of %d status updates asked for a reply while the reader heard the walsender, want none", a, n)
+			}
+		})
 	}
 }
 
@@ -175,5 +229,106 @@ func TestStandbyLogsOnce(t *testing.T) {
 	entries := logs.AllUntimed()
 	if len(entries) != 3 || entries[1].Message != "still waiting as standby" {
 		t.Fatalf("ten minutes of polls logged %d lines, want 3 (one, then one every 5 minutes): %v", len(entries), entries)
+	}
+}
+
+// fullHandler is a Handler whose in-flight window is full and stays so:
+// Room never has room, and a change handed over anyway waits, as the relay's
+// window does, until the stream stops.
+type fullHandler struct {
+	fixedHandler
+	room    chan struct{} // never closed
+	changes atomic.Int64
+	idle    atomic.Int64
+}
+
+func (h *fullHandler) Room() <-chan struct{} { return h.room }
+func (h *fullHandler) Idle(LSN)              { h.idle.Add(1) }
+func (h *fullHandler) wait(ctx context.Context) error {
+	h.changes.Add(1)
+	<-ctx.Done()
+	return ctx.Err()
+}
+func (h *fullHandler) Begin(ctx context.Context, _ Begin) error    { return h.wait(ctx) }
+func (h *fullHandler) Insert(ctx context.Context, _ *Insert) error { return h.wait(ctx) }
+func (h *fullHandler) Commit(ctx context.Context, _ Commit) error  { return h.wait(ctx) }
+
+// TestReadOnWhileHandlerFull: a walsender that has far more to send than a
+// full Handler takes, and then asks for replies as a stopping one does
+// (WalSndDone), is read to the end and answered by closing the session
+// without confirming, and the Handler gets none of the changes. Before, the
+// reader stopped at the full Handler, and the walsender stayed blocked
+// writing, as PostgreSQL's shutdown did.
+func TestReadOnWhileHandlerFull(t *testing.T) {
+	client, server := net.Pipe() // unbuffered: a write returns only once the reader has read it
+	t.Cleanup(func() {
+		client.Close()
+		server.Close()
+	})
+	cfg, err := pgconn.ParseConfig("postgres://relay@127.0.0.1/db")
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgconn.Construct(&pgconn.HijackedConn{Conn: client, Config: cfg, ParameterStatuses: map[string]string{}, TxStatus: 'I'})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &Stream{cfg: Config{}, log: zap.NewNop()}
+	s.cfg.setDefaults()
+	h := &fullHandler{room: make(chan struct{})}
+	st := &statusWriter{conn: conn, h: h, reply: make(chan struct{}, 1), replyEvery: 1}
+
+	const rows = 2000
+	sent := make(chan struct{})
+	go func() {
+		defer close(sent)
+		ins := msg{'I'}.u32(7).u8('N').u16(3).text("0193a5b0-7d4e-7c1a-9f3e-2b8c1d0e4f5a").text(`"payload"`).u8('n')
+		out := xlogData(nil, 1, relationMsg(7))
+		out = xlogData(out, 2, msg{'B'}.u64(100).u64(0).u32(1))
+		for i := range rows {
+			out = xlogData(out, uint64(3+i), ins)
+		}
+		out = xlogData(out, 100, msg{'C'}.u8(0).u64(100).u64(101).u64(0))
+		if _, err := server.Write(out); err != nil {
+			return
+		}
+		sent <- struct{}{}
+		// A stopping walsender: a reply request every 100 ms, the server
+		// ahead of what the relay confirmed.
+		ka := binary.BigEndian.AppendUint64([]byte{'k'}, 1<<20)
+		ka = binary.BigEndian.AppendUint64(ka, 0)
+		frame, _ := (&pgproto3.CopyData{Data: append(ka, 1)}).Encode(nil)
+		for {
+			if _, err := server.Write(frame); err != nil {
+				return
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	readErr := make(chan error, 1)
+	go func() { readErr <- s.read(ctx, conn, h, st) }()
+
+	select {
+	case <-sent:
+	case <-time.After(15 * time.Second):
+		cancel()
+		<-readErr
+		t.Fatalf("the reader stopped reading while the Handler was full: %d changes of %d read in 15s", h.changes.Load(), rows+3)
+	}
+	select {
+	case err := <-readErr:
+		if !errors.Is(err, errCannotConfirm) {
+			t.Fatalf("read ended with %v, want the session closed without confirming (%v)", err, errCannotConfirm)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("the reader did not end the session within 15s of a stopping walsender's reply requests")
+	}
+	if n := h.changes.Load(); n != 0 {
+		t.Fatalf("the full Handler was handed %d changes", n)
+	}
+	if n := h.idle.Load(); n != 0 {
+		t.Fatalf("Idle was called %d times while changes were held or dropped", n)
 	}
 }

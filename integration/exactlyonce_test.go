@@ -183,3 +183,54 @@ func TestExactlyOnceStandbyZombie(t *testing.T) {
 	checkExactlyOnce(t, c, ids, "standby takeover, zombie woken")
 	b.stop()
 }
+
+// TestExactlyOnceTransactionLargerThanWindow: a transaction with more outbox
+// rows (or bytes) than relay.max_inflight (max_inflight_bytes) cannot be
+// published whole. The relay stops by itself with the error naming the fix,
+// a SIGTERM does not turn that into a clean exit, and after the fix (a
+// larger window) every row arrives once. Before, the error waited on a drain
+// that could never finish (30 s of silence; for bytes, the relay waited for
+// good), and a SIGTERM meanwhile exited 0 without it.
+func TestExactlyOnceTransactionLargerThanWindow(t *testing.T) {
+	for _, tc := range []struct{ window, fix string }{
+		{"relay:\n  max_inflight: 50\n", "raise relay.max_inflight above the largest transaction"},
+		{"relay:\n  max_inflight_bytes: 20000\n", "raise relay.max_inflight_bytes above the largest transaction"},
+	} {
+		t.Run(strings.TrimSuffix(strings.Fields(tc.window)[1], ":"), func(t *testing.T) {
+			e := newEnv(t)
+			e.extra = tc.window
+			c := e.consumeCommitted("outbox.order")
+			p := e.start(exactlyOnce)
+			p.waitLog(`"streaming"`, 30*time.Second)
+			ids := e.insert("outbox", "order", "1", 20)
+			c.waitIDs(ids, 60*time.Second)
+			ids = append(ids, e.insert("outbox", "order", "2", 200)...)
+
+			select {
+			case <-p.done:
+			case <-time.After(10 * time.Second):
+				t.Errorf("relay did not stop by itself within 10s of a 200-row transaction larger than its window")
+				_ = p.cmd.Process.Signal(syscall.SIGTERM)
+				select {
+				case <-p.done:
+				case <-time.After(60 * time.Second):
+					t.Fatal("relay did not exit within 60s of SIGTERM")
+				}
+			}
+			out := p.out.String()
+			code := p.cmd.ProcessState.ExitCode()
+			t.Logf("relay exited with code %d", code)
+			if code == 0 || strings.Contains(out, "stopped cleanly") {
+				t.Errorf("relay exited %d (stopped cleanly: %v) after a transaction it cannot publish; want a non-zero exit with the error", code, strings.Contains(out, "stopped cleanly"))
+			}
+			if !strings.Contains(out, tc.fix) {
+				t.Errorf("relay did not say %q:\n%s", tc.fix, tail(out, 10))
+			}
+
+			e.extra = "relay:\n  max_inflight: 1000\n  max_inflight_bytes: 10000000\n"
+			p = e.start(exactlyOnce)
+			checkExactlyOnce(t, c, ids, "transaction larger than the old window")
+			p.stop()
+		})
+	}
+}

@@ -238,7 +238,7 @@ func TestFailoverWithoutFailoverSlot(t *testing.T) {
 	e.insert("outbox", "order", "1", 5) // the new primary has no slot to keep these
 
 	out, code := e.cli("run", "--config", e.config())
-	if code != 2 || !strings.Contains(out, "does not exist on this server") || !strings.Contains(out, "outboxrelay recover") {
+	if code != 2 || !strings.Contains(out, "does not exist on this server") || !strings.Contains(out, "timeline 2, so it was promoted") || !strings.Contains(out, "outboxrelay recover") {
 		t.Fatalf("exit %d, want 2 with the lost-slot error:\n%s", code, out)
 	}
 	var slots int

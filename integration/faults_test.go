@@ -260,11 +260,18 @@ func TestIdleSlotDoesNotPinWAL(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	var current string
-	e.db.QueryRow(t.Context(), "SELECT pg_current_wal_lsn()::text").Scan(&current)
+	if err := e.db.QueryRow(t.Context(), "SELECT pg_current_wal_lsn()::text").Scan(&current); err != nil {
+		t.Fatalf("read the current WAL position: %v", err)
+	}
 	deadline := time.Now().Add(15 * time.Second)
 	for {
+		// A missing slot or a NULL confirmed_flush_lsn is an error here, not
+		// a slot that caught up.
 		var behind bool
-		e.db.QueryRow(t.Context(), "SELECT $1::pg_lsn > confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = 'outboxrelay'", current).Scan(&behind)
+		err := e.db.QueryRow(t.Context(), "SELECT $1::pg_lsn > confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = 'outboxrelay'", current).Scan(&behind)
+		if err != nil {
+			t.Fatalf("compare the slot's confirmed_flush_lsn with %s: %v", current, err)
+		}
 		if !behind {
 			break
 		}
@@ -295,6 +302,26 @@ func TestReplacedSlotIsRefused(t *testing.T) {
 	if code != 2 || !strings.Contains(out, "re-created") {
 		t.Fatalf("exit %d, want 2 naming the replaced slot:\n%s", code, out)
 	}
+}
+
+// TestDroppedSlotIsNamed: a slot dropped while the relay was stopped, on a
+// server that was never promoted, is reported as dropped, not blamed on a
+// failover.
+func TestDroppedSlotIsNamed(t *testing.T) {
+	e := newEnv(t)
+	c := e.consume("outbox.order")
+	p := e.start()
+	p.waitLog(`"streaming"`, 30*time.Second)
+	ids := e.insert("outbox", "order", "1", 10)
+	c.waitIDs(ids, 30*time.Second)
+	time.Sleep(1500 * time.Millisecond) // let the checkpoint be recorded
+	p.stop()
+	e.exec("SELECT pg_drop_replication_slot('outboxrelay')")
+	out, code := e.cli("run", "--config", e.config())
+	if code != 2 || !strings.Contains(out, "it was dropped") || strings.Contains(out, "failover") || !strings.Contains(out, "outboxrelay recover") {
+		t.Fatalf("exit %d, want 2 saying the slot was dropped, without blaming a failover, and naming recover:\n%s", code, out)
+	}
+	t.Logf("relay after the slot was dropped: %s", tail(strings.TrimSpace(out), 1))
 }
 
 func freePort(t *testing.T) int {

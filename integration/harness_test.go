@@ -52,12 +52,13 @@ func testMain(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "build outboxrelay:", err)
 		return 1
 	}
-	pg, err = pgserver.Start(ctx, pgserver.Options{Version: pgservertest.Version(), Settings: map[string]string{
+	settings := map[string]string{
 		"logical_decoding_work_mem": "64kB",
 		"max_wal_senders":           "40",
 		"max_replication_slots":     "40",
 		"max_connections":           "200",
-	}})
+	}
+	pg, err = pgserver.Start(ctx, pgserver.Options{Version: pgservertest.Version(), Settings: settings})
 	if errors.Is(err, pgserver.ErrVersionMissing) && os.Getenv("CI") != "true" {
 		fmt.Fprintf(os.Stderr, "skipping the end-to-end tests: %v (set CI=true to make this a failure)\n", err)
 		return 0
@@ -70,6 +71,13 @@ func testMain(m *testing.M) int {
 		fmt.Fprintf(os.Stderr, "PostgreSQL %d from %s\n", v, pg.BinDir())
 	}
 	defer pg.Stop()
+	if os.Getenv(matrixEnv) != "" {
+		if matrixServers, err = startMatrix(ctx, pg, settings); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		defer stopMatrix(matrixServers)
+	}
 	return m.Run()
 }
 
@@ -84,10 +92,11 @@ type env struct {
 }
 
 // newEnv creates a database, migrates it with the relay binary and starts
-// a kfake broker that the relay reaches over TCP.
+// a kfake broker that the relay reaches over TCP. The database is on the
+// package's server, or under TestMatrix on the version's (serverFor).
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	return newEnvWith(t, pg, "")
+	return newEnvWith(t, serverFor(t), "")
 }
 
 // newEnvOn is newEnv on a server of the test's own, for tests that stop it.
@@ -106,6 +115,14 @@ func newEnvWith(t *testing.T, srv *pgserver.Server, preMigrate string, migrateAr
 	if err != nil {
 		t.Fatalf("create database: %v", err)
 	}
+	return newEnvIn(t, url, preMigrate, migrateArgs...)
+}
+
+// newEnvIn is newEnvWith in the database at url, which the test created.
+func newEnvIn(t *testing.T, url, preMigrate string, migrateArgs ...string) *env {
+	t.Helper()
+	ctx := t.Context()
+	var err error
 	e := &env{t: t, dbURL: url}
 	if preMigrate != "" {
 		c, err := pgx.Connect(ctx, url)

@@ -46,10 +46,12 @@ type nemesisTarget struct {
 
 // nemesisFault is one kind of fault. inject returns once the fault is
 // injected; a fault that lasts (a window of errors) ends by itself when its
-// time is up or ctx is done, in a goroutine that wg tracks.
+// time is up or ctx is done, in a goroutine that wg tracks. Each injection
+// calls hit once, when it knows, with how many times it took effect
+// (requests failed, connections cut, processes stopped): 0 is a miss.
 type nemesisFault struct {
 	kind   string
-	inject func(ctx context.Context, r *rand.Rand, wg *sync.WaitGroup) error
+	inject func(ctx context.Context, r *rand.Rand, wg *sync.WaitGroup, hit func(n int64)) error
 }
 
 // kafkaNemesis is a kfake cluster that can be stopped and started again on
@@ -126,7 +128,7 @@ func (k *kafkaNemesis) current() *kfake.Cluster {
 
 // restart stops the broker, every connection with it, and starts it again
 // after up to 2.5 s. The faults installed on the old cluster die with it.
-func (k *kafkaNemesis) restart(ctx context.Context, r *rand.Rand, _ *sync.WaitGroup) error {
+func (k *kafkaNemesis) restart(ctx context.Context, r *rand.Rand, _ *sync.WaitGroup, hit func(int64)) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.cluster.Close()
@@ -135,6 +137,7 @@ func (k *kafkaNemesis) restart(ctx context.Context, r *rand.Rand, _ *sync.WaitGr
 	var err error
 	for range 50 {
 		if err = k.start(); err == nil {
+			hit(1)
 			return nil
 		}
 		time.Sleep(100 * time.Millisecond)
@@ -143,19 +146,24 @@ func (k *kafkaNemesis) restart(ctx context.Context, r *rand.Rand, _ *sync.WaitGr
 }
 
 // produceCut closes the connection of every produce request for up to 2 s.
-func (k *kafkaNemesis) produceCut(ctx context.Context, r *rand.Rand, wg *sync.WaitGroup) error {
+func (k *kafkaNemesis) produceCut(ctx context.Context, r *rand.Rand, wg *sync.WaitGroup, hit func(int64)) error {
 	cl := k.current()
 	var over atomic.Bool
+	var cuts atomic.Int64
 	cl.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
 		if over.Load() {
 			cl.DropControl()
 			return nil, nil, false
 		}
 		cl.KeepControl()
-		k.cuts.Add(1)
+		cuts.Add(1)
 		return nil, errors.New("nemesis: connection cut"), true
 	})
-	window(ctx, wg, time.Duration(300+r.IntN(1700))*time.Millisecond, func() { over.Store(true) })
+	window(ctx, wg, time.Duration(300+r.IntN(1700))*time.Millisecond, func() {
+		over.Store(true)
+		k.cuts.Add(cuts.Load())
+		hit(cuts.Load())
+	})
 	return nil
 }
 
@@ -171,32 +179,35 @@ var retriableProduceErrors = []*kerr.Error{
 
 // produceError answers produce requests for some partitions with a retriable
 // error for up to 8 s: longer than franz-go's own retries of an unknown topic.
-func (k *kafkaNemesis) produceError(ctx context.Context, r *rand.Rand, wg *sync.WaitGroup) error {
+func (k *kafkaNemesis) produceError(ctx context.Context, r *rand.Rand, wg *sync.WaitGroup, hit func(int64)) error {
 	code := retriableProduceErrors[r.IntN(len(retriableProduceErrors))]
 	h := k.current().Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: nemesisTopic, Partitions: somePartitions(r),
 		Err: code, Count: -1})
 	window(ctx, wg, time.Duration(500+r.IntN(7500))*time.Millisecond, func() {
 		h.Remove()
 		k.produceFaults.Add(int64(h.Hits()))
+		hit(int64(h.Hits()))
 	})
 	return nil
 }
 
 // metadataError answers metadata requests for the topic's partitions with a
-// retriable error for up to 4 s, as a cluster electing leaders does. One
+// retriable error for 5.5 to 8 s, as a cluster electing leaders does. One
 // produce request answered NOT_LEADER_FOR_PARTITION first makes the
-// producer ask for metadata within the window.
-func (k *kafkaNemesis) metadataError(ctx context.Context, r *rand.Rand, wg *sync.WaitGroup) error {
+// producer ask for metadata within the window: franz-go asks at most every
+// 5 s (kgo.MetadataMinAge), so a shorter window often saw no request.
+func (k *kafkaNemesis) metadataError(ctx context.Context, r *rand.Rand, wg *sync.WaitGroup, hit func(int64)) error {
 	codes := []*kerr.Error{kerr.LeaderNotAvailable, kerr.UnknownTopicOrPartition, kerr.NotLeaderForPartition}
 	cl := k.current()
 	h := cl.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Metadata}, Topic: nemesisTopic,
 		Err: codes[r.IntN(len(codes))], Count: -1})
 	trigger := cl.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: nemesisTopic, Err: kerr.NotLeaderForPartition})
-	window(ctx, wg, time.Duration(1000+r.IntN(3000))*time.Millisecond, func() {
+	window(ctx, wg, time.Duration(5500+r.IntN(2500))*time.Millisecond, func() {
 		h.Remove()
 		trigger.Remove()
 		k.metadataFaults.Add(int64(h.Hits()))
 		k.produceFaults.Add(int64(trigger.Hits()))
+		hit(int64(h.Hits()))
 	})
 	return nil
 }
@@ -250,6 +261,7 @@ type rabbitNemesis struct {
 	cuts  atomic.Int64 // connections cut by the proxy
 	kicks atomic.Int64 // connections the broker closed
 	slows atomic.Int64 // slow-consumer windows
+	fulls atomic.Int64 // samples that found the queue full during them
 }
 
 // nemesisQueueLength is the queue's x-max-length: small, so that a slow
@@ -328,8 +340,8 @@ func newRabbitNemesis(t *testing.T) *nemesisTarget {
 		},
 		heal: func() { q.slow.Store(false) },
 		figures: func() string {
-			return fmt.Sprintf("connections cut %d, closed by the broker %d, slow-consumer windows %d (x-max-length %d)",
-				q.cuts.Load(), q.kicks.Load(), q.slows.Load(), nemesisQueueLength)
+			return fmt.Sprintf("connections cut %d, closed by the broker %d, slow-consumer windows %d (x-max-length %d, seen full in %d samples)",
+				q.cuts.Load(), q.kicks.Load(), q.slows.Load(), nemesisQueueLength, q.fulls.Load())
 		},
 	}
 }
@@ -387,16 +399,19 @@ func (q *rabbitNemesis) consumeOn(ctx context.Context, conn *amqp.Connection) er
 }
 
 // cut closes the relay's TCP connections to the broker without a word.
-func (q *rabbitNemesis) cut(context.Context, *rand.Rand, *sync.WaitGroup) error {
-	q.cuts.Add(int64(q.proxy.cut()))
+func (q *rabbitNemesis) cut(_ context.Context, _ *rand.Rand, _ *sync.WaitGroup, hit func(int64)) error {
+	n := int64(q.proxy.cut())
+	q.cuts.Add(n)
+	hit(n)
 	return nil
 }
 
 // closeByBroker has RabbitMQ close the relay's connections (connection.close
 // with CONNECTION_FORCED), found by the proxy's upstream ports so that no
 // other client of the shared broker is touched.
-func (q *rabbitNemesis) closeByBroker(ctx context.Context, _ *rand.Rand, _ *sync.WaitGroup) error {
+func (q *rabbitNemesis) closeByBroker(ctx context.Context, _ *rand.Rand, _ *sync.WaitGroup, hit func(int64)) error {
 	ours := map[string]bool{}
+	var closed int64
 	for _, p := range q.proxy.upstreamPorts() {
 		ours[strconv.Itoa(p)] = true
 	}
@@ -413,16 +428,62 @@ func (q *rabbitNemesis) closeByBroker(ctx context.Context, _ *rand.Rand, _ *sync
 			return fmt.Errorf("rabbitmqctl close_connection: %v: %s", err, out)
 		}
 		q.kicks.Add(1)
+		closed++
 	}
+	hit(closed)
 	return nil
 }
 
-// slowDown makes the consumer slow for 1-5 s.
-func (q *rabbitNemesis) slowDown(ctx context.Context, r *rand.Rand, wg *sync.WaitGroup) error {
+// slowDown makes the consumer slow for 1-5 s. It took effect when the queue
+// was seen holding x-max-length ready messages, where the broker rejects
+// the next publish.
+func (q *rabbitNemesis) slowDown(ctx context.Context, r *rand.Rand, wg *sync.WaitGroup, hit func(int64)) error {
 	q.slows.Add(1)
 	q.slow.Store(true)
-	window(ctx, wg, time.Duration(1000+r.IntN(4000))*time.Millisecond, func() { q.slow.Store(false) })
+	d := time.Duration(1000+r.IntN(4000)) * time.Millisecond
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		full := q.fullDuring(ctx, d)
+		q.slow.Store(false)
+		q.fulls.Add(full)
+		hit(full)
+	}()
 	return nil
+}
+
+// fullDuring samples the queue's ready messages every 50 ms for d, or until
+// ctx is done, and returns how many samples found it full.
+func (q *rabbitNemesis) fullDuring(ctx context.Context, d time.Duration) int64 {
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	conn, err := amqp.Dial(rabbitURL)
+	if err != nil {
+		q.t.Logf("nemesis: sample the queue: %v", err)
+		sleepCtx(ctx, d)
+		return 0
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		q.t.Logf("nemesis: sample the queue: %v", err)
+		sleepCtx(ctx, d)
+		return 0
+	}
+	var full int64
+	for ctx.Err() == nil {
+		qs, err := ch.QueueDeclarePassive(q.queue, true, false, false, false, amqp.Table{"x-max-length": nemesisQueueLength, "x-overflow": "reject-publish"})
+		if err != nil {
+			q.t.Logf("nemesis: sample the queue: %v", err)
+			sleepCtx(ctx, d)
+			return full
+		}
+		if qs.Messages >= nemesisQueueLength {
+			full++
+		}
+		sleepCtx(ctx, 50*time.Millisecond)
+	}
+	return full
 }
 
 // tcpProxy forwards every connection it accepts to target, and can cut them.

@@ -103,28 +103,42 @@ func runNemesis(t *testing.T, newTarget func(*env) *nemesisTarget) {
 	}
 
 	// The faults, in rounds that each inject every kind once in a random
-	// order, so that even a short run has them all.
+	// order, so that even a short run has them all. A fault can miss (a
+	// window of produce errors while the relay is down); past the duration,
+	// the kinds that took effect fewer than the minimum are injected again,
+	// for at most a grace period.
 	faults := append(commonFaults(srv, e.dbURL, relay), target.faults...)
-	injected := map[string]int{}
+	least := nemesisMinimums(duration, len(faults))
+	tally := newFaultTally()
 	var windows sync.WaitGroup
 	defer windows.Wait()
 	faultCtx, endFaults := context.WithCancel(t.Context())
 	defer endFaults()
 	r := rand.New(rand.NewPCG(seed, 0))
 	var round []int
-	for deadline := time.Now().Add(duration); time.Now().Before(deadline) && !t.Failed(); {
+	faultsStart := time.Now()
+	faultsEnd := faultsStart.Add(duration)
+	for grace := faultsEnd.Add(least.grace); !t.Failed(); {
+		now := time.Now()
+		short := tally.short(faults, least.faultsPerKind)
+		if !now.Before(faultsEnd) && (len(short) == 0 || !now.Before(grace)) {
+			break
+		}
 		if len(round) == 0 {
 			round = r.Perm(len(faults))
 		}
 		f := faults[round[0]]
 		round = round[1:]
-		if err := f.inject(faultCtx, r, &windows); err != nil {
+		if !now.Before(faultsEnd) && !slices.Contains(short, f.kind) {
+			continue
+		}
+		if err := f.inject(faultCtx, r, &windows, tally.hit(f.kind)); err != nil {
 			t.Errorf("inject %s: %v", f.kind, err)
 			continue
 		}
-		injected[f.kind]++
 		sleepCtx(faultCtx, time.Duration(500+r.IntN(2000))*time.Millisecond)
 	}
+	faultTime := time.Since(faultsStart)
 	endFaults()
 	windows.Wait()
 	target.heal()
@@ -160,12 +174,112 @@ func runNemesis(t *testing.T, newTarget func(*env) *nemesisTarget) {
 
 	v := led.verify(t, arrivals, dead)
 	led.checkTable(t, e.dbURL)
-	t.Logf("nemesis %s figures (%s of faults, seed %d):", target.name, duration, seed)
+	led.checkMinimums(t, least)
+	tally.check(t, faults, least.faultsPerKind)
+	t.Logf("nemesis %s figures (%s of faults, seed %d):", target.name, faultTime.Round(100*time.Millisecond), seed)
 	t.Logf("  written: %s", led.figures())
-	t.Logf("  faults injected: %s; %s", formatCounts(injected), target.figures())
+	t.Logf("  faults injected: %s; took effect: %s; %s", formatCounts(tally.injectedCounts()), formatCounts(tally.effectiveCounts()), target.figures())
+	t.Logf("  minimums for %s: %s", duration, least)
 	t.Logf("  relay: %s", relay.figures())
 	t.Logf("  checked: rows committed %d, lost %d, duplicates %d (records %d), rolled-back rows published %d, order violations %d, dead letters %d (%d poison rows, %d others)",
 		v.committed, v.lost, v.duplicates, len(arrivals), v.rolledBackPublished, v.orderViolations, v.deadTotal, v.deadPoison, v.deadOther)
+}
+
+// nemesisMin is what a run must at least have done to prove anything: a
+// run whose writers committed nothing, or whose faults all missed, passes
+// every check of the ledger.
+type nemesisMin struct {
+	rows, rollbacks, savepointRows int // committed rows, rolled-back transactions, rows under rolled-back savepoints
+	faultsPerKind                  int // injections of each kind that took effect
+	grace                          time.Duration
+}
+
+// nemesisMinimums derives the minimums from the duration of the faults and
+// the number of kinds, a small fraction of what a loaded 2-core machine
+// did: about 330 rows, 6 rolled-back transactions and 30 rows under
+// rolled-back savepoints a second, and an injection every 2.3 s (35 s of
+// Kafka faults: 11,408 rows, 235 rollbacks, 970 savepoint rows, 16
+// injections of 8 kinds). The minimums are a thirteenth of that or less (a
+// quarter for the faults), so that they hold from 35 s (make test) to
+// hours (make torture).
+func nemesisMinimums(d time.Duration, kinds int) nemesisMin {
+	secs := int(d / time.Second)
+	return nemesisMin{
+		rows:          20 * secs,
+		rollbacks:     secs / 2,
+		savepointRows: secs,
+		faultsPerKind: max(1, int(d/(time.Duration(kinds)*8*time.Second))),
+		grace:         max(30*time.Second, d/4),
+	}
+}
+
+func (m nemesisMin) String() string {
+	return fmt.Sprintf("rows committed %d, transactions rolled back %d, rows under rolled-back savepoints %d, faults of each kind that took effect %d (for up to %s more)",
+		m.rows, m.rollbacks, m.savepointRows, m.faultsPerKind, m.grace)
+}
+
+// faultTally counts, per kind, the injections and those that took effect
+// (hit a request, a connection, a process). Safe for concurrent use: a
+// window reports its hits when it ends.
+type faultTally struct {
+	mu                  sync.Mutex
+	injected, effective map[string]int
+}
+
+func newFaultTally() *faultTally {
+	return &faultTally{injected: map[string]int{}, effective: map[string]int{}}
+}
+
+// hit counts one injection of kind and returns the function the fault calls
+// with how many times it hit.
+func (ft *faultTally) hit(kind string) func(n int64) {
+	ft.mu.Lock()
+	ft.injected[kind]++
+	ft.mu.Unlock()
+	return func(n int64) {
+		if n <= 0 {
+			return
+		}
+		ft.mu.Lock()
+		ft.effective[kind]++
+		ft.mu.Unlock()
+	}
+}
+
+// short lists the kinds that took effect fewer than least times.
+func (ft *faultTally) short(faults []nemesisFault, least int) []string {
+	ft.mu.Lock()
+	defer ft.mu.Unlock()
+	var kinds []string
+	for _, f := range faults {
+		if ft.effective[f.kind] < least {
+			kinds = append(kinds, f.kind)
+		}
+	}
+	return kinds
+}
+
+func (ft *faultTally) check(t *testing.T, faults []nemesisFault, least int) {
+	t.Helper()
+	ft.mu.Lock()
+	defer ft.mu.Unlock()
+	for _, f := range faults {
+		if n := ft.effective[f.kind]; n < least {
+			t.Errorf("fault %s took effect %d times (injected %d), want at least %d", f.kind, n, ft.injected[f.kind], least)
+		}
+	}
+}
+
+func (ft *faultTally) injectedCounts() map[string]int {
+	ft.mu.Lock()
+	defer ft.mu.Unlock()
+	return maps.Clone(ft.injected)
+}
+
+func (ft *faultTally) effectiveCounts() map[string]int {
+	ft.mu.Lock()
+	defer ft.mu.Unlock()
+	return maps.Clone(ft.effective)
 }
 
 func nemesisDuration(t *testing.T) time.Duration {
@@ -193,31 +307,47 @@ func nemesisSeed(t *testing.T) uint64 {
 }
 
 // commonFaults are the faults of every run: the relay crashes, PostgreSQL
-// restarts or crashes, the walsender is terminated.
+// restarts or crashes, the walsender is terminated. A kill of a relay that
+// had already exited, or a terminate while no walsender ran, did not take
+// effect.
 func commonFaults(srv *pgserver.Server, dbURL string, relay *relayRunner) []nemesisFault {
 	return []nemesisFault{
-		{"relay_kill9", func(_ context.Context, r *rand.Rand, _ *sync.WaitGroup) error {
-			relay.kill9(time.Duration(r.IntN(1000)) * time.Millisecond)
+		{"relay_kill9", func(_ context.Context, r *rand.Rand, _ *sync.WaitGroup, hit func(int64)) error {
+			if relay.kill9(time.Duration(r.IntN(1000)) * time.Millisecond) {
+				hit(1)
+			}
 			return nil
 		}},
-		{"postgres_restart", func(ctx context.Context, _ *rand.Rand, _ *sync.WaitGroup) error {
-			return srv.Restart(ctx)
+		{"postgres_restart", func(ctx context.Context, _ *rand.Rand, _ *sync.WaitGroup, hit func(int64)) error {
+			if err := srv.Restart(ctx); err != nil {
+				return err
+			}
+			hit(1)
+			return nil
 		}},
-		{"postgres_crash", func(ctx context.Context, r *rand.Rand, _ *sync.WaitGroup) error {
+		{"postgres_crash", func(ctx context.Context, r *rand.Rand, _ *sync.WaitGroup, hit func(int64)) error {
 			if err := srv.Kill(); err != nil {
 				return err
 			}
 			time.Sleep(time.Duration(r.IntN(1000)) * time.Millisecond)
-			return srv.StartAgain(ctx)
+			if err := srv.StartAgain(ctx); err != nil {
+				return err
+			}
+			hit(1)
+			return nil
 		}},
-		{"walsender_terminated", func(ctx context.Context, _ *rand.Rand, _ *sync.WaitGroup) error {
+		{"walsender_terminated", func(ctx context.Context, _ *rand.Rand, _ *sync.WaitGroup, hit func(int64)) error {
 			conn, err := pgx.Connect(ctx, dbURL)
 			if err != nil {
 				return err
 			}
 			defer conn.Close(context.Background())
-			_, err = conn.Exec(ctx, "SELECT pg_terminate_backend(pid) FROM pg_stat_replication")
-			return err
+			var n int64
+			if err := conn.QueryRow(ctx, "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_replication").Scan(&n); err != nil {
+				return err
+			}
+			hit(n)
+			return nil
 		}},
 	}
 }
@@ -569,6 +699,22 @@ func (l *ledger) checkTable(t *testing.T, url string) {
 	}
 }
 
+// checkMinimums fails t unless the writers did at least what least asks.
+func (l *ledger) checkMinimums(t *testing.T, least nemesisMin) {
+	t.Helper()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.pos) < least.rows {
+		t.Errorf("the writers committed %d rows, want at least %d: the run exercised too little", len(l.pos), least.rows)
+	}
+	if l.rollbacks < least.rollbacks {
+		t.Errorf("the writers rolled back %d transactions, want at least %d", l.rollbacks, least.rollbacks)
+	}
+	if l.savepointRows < least.savepointRows {
+		t.Errorf("the writers rolled back %d rows under savepoints, want at least %d", l.savepointRows, least.savepointRows)
+	}
+}
+
 func (l *ledger) figures() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -683,14 +829,22 @@ func (rr *relayRunner) current() *proc {
 	return rr.cur
 }
 
-// kill9 crashes the relay and starts a new one after pause.
-func (rr *relayRunner) kill9(pause time.Duration) {
+// kill9 crashes the relay and starts a new one after pause. It reports
+// whether the relay was still running when killed.
+func (rr *relayRunner) kill9(pause time.Duration) bool {
 	rr.mu.Lock()
 	defer rr.mu.Unlock()
+	running := true
+	select {
+	case <-rr.cur.done:
+		running = false
+	default:
+	}
 	rr.cur.kill()
 	rr.kills++
 	time.Sleep(pause)
 	rr.startLocked()
+	return running
 }
 
 // supervise restarts the relay when it exits on its own, until ctx is done.

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // TestEnvelopeKeyAndHeaders checks one row end to end against the README's
@@ -100,36 +102,53 @@ func TestOnlyCommittedRowsArrive(t *testing.T) {
 	var want []string
 	want = append(want, e.insert("outbox", "order", "1", 3)...)
 
+	// Every statement below must succeed: one that failed would leave
+	// nothing to roll back, and the test would pass without testing it.
+	begin := func() pgx.Tx {
+		t.Helper()
+		tx, err := e.db.Begin(ctx)
+		if err != nil {
+			t.Fatalf("begin: %v", err)
+		}
+		return tx
+	}
+	txExec := func(tx pgx.Tx, sql string, args ...any) {
+		t.Helper()
+		if _, err := tx.Exec(ctx, sql, args...); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+
 	// A rolled-back transaction.
-	tx, _ := e.db.Begin(ctx)
-	tx.Exec(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ('ghost', '1', 'x', '{}')`)
-	tx.Rollback(ctx)
+	tx := begin()
+	txExec(tx, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ('ghost', '1', 'x', '{}')`)
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatalf("rollback: %v", err)
+	}
 
 	// A big transaction with a rolled-back savepoint in the middle: it spills.
-	tx, err := e.db.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx = begin()
 	q := `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
 		SELECT $1, 'big', 'order.created', jsonb_build_object('seq', g, 'pad', repeat('x', 200)) FROM generate_series(1, $2) g RETURNING id::text`
 	collect := func(aggType string, n int) []string {
+		t.Helper()
 		rows, err := tx.Query(ctx, q, aggType, n)
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer rows.Close()
-		var ids []string
-		for rows.Next() {
-			var id string
-			rows.Scan(&id)
-			ids = append(ids, id)
+		ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatalf("insert %d %s rows: %v", n, aggType, err)
+		}
+		if len(ids) != n {
+			t.Fatalf("inserted %d %s rows, want %d", len(ids), aggType, n)
 		}
 		return ids
 	}
 	want = append(want, collect("order", 3000)...)
-	tx.Exec(ctx, "SAVEPOINT s1")
+	txExec(tx, "SAVEPOINT s1")
 	collect("ghost", 2000)
-	tx.Exec(ctx, "ROLLBACK TO SAVEPOINT s1")
+	txExec(tx, "ROLLBACK TO SAVEPOINT s1")
 	want = append(want, collect("order", 3000)...)
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
@@ -137,10 +156,12 @@ func TestOnlyCommittedRowsArrive(t *testing.T) {
 
 	// Insert then delete in the same transaction: the table stays empty, the event is sent.
 	var deletedID string
-	tx, _ = e.db.Begin(ctx)
-	tx.QueryRow(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, traceparent)
-		VALUES ('order', '2', 'order.paid', '{"ok": true}', 'not-a-traceparent') RETURNING id::text`).Scan(&deletedID)
-	tx.Exec(ctx, "DELETE FROM outbox WHERE id = $1", deletedID)
+	tx = begin()
+	if err := tx.QueryRow(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, traceparent)
+		VALUES ('order', '2', 'order.paid', '{"ok": true}', 'not-a-traceparent') RETURNING id::text`).Scan(&deletedID); err != nil {
+		t.Fatalf("insert the row to delete: %v", err)
+	}
+	txExec(tx, "DELETE FROM outbox WHERE id = $1", deletedID)
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}

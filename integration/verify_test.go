@@ -4,9 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -386,4 +389,99 @@ func TestRecoverLostSlot(t *testing.T) {
 		t.Fatalf("verify after recover exited %d:\n%s", code, out)
 	}
 	t.Logf("lost-slot recovery figures: rows %d, lost before recover %d, lost after 0, duplicates %d", len(ids), lostBefore, duplicates(recs))
+}
+
+// renderTTY returns the lines a terminal shows for out: a carriage return
+// goes back to the start of the line, ESC [K erases to its end.
+func renderTTY(out string) []string {
+	var lines []string
+	for _, l := range strings.Split(strings.ReplaceAll(out, "\r\n", "\n"), "\n") {
+		var screen []rune
+		col := 0
+		for i := 0; i < len(l); {
+			switch {
+			case l[i] == '\r':
+				col = 0
+				i++
+			case strings.HasPrefix(l[i:], "\x1b[K"):
+				screen = screen[:col]
+				i += 3
+			default:
+				r, size := utf8.DecodeRuneInString(l[i:])
+				if col < len(screen) {
+					screen[col] = r
+				} else {
+					screen = append(screen, r)
+				}
+				col++
+				i += size
+			}
+		}
+		lines = append(lines, string(screen))
+	}
+	return lines
+}
+
+// TestVerifyCountsParked: messages parked behind a dead letter of their
+// aggregate are counted as parked, not missing, and on a terminal (stdout
+// and stderr on one screen) the progress line does not run into the
+// report.
+func TestVerifyCountsParked(t *testing.T) {
+	e := newEnv(t)
+	c := e.consume("outbox.order.created")
+	e.extra = "relay:\n  max_attempts: 2\n"
+	text := strings.Replace(e.configText(), "    brokers: ["+e.brokers+"]\n", "    brokers: ["+e.brokers+"]\n    topic: outbox.{event_type}\n", 1)
+	if !strings.Contains(text, "topic: outbox.{event_type}") {
+		t.Fatalf("could not set the topic in:\n%s", text)
+	}
+	cfg := e.writeConfig(text)
+	p := e.startConfig(text)
+	p.waitLog(`"streaming"`, 30*time.Second)
+	first := e.insertEvents("7", "order.created", 2)
+	poison := e.insertEvents("7", "bad topic", 1)[0]
+	parked := e.insertEvents("7", "order.created", 3)
+	others := e.insertEvents("1", "order.created", 3)
+	c.waitIDs(append(first, others...), 60*time.Second)
+	if head := e.waitParked(parked); head.MessageID != poison {
+		t.Fatalf("dead letter %s, want the poison message %s", head.MessageID, poison)
+	}
+	p.stop()
+
+	out, code := e.cli("verify", "--config", cfg, "--since", "10m")
+	for _, want := range []string{"committed      9\n", "found          5\n", "missing        0\n", "dead-lettered  1\n", "parked         3\n"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("verify does not report %q:\n%s", want, out)
+		}
+	}
+	if code != 0 || strings.Contains(out, "missing ids:") {
+		t.Errorf("verify exited %d, want 0 with no missing ids (3 parked are not missing):\n%s", code, out)
+	}
+
+	// The same on a terminal: script(1) runs verify with stdout and stderr
+	// on one pseudo-terminal.
+	scriptBin, err := exec.LookPath("script")
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("script (util-linux) is not installed; it gives verify a terminal")
+		}
+		t.Skip("script (util-linux) is not installed; it gives verify a terminal (CI=true makes this a failure)")
+	}
+	cmd := exec.CommandContext(t.Context(), scriptBin, "-qec", relayBin+" verify --config "+cfg+" --since 10m", "/dev/null")
+	cmd.Env = cleanEnv()
+	raw, err := cmd.CombinedOutput()
+	if _, exited := err.(*exec.ExitError); err != nil && !exited {
+		t.Fatalf("verify on a terminal: %v\n%q", err, raw)
+	}
+	screen := renderTTY(string(raw))
+	var report bool
+	for _, l := range screen {
+		if strings.Contains(l, "reading the broker") && strings.Contains(l, "committed") {
+			t.Errorf("the progress line runs into the report: %q", l)
+		}
+		report = report || strings.TrimSpace(l) == "committed      9"
+	}
+	if !report {
+		t.Errorf("no report line %q on the terminal:\n%s\n(raw %q)", "committed      9", strings.Join(screen, "\n"), raw)
+	}
+	t.Logf("verify: 9 committed, 5 found, 1 dead-lettered, 3 parked, 0 missing; terminal:\n%s", strings.Join(screen, "\n"))
 }

@@ -28,7 +28,7 @@ var walkthroughSteps = []string{"settings", "role", "config", "migrate", "run", 
 
 // walkthroughSettings are the variables the settings step must define: the
 // test gives them its own values (its database, its role, its broker).
-var walkthroughSettings = []string{"OWNER_URL", "RELAY_ROLE", "RELAY_PASSWORD", "RELAY_URL", "KAFKA_BROKERS"}
+var walkthroughSettings = []string{"ADMIN_URL", "OWNER_URL", "RELAY_ROLE", "RELAY_PASSWORD", "RELAY_URL", "KAFKA_BROKERS"}
 
 type walkStep struct{ name, script string }
 
@@ -73,7 +73,9 @@ func readmeWalkthrough(t *testing.T) []walkStep {
 
 // The README's walkthrough, from nothing to a consumed message: create the
 // relay's role, write the config, migrate, run, write a row, consume it,
-// run status. Every command is the README's own.
+// run status. Every command is the README's own. The owner that migrates
+// and writes is the database's owner and not a superuser, as on a real
+// deployment; only the role step runs as the admin (the test's superuser).
 func TestReadmeWalkthrough(t *testing.T) {
 	steps := readmeWalkthrough(t)
 	tools := map[string]string{}
@@ -107,8 +109,27 @@ func TestReadmeWalkthrough(t *testing.T) {
 		t.Fatal(err)
 	}
 	relayURL.User = url.UserPassword(role, password)
+
+	// The owner: LOGIN, owner of the database (so it may create schemas,
+	// the table in public and the publication), nothing else.
+	owner := fmt.Sprintf("walk_owner_%d", os.Getpid())
+	ownerPassword := "walk-0wner-Pa55word"
+	ownerURL := *relayURL
+	ownerURL.User = url.UserPassword(owner, ownerPassword)
+	var database string
+	if err := e.db.QueryRow(ctx, "SELECT current_database()").Scan(&database); err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{
+		"CREATE ROLE " + pgx.Identifier{owner}.Sanitize() + " LOGIN PASSWORD '" + ownerPassword + "'",
+		"ALTER DATABASE " + pgx.Identifier{database}.Sanitize() + " OWNER TO " + pgx.Identifier{owner}.Sanitize(),
+	} {
+		if _, err := e.db.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
 	settings := map[string]string{
-		"OWNER_URL": dbURL, "RELAY_ROLE": role, "RELAY_PASSWORD": password,
+		"ADMIN_URL": dbURL, "OWNER_URL": ownerURL.String(), "RELAY_ROLE": role, "RELAY_PASSWORD": password,
 		"RELAY_URL": relayURL.String(), "KAFKA_BROKERS": e.brokers,
 	}
 	t.Cleanup(func() {
@@ -117,6 +138,11 @@ func TestReadmeWalkthrough(t *testing.T) {
 			return
 		}
 		defer c.Close(context.Background())
+		defer func() {
+			c.Exec(context.Background(), "REASSIGN OWNED BY "+pgx.Identifier{owner}.Sanitize()+" TO CURRENT_USER")
+			c.Exec(context.Background(), "DROP OWNED BY "+pgx.Identifier{owner}.Sanitize())
+			c.Exec(context.Background(), "DROP ROLE IF EXISTS "+pgx.Identifier{owner}.Sanitize())
+		}()
 		for attempt := 0; attempt < 50; attempt++ {
 			c.Exec(context.Background(), `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots
 				WHERE database = current_database() AND active_pid IS NOT NULL`)
@@ -173,6 +199,15 @@ func TestReadmeWalkthrough(t *testing.T) {
 			if !slices.Equal(defined, walkthroughSettings) {
 				t.Fatalf("the settings step defines %v; the test gives values to %v", defined, walkthroughSettings)
 			}
+		case "role":
+			// The owner alone cannot create a role with REPLICATION: the
+			// README's reason for an admin.
+			out, err := shell(ctx, strings.ReplaceAll(s.script, "$ADMIN_URL", "$OWNER_URL")).CombinedOutput()
+			if err == nil || !strings.Contains(string(out), "must be superuser to create replication users") &&
+				!strings.Contains(string(out), "permission denied to create role") {
+				t.Fatalf("the role step as the owner: %v, want the errors the README names:\n%s", err, out)
+			}
+			runStep(s, 2*time.Minute)
 		case "run":
 			if strings.Count(strings.TrimSpace(s.script), "\n") != 0 {
 				t.Fatalf("the run step must be one command, the test runs it in the background:\n%s", s.script)

@@ -41,13 +41,16 @@ func newCheckpointer(cfg *Config, log *zap.Logger, t *tracker) *checkpointer {
 // confirmed is the newest position that every message before it was
 // acknowledged and that has been recorded by Config.Checkpoint.
 //
-// When recording fails because PostgreSQL is shutting down or gone
-// (ServerGone), the
-// relay confirms the acknowledged position unrecorded: a shutting-down
+// When recording fails because PostgreSQL is shutting down (serverStopping),
+// the relay confirms the acknowledged position unrecorded: a shutting-down
 // walsender waits for its client to confirm everything it sent, and a relay
 // that withheld confirmation would hold the server's shutdown hostage. The
 // position is recorded at the start of the next session, before the slot is
-// verified.
+// verified. A lost connection alone (pg_terminate_backend, a pooler, an
+// idle_session_timeout: SQLSTATE 57P01 and its kin) says nothing about the
+// server, so record retries on a new connection first; only a server that
+// then refuses the new connection as shutting down, or is no longer
+// listening, counts as stopping.
 func (c *checkpointer) confirmed() cdc.LSN {
 	if c.cfg.Checkpoint == nil || c.unrecorded.Load() {
 		return c.tracker.Confirmed()
@@ -79,25 +82,48 @@ func (c *checkpointer) record(ctx context.Context) error {
 	}
 	saveCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if err := c.cfg.Checkpoint(saveCtx, lsn); err != nil {
+	if err := c.save(saveCtx, lsn); err != nil {
 		if ctx.Err() != nil {
 			return err // our own cancellation says nothing about PostgreSQL
 		}
-		if !ServerGone(err) {
-			// A lock, a timeout, a full disk: hold the confirmation. An
-			// unrecorded confirmation would make the next start see the slot
-			// ahead of the record and refuse, with nothing lost.
+		if !serverStopping(err) {
+			// A lock, a timeout, a full disk, connections that keep being
+			// killed: hold the confirmation. An unrecorded confirmation would
+			// make the next start see the slot ahead of the record and
+			// refuse, with nothing lost.
 			c.log.Warn("record checkpoint failed; holding the confirmed position until it succeeds", zap.Error(err))
 			return err
 		}
 		if !c.unrecorded.Swap(true) {
-			c.log.Warn("record checkpoint failed: PostgreSQL is shutting down or gone; confirming progress unrecorded until it succeeds", zap.Error(err))
+			c.log.Warn("record checkpoint failed: PostgreSQL is shutting down; confirming progress unrecorded until it succeeds", zap.Error(err))
 		}
 		return err
 	}
 	c.recorded.Store(uint64(lsn))
 	c.unrecorded.Store(false)
 	return nil
+}
+
+// save records lsn with Config.Checkpoint, again at once while the
+// connection it was given turns out to be gone: the next attempt gets
+// another one (a pool drops a connection that failed so), and its answer
+// tells whether PostgreSQL itself is going away. It stops when ctx ends.
+func (c *checkpointer) save(ctx context.Context, lsn cdc.LSN) error {
+	for logged := false; ; {
+		err := c.cfg.Checkpoint(ctx, lsn)
+		if err == nil || !connectionLost(err) {
+			return err
+		}
+		if !logged {
+			logged = true
+			c.log.Warn("checkpoint connection lost; recording on a new connection", zap.Error(err))
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }
 
 // resume prepares a session's start: what this process confirmed
@@ -141,24 +167,38 @@ func (c *checkpointer) started(slotConfirmed cdc.LSN) {
 	c.mu.Unlock()
 }
 
-// ServerGone reports whether err says that PostgreSQL is shutting down or
-// the connection to it is gone: SQLSTATE class 57P (operator
-// intervention: shutdown, crash shutdown, cannot connect now) or 08
-// (connection exception), or a network failure. Any other failure to
-// record a checkpoint (a lock wait, a statement timeout) is not.
-func ServerGone(err error) bool {
+// connectionLost reports whether err says that the connection a statement
+// used is gone, whatever the state of the server: the backend was
+// terminated (SQLSTATE class 57P other than 57P03: pg_terminate_backend,
+// idle_session_timeout, the crash of another backend, a shutdown too), a
+// connection exception (class 08), or a network failure other than a
+// timeout. A new connection may well work.
+func connectionLost(err error) bool {
 	var coded interface{ SQLState() string }
 	if errors.As(err, &coded) {
 		code := coded.SQLState()
-		return strings.HasPrefix(code, "57P") || strings.HasPrefix(code, "08")
+		return (strings.HasPrefix(code, "57P") && code != "57P03") || strings.HasPrefix(code, "08")
 	}
-	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+	if serverStopping(err) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
 		return false
 	}
 	var netErr net.Error
 	if errors.As(err, &netErr) && netErr.Timeout() {
 		return false
 	}
-	return errors.As(err, &netErr) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNREFUSED) ||
-		strings.Contains(err.Error(), "failed to connect") || strings.Contains(err.Error(), "conn closed")
+	return errors.As(err, &netErr) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		strings.Contains(err.Error(), "conn closed")
+}
+
+// serverStopping reports whether err says that PostgreSQL itself refuses
+// new sessions or is gone: SQLSTATE 57P03 cannot_connect_now (shutting
+// down, starting up, in recovery), or nothing listens at its address any
+// more (connection refused, a socket file removed). A terminated
+// connection is not enough (connectionLost).
+func serverStopping(err error) bool {
+	var coded interface{ SQLState() string }
+	if errors.As(err, &coded) {
+		return coded.SQLState() == "57P03"
+	}
+	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ENOENT)
 }

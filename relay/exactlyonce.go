@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"go.uber.org/zap"
@@ -16,6 +17,8 @@ import (
 type txnBatch struct {
 	sink Transactional
 	msgs []*Message
+	// bytes is the size of msgs' envelopes.
+	bytes int
 	// commitLSN is the open transaction's commit position.
 	commitLSN cdc.LSN
 	// skipTo is the position the broker holds; skipping says the open
@@ -33,7 +36,7 @@ func (t *txnBatch) end(ctx context.Context, p *publisher) {
 			p.publish(ctx, m)
 		}
 		clear(t.msgs)
-		t.msgs = t.msgs[:0]
+		t.msgs, t.bytes = t.msgs[:0], 0
 		// A dead letter of this transaction must be stored before the
 		// broker's position passes it.
 		p.deadLetters.Wait()
@@ -49,8 +52,22 @@ func (t *txnBatch) drop(complete func(*Message)) {
 		complete(m)
 	}
 	clear(t.msgs)
-	t.msgs = t.msgs[:0]
+	t.msgs, t.bytes = t.msgs[:0], 0
 	t.skipping = false
+}
+
+// fits reports, as the error that stops the relay, a message of size that
+// would take the open transaction past what the in-flight window holds: the
+// window frees room only as transactions are handed over, so the
+// transaction could never be received in full.
+func (t *txnBatch) fits(size int, cfg *Config) error {
+	if len(t.msgs) >= cfg.MaxInFlight {
+		return fmt.Errorf("the transaction that commits at %s has more than %d outbox rows and exactly-once mode publishes whole transactions; raise relay.max_inflight above the largest transaction", t.commitLSN, cfg.MaxInFlight)
+	}
+	if len(t.msgs) > 0 && int64(t.bytes+size) > cfg.MaxInFlightBytes {
+		return fmt.Errorf("the transaction that commits at %s has more than %d bytes of outbox messages and exactly-once mode publishes whole transactions; raise relay.max_inflight_bytes above the largest transaction", t.commitLSN, cfg.MaxInFlightBytes)
+	}
+	return nil
 }
 
 // settleSink waits until everything handed to the transactional sink is

@@ -62,6 +62,17 @@ func (h *handler) Unacknowledged() int {
 	return n
 }
 
+// Room implements cdc.Handler: the in-flight window's room. An exactly-once
+// transaction that fills the window on its own will never get room: dispatch
+// refuses it, so Room lets its next change through to fail there.
+func (h *handler) Room() <-chan struct{} {
+	room := h.window.full()
+	if room != nil && h.batch != nil && len(h.batch.msgs) > 0 && len(h.batch.msgs) >= h.window.inflight() {
+		return nil
+	}
+	return room
+}
+
 // Idle implements cdc.Handler.
 func (h *handler) Idle(walEnd cdc.LSN) { h.tracker.idle(walEnd) }
 
@@ -182,8 +193,14 @@ func (h *handler) dispatch(ctx context.Context, m *Message, buildErr error) erro
 		if h.batch.skipping {
 			return nil // committed in the broker already
 		}
-		if len(h.batch.msgs) >= h.cfg.MaxInFlight {
-			return fmt.Errorf("a transaction has more than %d outbox rows and exactly-once mode publishes whole transactions; raise relay.max_inflight above the largest transaction", h.cfg.MaxInFlight)
+		if err := h.batch.fits(len(m.Envelope), h.cfg); err != nil {
+			// No acknowledgement can make room for it, and a stop must not
+			// hide it: fail now. Its messages were never handed over, so
+			// they hold nothing in flight.
+			h.batch.drop(h.pub.complete)
+			endSpan(m, err)
+			h.failure.fail(err)
+			return err
 		}
 	}
 	if err := h.window.acquire(ctx, len(m.Envelope)); err != nil {
@@ -203,6 +220,7 @@ func (h *handler) dispatch(ctx context.Context, m *Message, buildErr error) erro
 	}
 	if h.batch != nil {
 		h.batch.msgs = append(h.batch.msgs, m)
+		h.batch.bytes += len(m.Envelope)
 		return nil
 	}
 	h.pub.submit(ctx, m)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"math/rand/v2"
+	"strings"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -123,8 +124,11 @@ func endSpan(m *Message, err error) {
 	}
 	m.span = nil
 	if m.Destination != "" {
-		span.SetName("send " + m.Destination)
-		span.SetAttributes(attribute.String("messaging.destination.name", m.Destination))
+		// A dead letter's destination may be the invalid UTF-8 the sink
+		// refused; an exporter cannot encode it.
+		dest := strings.ToValidUTF8(m.Destination, "\uFFFD")
+		span.SetName("send " + dest)
+		span.SetAttributes(attribute.String("messaging.destination.name", dest))
 	}
 	if m.Attempts > 0 {
 		span.SetAttributes(attribute.Int("outboxrelay.failed_attempts", m.Attempts))

@@ -18,6 +18,9 @@ type window struct {
 	bytes    int64
 	waiting  bool
 	room     chan struct{} // closed and replaced when room is freed for a waiter
+	// largest is the largest size acquired so far: room expects the next
+	// message to be no larger.
+	largest int64
 }
 
 func newWindow(maxMsgs int, maxBytes int64) *window {
@@ -30,6 +33,7 @@ func (w *window) acquire(ctx context.Context, size int) error {
 		if w.msgs == 0 || (w.msgs < w.maxMsgs && w.bytes+int64(size) <= w.maxBytes) {
 			w.msgs++
 			w.bytes += int64(size)
+			w.largest = max(w.largest, int64(size))
 			w.mu.Unlock()
 			return nil
 		}
@@ -42,6 +46,18 @@ func (w *window) acquire(ctx context.Context, size int) error {
 			return ctx.Err()
 		}
 	}
+}
+
+// full returns nil when a message as large as the largest so far would be
+// let in now, else a channel closed when room is next freed.
+func (w *window) full() <-chan struct{} {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.msgs == 0 || (w.msgs < w.maxMsgs && w.bytes+w.largest <= w.maxBytes) {
+		return nil
+	}
+	w.waiting = true
+	return w.room
 }
 
 func (w *window) release(size int) {

@@ -25,6 +25,8 @@ type Publisher struct {
 	cfg  PublisherConfig
 	log  *zap.Logger
 
+	dlMu sync.Mutex // serialises cfg.DeadLetter
+
 	mu       sync.Mutex
 	cond     *sync.Cond
 	busy     map[string]bool // aggregates with an unacknowledged message
@@ -46,6 +48,10 @@ type PublisherConfig struct {
 	// Published, when set, is called for every acknowledged message, from
 	// sink goroutines.
 	Published func(m *relay.Message)
+	// DeadLetter, when set, stores a message the broker refused
+	// permanently, or an invalid row, as the relay would (it then counts in
+	// Result.DeadLettered, not in Failed or Invalid). Calls are serialised.
+	DeadLetter func(ctx context.Context, m *relay.Message) error
 }
 
 // Result counts what a Publisher did.
@@ -55,6 +61,13 @@ type Result struct {
 	// rows the relay would have dead-lettered, which are not sent).
 	Failed  []string
 	Invalid []string
+	// DeadLettered lists the ids stored through PublisherConfig.DeadLetter,
+	// and Held those not sent because they already wait in the dead
+	// letters (replay.ErrDeadLettered).
+	DeadLettered []string
+	Held         []string
+	// DeadLetterErr is the first failure to store a dead letter.
+	DeadLetterErr error
 }
 
 // NewPublisher returns a Publisher on sink. It starts nothing; a sink that
@@ -121,12 +134,45 @@ func (p *Publisher) Publish(ctx context.Context, m *relay.Message) error {
 	return nil
 }
 
-// Invalid records a row that cannot be sent.
-func (p *Publisher) Invalid(m *relay.Message, err error) {
+// Invalid records a row that cannot be sent: one already waiting in the
+// dead letters (ErrDeadLettered) is held there, any other is dead-lettered
+// when PublisherConfig.DeadLetter is set and counted invalid otherwise.
+func (p *Publisher) Invalid(ctx context.Context, m *relay.Message, err error) {
+	if errors.Is(err, ErrDeadLettered) {
+		p.log.Info("message waits in the dead letters; it is not republished", zap.String("message_id", m.ID))
+		p.mu.Lock()
+		p.result.Held = append(p.result.Held, m.ID)
+		p.mu.Unlock()
+		return
+	}
+	if p.cfg.DeadLetter != nil {
+		m.LastError = err
+		p.deadLetter(ctx, m)
+		return
+	}
 	p.log.Warn("row cannot be published; it is not replayed", zap.String("message_id", m.ID), zap.Error(err))
 	p.mu.Lock()
 	p.result.Invalid = append(p.result.Invalid, m.ID)
 	p.mu.Unlock()
+}
+
+// deadLetter stores m through cfg.DeadLetter and counts it.
+func (p *Publisher) deadLetter(ctx context.Context, m *relay.Message) {
+	p.dlMu.Lock()
+	err := p.cfg.DeadLetter(ctx, m)
+	p.dlMu.Unlock()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err != nil {
+		p.log.Error("could not store the dead letter", zap.String("message_id", m.ID), zap.Error(err))
+		if p.result.DeadLetterErr == nil {
+			p.result.DeadLetterErr = err
+		}
+		p.result.Failed = append(p.result.Failed, m.ID)
+		return
+	}
+	p.log.Warn("stored as a dead letter", zap.String("message_id", m.ID), zap.Error(m.LastError))
+	p.result.DeadLettered = append(p.result.DeadLettered, m.ID)
 }
 
 func (p *Publisher) doneFunc(ctx context.Context) func(*relay.Message, error) {
@@ -145,8 +191,22 @@ func (p *Publisher) doneFunc(ctx context.Context) func(*relay.Message, error) {
 		}
 		m.Attempts++
 		m.LastError = err
+		now := time.Now()
+		if m.FirstFailure.IsZero() {
+			m.FirstFailure = now
+		}
+		m.LastFailure = now
 		if !relay.Retryable(err) && m.Attempts >= p.cfg.MaxAttempts {
 			p.log.Error("broker refused the message", zap.String("message_id", m.ID), zap.Int("attempts", m.Attempts), zap.Error(err))
+			if p.cfg.DeadLetter != nil {
+				// Not on the sink's goroutine, which may be needed to
+				// answer other publishes.
+				go func() {
+					p.deadLetter(ctx, m)
+					p.settle(m, nil)
+				}()
+				return
+			}
 			p.mu.Lock()
 			p.result.Failed = append(p.result.Failed, m.ID)
 			p.mu.Unlock()
@@ -197,6 +257,8 @@ func (p *Publisher) Wait(ctx context.Context) (Result, error) {
 	r := p.result
 	r.Failed = append([]string(nil), r.Failed...)
 	r.Invalid = append([]string(nil), r.Invalid...)
+	r.DeadLettered = append([]string(nil), r.DeadLettered...)
+	r.Held = append([]string(nil), r.Held...)
 	if p.inflight > 0 {
 		return r, fmt.Errorf("%d messages unacknowledged: %w", p.inflight, ctx.Err())
 	}

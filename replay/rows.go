@@ -48,6 +48,10 @@ type Filter struct {
 	// Only, when set, is a temporary table of the session with a text
 	// column id: only rows whose id is in it are selected (replay --missing).
 	Only string
+	// DeadLettered, when set, is a slot: Scan hands the rows whose message
+	// is pending in its dead letters, or parked behind one, to fn with
+	// ErrDeadLettered.
+	DeadLettered string
 }
 
 // ErrNoCreatedAt is returned for a time window on tables without a creation
@@ -97,18 +101,47 @@ func (s Source) where(f Filter) (string, []any, error) {
 	return " WHERE " + strings.Join(conds, " AND "), args, nil
 }
 
-// order is the order rows are read in: creation time (the start of the
-// inserting transaction), then position in the table, which is the insert
-// order within a transaction unless rows were placed into space freed by
-// deletes. Within one aggregate whose writes are serialized (the usual
-// case: one aggregate is changed by one transaction at a time) it is the
-// commit order.
-func (s Source) order() string {
-	if s.Columns.CreatedAt == "" {
-		return " ORDER BY ctid"
+// orderKeys are the columns, computed per row, that put rows in commit
+// order per aggregate; the query that selects them sorts by them in this
+// order (see Scan). Neither creation time (the start of the inserting
+// transaction), nor the transaction id alone, nor the position in the table
+// is that order:
+//   - transactions: by commit time when track_commit_timestamp is on (rows
+//     committed before it was turned on have none and come first), else by
+//     transaction id: the order in which the transactions made their first
+//     change, which is their commit order when writes to one aggregate are
+//     serialised by the lock that first change takes (SELECT ... FOR UPDATE
+//     or UPDATE of the aggregate), the usual case. age() counts back from
+//     the current transaction, so it survives wraparound;
+//   - within a transaction: by command (cmin), the order its statements ran;
+//   - within one statement (a multi-row INSERT): by message id when it is a
+//     UUIDv7, which the outbox library generates in increasing order for a
+//     batch, else by table position, which is the insert order unless
+//     concurrent inserts or space freed by deletes placed a later row on an
+//     earlier page.
+//
+// cmin is the command that inserted the row as long as nothing updated or
+// deleted it; outbox rows are only inserted.
+func (s Source) orderKeys(commitTimes bool) []string {
+	ts, age := "NULL::timestamptz", "age(xmin)"
+	if commitTimes {
+		ts = "pg_xact_commit_timestamp(xmin)"
+		// The same commit time for all of a transaction's rows, those of
+		// its savepoints (other xids) too: only rows without one need the id.
+		age = "CASE WHEN pg_xact_commit_timestamp(xmin) IS NULL THEN age(xmin) ELSE 0 END"
 	}
-	return " ORDER BY " + pgx.Identifier{s.Columns.CreatedAt}.Sanitize() + ", ctid"
+	id := pgx.Identifier{s.Columns.ID}.Sanitize() + "::text"
+	return []string{
+		ts + " AS o_committed",
+		age + " AS o_age",
+		"cmin::text::bigint AS o_command",
+		"CASE WHEN substr(" + id + ", 15, 1) = '7' AND length(" + id + ") = 36 THEN lower(" + id + `) END COLLATE "C" AS o_uuid7`,
+		"ctid AS o_ctid",
+	}
 }
+
+// orderBy sorts by the orderKeys.
+const orderBy = " ORDER BY o_committed NULLS FIRST, o_age DESC, o_command, o_uuid7, o_ctid"
 
 // Count returns the number of rows f selects.
 func (s Source) Count(ctx context.Context, db Querier, f Filter) (int64, error) {
@@ -195,11 +228,16 @@ func (s Source) Routes(ctx context.Context, db Querier, f Filter, fn func(m *rel
 	return nil
 }
 
-// Scan builds the message of every row f selects, table by table in
-// creation order, and calls fn with it and the reason it cannot be sent
-// (an invalid row, which the relay would have dead-lettered). Rows stream
-// from the server: memory does not grow with their number. fn's error
-// stops the scan.
+// ErrDeadLettered is the reason Scan gives for a row whose message is
+// already pending in the slot's dead letters or parked behind one
+// (Filter.DeadLettered): `outboxrelay dlq replay` publishes it.
+var ErrDeadLettered = errors.New("already in outboxrelay.dead_letters or outboxrelay.parked; `outboxrelay dlq replay` publishes it")
+
+// Scan builds the message of every row f selects, over all tables in
+// commit order per aggregate (see orderKeys), and calls fn with it and the
+// reason it cannot be sent: an invalid row, which the relay would have
+// dead-lettered, or ErrDeadLettered. Rows stream from the server: memory
+// does not grow with their number. fn's error stops the scan.
 func (s Source) Scan(ctx context.Context, db Querier, f Filter, fn func(m *relay.Message, invalid error) error) error {
 	where, args, err := s.where(f)
 	if err != nil {
@@ -210,11 +248,21 @@ func (s Source) Scan(ctx context.Context, db Querier, f Filter, fn func(m *relay
 	if err := db.QueryRow(ctx, "SELECT current_setting('track_commit_timestamp')").Scan(&setting); err == nil {
 		commitTimes = setting == "on"
 	}
+	deadLettered := "false"
+	if f.DeadLettered != "" {
+		args = append(args, f.DeadLettered)
+		slot := "$" + strconv.Itoa(len(args))
+		// A hashed subplan: the dead letters are read once, not per row.
+		deadLettered = pgx.Identifier{s.Columns.ID}.Sanitize() + "::text IN (SELECT message_id FROM outboxrelay.dead_letters WHERE slot = " + slot +
+			" AND replayed_at IS NULL UNION ALL SELECT message_id FROM outboxrelay.parked WHERE slot = " + slot + ")"
+	}
 	b := relay.NewBuilder(relay.Config{
 		Database: s.Database, Tables: s.Tables, Columns: s.Columns,
 		Format: s.Format, CloudEventsSource: s.CloudEventsSource,
 	})
 	c := s.Columns
+	var rels []*cdc.Relation
+	var parts []string
 	for relID, t := range s.Tables {
 		schema, name, err := cdc.SplitTable(t)
 		if err != nil {
@@ -222,12 +270,13 @@ func (s Source) Scan(ctx context.Context, db Querier, f Filter, fn func(m *relay
 		}
 		ident := pgx.Identifier{schema, name}.Sanitize()
 		rel := &cdc.Relation{ID: uint32(relID + 1), Namespace: schema, Name: name}
-		cols := []string{"xmin::text"}
+		cols := []string{"'" + strconv.Itoa(relID) + "'::text", "xmin::text", "(" + deadLettered + ")::text"}
 		if commitTimes {
 			cols = append(cols, "pg_xact_commit_timestamp(xmin)::text")
 		} else {
 			cols = append(cols, "NULL::text")
 		}
+		cols = append(cols, s.orderKeys(commitTimes)...)
 		for _, n := range []string{c.ID, c.AggregateType, c.AggregateID, c.EventType, c.Payload, c.Headers, c.Traceparent, c.SchemaVersion, c.CreatedAt} {
 			if n == "" {
 				continue
@@ -245,45 +294,58 @@ func (s Source) Scan(ctx context.Context, db Querier, f Filter, fn func(m *relay
 				rel.Columns[i].TypeOID = payloadType
 			}
 		}
-		rows, err := db.Query(ctx, "SELECT "+strings.Join(cols, ", ")+" FROM "+ident+where+s.order(), args...)
-		if err != nil {
-			return fmt.Errorf("read rows of %s: %w", t, err)
+		rels = append(rels, rel)
+		parts = append(parts, "SELECT "+strings.Join(cols, ", ")+" FROM "+ident+where)
+	}
+	if len(parts) == 0 {
+		return errors.New("no outbox tables configured")
+	}
+	// One query over all tables: an aggregate's rows may be in several.
+	rows, err := db.Query(ctx, strings.Join(parts, " UNION ALL ")+orderBy, args...)
+	if err != nil {
+		return fmt.Errorf("read rows of %s: %w", strings.Join(s.Tables, ", "), err)
+	}
+	defer rows.Close()
+	const first = 4 + 5 // table number, xmin, dead-lettered, commit time, the order keys
+	createdAt := -1
+	for i, n := range rels[0].Columns {
+		if n.Name == c.CreatedAt {
+			createdAt = i
 		}
-		createdAt := -1
-		for i, col := range rel.Columns {
-			if col.Name == c.CreatedAt {
-				createdAt = i
-			}
+	}
+	for rows.Next() {
+		raw := rows.RawValues()
+		relID, err := strconv.Atoi(string(raw[0]))
+		if err != nil || relID < 0 || relID >= len(rels) {
+			return fmt.Errorf("read rows: table number %q", raw[0])
 		}
-		for rows.Next() {
-			raw := rows.RawValues()
-			xid, _ := strconv.ParseUint(string(raw[0]), 10, 32)
-			ins := &cdc.Insert{Relation: rel, Values: make([][]byte, len(rel.Columns))}
-			for i := range rel.Columns {
-				if v := raw[i+2]; v != nil {
-					ins.Values[i] = append([]byte(nil), v...)
-				}
-			}
-			tx := cdc.Begin{XID: uint32(xid)}
-			if raw[1] != nil {
-				tx.CommitTime, _ = envelope.ParseTimestamp(raw[1])
-			} else if createdAt >= 0 && ins.Values[createdAt] != nil {
-				tx.CommitTime, _ = envelope.ParseTimestamp(ins.Values[createdAt])
-			}
-			m, invalid := b.Row(ctx, rel, ins, tx)
-			if m == nil {
-				rows.Close()
-				return invalid
-			}
-			if err := fn(m, invalid); err != nil {
-				rows.Close()
-				return err
+		rel := rels[relID]
+		xid, _ := strconv.ParseUint(string(raw[1]), 10, 32)
+		ins := &cdc.Insert{Relation: rel, Values: make([][]byte, len(rel.Columns))}
+		for i := range rel.Columns {
+			if v := raw[i+first]; v != nil {
+				ins.Values[i] = append([]byte(nil), v...)
 			}
 		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return fmt.Errorf("read rows of %s: %w", t, err)
+		tx := cdc.Begin{XID: uint32(xid)}
+		if raw[3] != nil {
+			tx.CommitTime, _ = envelope.ParseTimestamp(raw[3])
+		} else if createdAt >= 0 && ins.Values[createdAt] != nil {
+			tx.CommitTime, _ = envelope.ParseTimestamp(ins.Values[createdAt])
 		}
+		m, invalid := b.Row(ctx, rel, ins, tx)
+		if m == nil {
+			return invalid
+		}
+		if string(raw[2]) == "true" {
+			invalid = ErrDeadLettered
+		}
+		if err := fn(m, invalid); err != nil {
+			return err
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("read rows of %s: %w", strings.Join(s.Tables, ", "), err)
 	}
 	return nil
 }

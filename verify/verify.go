@@ -1,7 +1,7 @@
 // Package verify proves that the outbox rows committed in a time window
 // reached the broker: it reconciles their ids, by message_id, against what
 // the broker holds (a Reader per broker) and counts what was found,
-// missing, duplicated and dead-lettered.
+// missing, duplicated, dead-lettered and parked.
 //
 // Memory does not grow with the number of ids: the broker's ids stream
 // into a temporary table of the verifying session (COPY), and PostgreSQL
@@ -54,8 +54,10 @@ type Config struct {
 type Report struct {
 	// Committed rows in the window; Found of them at the broker at least
 	// once; Duplicates: extra copies of found rows; DeadLettered: not found
-	// and in outboxrelay.dead_letters (not replayed); Missing: neither.
-	Committed, Found, Missing, Duplicates, DeadLettered int64
+	// and in outboxrelay.dead_letters (not replayed); Parked: not found and
+	// held in outboxrelay.parked behind a dead letter of their aggregate
+	// (dlq replay publishes them); Missing: none of these.
+	Committed, Found, Missing, Duplicates, DeadLettered, Parked int64
 	// BrokerIDs is the number of ids read from the broker.
 	BrokerIDs int64
 }
@@ -163,18 +165,20 @@ func Run(ctx context.Context, db *pgx.Conn, rd Reader, cfg Config, missing func(
 	}
 	args = append(args, cfg.Slot)
 	slotArg := fmt.Sprintf("$%d", len(args))
-	// One row per committed id: how often the broker holds it and whether
-	// it is a pending dead letter.
+	// One row per committed id: how often the broker holds it, whether it
+	// is a pending dead letter and whether it is parked behind one.
 	classified := `SELECT c.id, c.created_at, coalesce(s.n, 0) AS n,
-			EXISTS (SELECT 1 FROM outboxrelay.dead_letters d WHERE d.slot = ` + slotArg + ` AND d.message_id = c.id AND d.replayed_at IS NULL) AS dead
+			EXISTS (SELECT 1 FROM outboxrelay.dead_letters d WHERE d.slot = ` + slotArg + ` AND d.message_id = c.id AND d.replayed_at IS NULL) AS dead,
+			EXISTS (SELECT 1 FROM outboxrelay.parked p WHERE p.slot = ` + slotArg + ` AND p.message_id = c.id) AS parked
 		FROM (` + rows + `) c
 		LEFT JOIN (SELECT message_id, count(*) AS n FROM pg_temp.` + seenTable + ` GROUP BY 1) s ON s.message_id = c.id`
-	if _, err := db.Exec(ctx, "CREATE TEMP TABLE "+missingTable+" AS SELECT id, created_at FROM ("+classified+") x WHERE n = 0 AND NOT dead", args...); err != nil {
+	if _, err := db.Exec(ctx, "CREATE TEMP TABLE "+missingTable+" AS SELECT id, created_at FROM ("+classified+") x WHERE n = 0 AND NOT dead AND NOT parked", args...); err != nil {
 		return rep, fmt.Errorf("reconcile: %w", err)
 	}
 	err = db.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE n > 0), coalesce(sum(n - 1) FILTER (WHERE n > 1), 0),
-			count(*) FILTER (WHERE n = 0 AND dead), count(*) FILTER (WHERE n = 0 AND NOT dead)
-		FROM (`+classified+`) x`, args...).Scan(&rep.Committed, &rep.Found, &rep.Duplicates, &rep.DeadLettered, &rep.Missing)
+			count(*) FILTER (WHERE n = 0 AND dead), count(*) FILTER (WHERE n = 0 AND NOT dead AND parked),
+			count(*) FILTER (WHERE n = 0 AND NOT dead AND NOT parked)
+		FROM (`+classified+`) x`, args...).Scan(&rep.Committed, &rep.Found, &rep.Duplicates, &rep.DeadLettered, &rep.Parked, &rep.Missing)
 	if err != nil {
 		return rep, fmt.Errorf("reconcile: %w", err)
 	}

@@ -983,7 +983,35 @@ func targets(res *results) []string {
 	if peak > 0 {
 		check(peak < 150, "relay peak RSS: %.0f MB, in %s (target < 150 MB)", peak, peakAt)
 	}
+	// Big transactions in bounded memory (README): a transaction's rows
+	// pass through the in-flight window, so the relay's peak RSS does not
+	// grow with the transaction.
+	if big := workloadOf(res, "200b-1tx"); big != nil {
+		for _, consumer := range []string{cRelayKafka, cRelayRabbit} {
+			rss := peakRSSOf(big, consumer)
+			if rss == 0 {
+				continue
+			}
+			small := ""
+			if w := workloadOf(res, "200b-x100"); w != nil && peakRSSOf(w, consumer) > 0 {
+				small = fmt.Sprintf(", against %.0f MB for %d such rows 100 per transaction (200b-x100)", peakRSSOf(w, consumer), w.Rows)
+			}
+			check(rss < 150, "big transaction in bounded memory: %s peak RSS %.0f MB (VmHWM, highest run) for one %d-row transaction whose payloads alone are %.0f MB%s (target < 150 MB)",
+				consumer, rss, big.Rows, big.payloadBytes()/1e6, small)
+		}
+	}
 	return out
+}
+
+// peakRSSOf returns the highest peak RSS of consumer's runs in w.
+func peakRSSOf(w *workloadResult, consumer string) float64 {
+	peak := 0.0
+	for _, m := range w.Runs {
+		if m.Consumer == consumer {
+			peak = max(peak, m.PeakRSSMB)
+		}
+	}
+	return peak
 }
 
 func workloadOf(res *results, name string) *workloadResult {

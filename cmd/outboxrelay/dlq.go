@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -32,6 +33,9 @@ const dlqUsage = `usage:
 
 With --database-url and no --slot, list, show and purge cover every slot; with --config, the config's slot.`
 
+// dlqCommands are the subcommands of dlq.
+var dlqCommands = []string{"list", "show", "replay", "purge"}
+
 func cmdDeadLetters(args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		return usageErr("dlq needs a subcommand (list, show, replay or purge); see outboxrelay dlq --help")
@@ -41,9 +45,10 @@ func cmdDeadLetters(args []string, stdout, stderr io.Writer) error {
 	case "-h", "-help", "--help", "help":
 		fmt.Fprintf(stdout, "%s\n\nInspect, re-publish and purge dead letters; `outboxrelay dlq SUBCOMMAND --help` lists its flags.\n", dlqUsage)
 		return nil
-	case "list", "show", "replay", "purge":
 	default:
-		return usageErr("unknown dlq subcommand %q; use list, show, replay or purge (see outboxrelay dlq --help)", sub)
+		if !slices.Contains(dlqCommands, sub) {
+			return usageErr("unknown dlq subcommand %q; use list, show, replay or purge (see outboxrelay dlq --help)", sub)
+		}
 	}
 	about := map[string]string{
 		"list": "List pending dead letters (with --all also the replayed ones) and the slot each belongs to. " +
@@ -91,8 +96,8 @@ func cmdDeadLetters(args []string, stdout, stderr io.Writer) error {
 	haveCfg := *cfgPath != ""
 	if haveCfg {
 		var err error
-		if cfg, err = config.Load(*cfgPath, os.LookupEnv); err != nil {
-			return usageErr("invalid configuration: %v", err)
+		if cfg, err = loadConfig(*cfgPath, stderr); err != nil {
+			return err
 		}
 		*dbURL = cfg.Postgres.URL
 		if !slotSet {

@@ -10,7 +10,7 @@ import (
 
 // cmdHealthcheck probes the relay's own HTTP endpoint, for container
 // HEALTHCHECKs in images that have no curl: exit 0 on 200, 1 otherwise.
-func cmdHealthcheck(args []string, stdout io.Writer) error {
+func cmdHealthcheck(args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("healthcheck", "healthcheck [--url URL]",
 		"Exit 0 when the relay's /healthz answers 200, 1 otherwise (for a container HEALTHCHECK).")
 	url := fs.String("url", "http://127.0.0.1:9187/healthz", "URL that must answer 200")

@@ -27,6 +27,10 @@ func TestSubcommandHelp(t *testing.T) {
 		{[]string{"dlq", "replay", "--help"}, "outboxrelay dlq replay", []string{"--dry-run", "--all", "progress bar"}},
 		{[]string{"version", "--help"}, "outboxrelay version", []string{"--json"}},
 		{[]string{"help", "migrate"}, "outboxrelay migrate", []string{"--database-url"}},
+		{[]string{"schema", "--help"}, "outboxrelay schema check DIR", []string{"backward compatible"}},
+		{[]string{"schema", "check", "--help"}, "outboxrelay schema check DIR", []string{"backward compatible"}},
+		{[]string{"help", "schema"}, "outboxrelay schema check DIR", []string{"backward compatible"}},
+		{[]string{"verify", "--help"}, "outboxrelay verify", []string{"--since", "--rabbitmq-queue"}},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 
 	"github.com/outboxrelay/outboxrelay/internal/config"
@@ -23,28 +24,80 @@ const (
 	exitUsage     = 2
 )
 
-const usage = `outboxrelay relays committed PostgreSQL outbox rows to Kafka, RabbitMQ, NATS JetStream or Redis Streams.
+// command is one top-level command. The global usage, the dispatch and the
+// shell completion are all made from the table below, so that a command
+// cannot be listed in one and missing from another.
+type command struct {
+	name    string
+	aliases []string
+	// usage is its lines in the global usage, "  outboxrelay " included;
+	// empty for a command the usage does not list (help).
+	usage string
+	// subcommands each take their own flags (dlq list, schema check); args
+	// are the words that may follow the name (completion's shells).
+	subcommands, args []string
+	run               func(args []string, stdout, stderr io.Writer) error
+}
 
-Usage:
-  outboxrelay migrate (--database-url URL | --config FILE) [--print] [--grant ROLE] [--table T] [--publication P] [--slot S] [--debezium] [--partitioned]
+// commands returns the command table, in the usage's order.
+func commands() []command {
+	return []command{
+		{name: "migrate", run: cmdMigrate, usage: `  outboxrelay migrate (--database-url URL | --config FILE) [--print] [--grant ROLE] [--table T] [--publication P] [--slot S] [--debezium] [--partitioned]
   outboxrelay migrate --print-role [--role NAME] [--table T] [--publication P] [--debezium]
-  outboxrelay run     --config FILE [--check-config] [--accept-config-change]
-  outboxrelay maintain --config FILE                 create daily partitions ahead, drop those past postgres.retention
-  outboxrelay status  --database-url URL [--slot NAME | --all] [--json | -o json|wide] [--max-lag-bytes N] [--watch]
-  outboxrelay dlq     list|show|replay|purge ...
-  outboxrelay verify  --config FILE --since T [--until T] [--aggregate-type A] [--id ID] [--rabbitmq-queue Q] [--allow-uncovered]
+`},
+		{name: "run", run: cmdRun, usage: "  outboxrelay run     --config FILE [--check-config] [--accept-config-change]\n"},
+		{name: "maintain", run: cmdMaintain, usage: "  outboxrelay maintain --config FILE                 create daily partitions ahead, drop those past postgres.retention\n"},
+		{name: "status", run: cmdStatus, usage: "  outboxrelay status  --database-url URL [--slot NAME | --all] [--json | -o json|wide] [--max-lag-bytes N] [--watch]\n"},
+		{name: "dlq", run: cmdDeadLetters, subcommands: dlqCommands, usage: "  outboxrelay dlq     list|show|replay|purge ...\n"},
+		{name: "verify", run: cmdVerify, usage: `  outboxrelay verify  --config FILE --since T [--until T] [--aggregate-type A] [--id ID] [--rabbitmq-queue Q] [--allow-uncovered]
                                                     prove committed rows reached the broker; exit 1 listing missing ids
-  outboxrelay replay  --config FILE --since T [--until T] [--aggregate-type A] [--id ID] [--missing] [--rate N]
+`},
+		{name: "replay", run: cmdReplay, usage: `  outboxrelay replay  --config FILE --since T [--until T] [--aggregate-type A] [--id ID] [--missing] [--rate N]
                                                     republish outbox rows with their envelope and message_id
-  outboxrelay recover --config FILE [--since T] [--margin D] [--force]
+`},
+		{name: "recover", run: cmdRecover, usage: `  outboxrelay recover --config FILE [--since T] [--margin D] [--force]
                                                     re-create a lost or replaced slot and republish what it missed
-  outboxrelay healthcheck [--url URL]               exit 0 when the relay's /healthz answers 200
-  outboxrelay completion bash|zsh|fish               print the shell completion script
-  outboxrelay schema check DIR                      exit 1 when a schema version is not backward compatible with the one before
-  outboxrelay version [--json]
+`},
+		{name: "healthcheck", run: cmdHealthcheck, usage: "  outboxrelay healthcheck [--url URL]               exit 0 when the relay's /healthz answers 200\n"},
+		{name: "completion", run: cmdCompletion, args: shells, usage: "  outboxrelay completion bash|zsh|fish               print the shell completion script\n"},
+		{name: "schema", run: cmdSchema, subcommands: []string{"check"}, usage: "  outboxrelay schema check DIR                      exit 1 when a schema version is not backward compatible with the one before\n"},
+		{name: "version", aliases: []string{"--version", "-v"}, run: cmdVersion, usage: "  outboxrelay version [--json]\n"},
+		{name: "help", aliases: []string{"-h", "--help"}, run: cmdHelp},
+	}
+}
 
-outboxrelay COMMAND --help prints the command's flags, their defaults and the environment it reads.
-`
+// usage is the global usage, from the command table.
+func usage() string {
+	var b strings.Builder
+	b.WriteString("outboxrelay relays committed PostgreSQL outbox rows to Kafka, RabbitMQ, NATS JetStream or Redis Streams.\n\nUsage:\n")
+	for _, c := range commands() {
+		b.WriteString(c.usage)
+	}
+	b.WriteString("\noutboxrelay COMMAND --help prints the command's flags, their defaults and the environment it reads.\n")
+	return b.String()
+}
+
+// lookup returns the command named name (or one of its aliases).
+func lookup(name string) (command, bool) {
+	for _, c := range commands() {
+		if c.name == name || slices.Contains(c.aliases, name) {
+			return c, true
+		}
+	}
+	return command{}, false
+}
+
+// cmdHelp prints the global usage, or with a command name that command's.
+func cmdHelp(args []string, stdout, stderr io.Writer) error {
+	if len(args) > 0 && args[0] != "help" && !strings.HasPrefix(args[0], "-") {
+		if code := runMain(append(args, "--help"), stdout, stderr); code != exitOK {
+			return &exitError{code: code, err: flag.ErrHelp} // runMain has printed why
+		}
+		return nil
+	}
+	fmt.Fprint(stdout, usage())
+	return nil
+}
 
 // exitError carries an exit code and one user-facing line.
 type exitError struct {
@@ -65,44 +118,15 @@ func main() {
 
 func runMain(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
-		fmt.Fprint(stderr, usage)
+		fmt.Fprint(stderr, usage())
 		return exitUsage
 	}
-	var err error
-	switch args[0] {
-	case "migrate":
-		err = cmdMigrate(args[1:], stdout)
-	case "run":
-		err = cmdRun(args[1:], stdout, stderr)
-	case "status":
-		err = cmdStatus(args[1:], stdout)
-	case "dlq":
-		err = cmdDeadLetters(args[1:], stdout, stderr)
-	case "maintain":
-		err = cmdMaintain(args[1:], stdout)
-	case "verify":
-		err = cmdVerify(args[1:], stdout, stderr)
-	case "replay":
-		err = cmdReplay(args[1:], stdout, stderr)
-	case "recover":
-		err = cmdRecover(args[1:], stdout, stderr)
-	case "healthcheck":
-		err = cmdHealthcheck(args[1:], stdout)
-	case "completion":
-		err = cmdCompletion(args[1:], stdout)
-	case "schema":
-		err = cmdSchema(args[1:], stdout)
-	case "version", "--version", "-v":
-		err = cmdVersion(args[1:], stdout)
-	case "help", "-h", "--help":
-		if len(args) > 1 && args[1] != "help" && !strings.HasPrefix(args[1], "-") {
-			return runMain(append(args[1:], "--help"), stdout, stderr)
-		}
-		fmt.Fprint(stdout, usage)
-	default:
-		fmt.Fprintf(stderr, "outboxrelay: unknown command %q\n\n%s", args[0], usage)
+	c, ok := lookup(args[0])
+	if !ok {
+		fmt.Fprintf(stderr, "outboxrelay: unknown command %q\n\n%s", args[0], usage())
 		return exitUsage
 	}
+	err := c.run(args[1:], stdout, stderr)
 	if err == nil {
 		return exitOK
 	}
@@ -112,10 +136,20 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 		code = ee.code
 	}
 	var help *helpRequest
-	if errors.As(err, &help) {
+	var list *problemList
+	switch {
+	case errors.As(err, &help):
 		help.fs.SetOutput(stdout)
 		help.fs.Usage()
-	} else if !errors.Is(err, flag.ErrHelp) {
+	case errors.Is(err, flag.ErrHelp):
+	case errors.As(err, &list):
+		for i, l := range list.lines() {
+			if i == 0 {
+				l = "outboxrelay: " + l
+			}
+			fmt.Fprintln(stderr, redact.Text(l))
+		}
+	default:
 		fmt.Fprintln(stderr, "outboxrelay:", oneLine(redact.Text(err.Error())))
 	}
 	return code

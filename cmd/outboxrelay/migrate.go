@@ -27,7 +27,7 @@ import (
 // to warn when the slot it creates is not the one the relay reads.
 var usualConfigs = []string{"/etc/outboxrelay/config.yaml", "outboxrelay.yaml"}
 
-func cmdMigrate(args []string, stdout io.Writer) error {
+func cmdMigrate(args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("migrate", "migrate --database-url URL | --config FILE [flags]",
 		"Create the outbox table, the outboxrelay schema, the publication and the replication slot. Idempotent: a rerun changes nothing and takes no lock.")
 	cfgPath := fs.String("config", "", "the relay's YAML configuration: migrate its postgres.tables, publication and slot (postgres.url unless --database-url)")
@@ -56,9 +56,9 @@ func cmdMigrate(args []string, stdout io.Writer) error {
 				return usageErr("migrate: --%s and --config both name it; drop --%s and set it in the configuration", name, name)
 			}
 		}
-		cfg, err := config.Load(*cfgPath, os.LookupEnv)
+		cfg, err := loadConfig(*cfgPath, stderr)
 		if err != nil {
-			return usageErr("invalid configuration: %v", err)
+			return err
 		}
 		pg := cfg.Postgres
 		o.Table, o.Publication, *slot, slotSetting = pg.Tables[0], pg.Publication, pg.Slot, "postgres.slot"
@@ -184,7 +184,7 @@ func migrateSlot(ctx context.Context, conn *pgx.Conn, slot, setting string, fail
 		return nil
 	}
 	if !canReplicate {
-		msg := fmt.Sprintf("replication slot %s not created: role %s has no REPLICATION attribute; the relay's role (LOGIN REPLICATION, see `outboxrelay migrate --print-role`) creates it when the relay first starts, and outbox rows written before then are not relayed; to keep them from now on, run migrate as a role with REPLICATION",
+		msg := fmt.Sprintf("replication slot %s not created: role %s has no REPLICATION attribute; the relay's role (LOGIN REPLICATION, see `outboxrelay migrate --print-role`) creates it when the relay first starts, and then first publishes the outbox rows written before (postgres.backfill); to keep table-less messages from now on too, run migrate as a role with REPLICATION",
 			slot, role)
 		if explicit {
 			return usageErr("migrate: %s", msg)
@@ -199,6 +199,11 @@ func migrateSlot(ctx context.Context, conn *pgx.Conn, slot, setting string, fail
 	if !created { // another migrate or relay created it meanwhile
 		fmt.Fprintf(stdout, "replication slot %s ready: it already existed\n", slot)
 		return nil
+	}
+	// For a relay's first start: transactions that begin from now on are in
+	// the slot, earlier ones it publishes from the tables.
+	if err := (store.Checkpoint{DB: conn, Slot: slot}).SlotCreated(ctx); err != nil {
+		return usageErr("migrate: %v", err)
 	}
 	fmt.Fprintf(stdout, "replication slot %s created: outbox rows are kept for the relay from now on\n", slot)
 	if fromConfig {
@@ -238,16 +243,16 @@ func connect(ctx context.Context, url string) (*pgx.Conn, error) {
 
 // cmdMaintain creates the daily partitions of partitioned outbox tables
 // ahead of time and drops those past postgres.retention, once.
-func cmdMaintain(args []string, stdout io.Writer) error {
+func cmdMaintain(args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("maintain", "maintain --config FILE",
 		"Create the daily partitions of partitioned outbox tables ahead of time and drop those past postgres.retention, once.")
 	path := fs.String("config", "", "YAML configuration file")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	cfg, err := config.Load(*path, os.LookupEnv)
+	cfg, err := loadConfig(*path, stderr)
 	if err != nil {
-		return usageErr("invalid configuration: %v", err)
+		return err
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()

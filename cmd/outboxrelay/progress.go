@@ -65,3 +65,17 @@ func (p *progress) done() {
 	p.draw()
 	fmt.Fprintln(p.w)
 }
+
+// clear erases the bar's line, for output that follows on the same screen.
+// It does nothing once the bar is cleared or when nothing was drawn.
+func (p *progress) clear() {
+	if p.w == nil {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.last.IsZero() {
+		fmt.Fprint(p.w, "\r\x1b[K")
+		p.last = time.Time{}
+	}
+}

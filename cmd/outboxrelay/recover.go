@@ -8,6 +8,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/outboxrelay/outboxrelay/internal/store"
 	rows "github.com/outboxrelay/outboxrelay/replay"
 )
 
@@ -45,7 +46,7 @@ func cmdRecover(args []string, stdout, stderr io.Writer) error {
 		return usageErr("replication slot %s is in use; stop the relay (and any standby) before running recover", slot)
 	}
 	if st.Healthy() && !*force {
-		fmt.Fprintf(stdout, "replication slot %s is healthy (confirmed %s, recorded %s): nothing to recover; --force re-creates it anyway\n", slot, st.Confirmed, st.RecordedLSN)
+		fmt.Fprintf(stdout, "replication slot %s is healthy (confirmed %s, recorded %s): nothing to recover; --force re-creates it anyway\n", slot, st.Confirmed, recorded(st))
 		return nil
 	}
 	if since.IsZero() {
@@ -63,24 +64,47 @@ func cmdRecover(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "replication slot %s is missing", slot)
 	case st.Lost:
 		fmt.Fprintf(stdout, "replication slot %s has lost WAL", slot)
+	case st.Healthy():
+		fmt.Fprintf(stdout, "replication slot %s is healthy (confirmed %s, recorded %s) and --force is set", slot, st.Confirmed, recorded(st))
 	default:
 		fmt.Fprintf(stdout, "replication slot %s is at %s, ahead of the relay's record %s", slot, st.Confirmed, st.RecordedLSN)
 	}
 	fmt.Fprintf(stdout, "; re-creating it and republishing rows created since %s\n", since.UTC().Format(time.RFC3339Nano))
 
-	var res rows.RecoverResult
-	_, err = publishRows(ctx, o, stderr, *rate, 0, func(ctx context.Context, pub *rows.Publisher, row func()) error {
-		var err error
-		res, err = rows.Recover(ctx, o.db, pub, rows.RecoverConfig{URL: o.cfg.Postgres.URL, Slot: slot, Since: since, Source: o.source, Row: row})
-		return err
-	})
-	fmt.Fprintf(stdout, "republished %d messages; slot %s starts at %s\n", res.Published, slot, res.ConsistentPoint)
+	// Dead letters are stored on a connection of their own: o.db reads the
+	// rows in the new slot's snapshot meanwhile.
+	dlConn, err := connect(ctx, o.cfg.Postgres.URL)
 	if err != nil {
 		return err
 	}
-	if err := resultErr(res.Result); err != nil {
+	defer dlConn.Close(context.WithoutCancel(ctx))
+	dead := &store.DeadLetters{DB: dlConn, Slot: slot}
+	var res rows.RecoverResult
+	_, err = publishRows(ctx, o, stderr, *rate, 0, dead.Add, func(ctx context.Context, pub *rows.Publisher, row func()) error {
+		var err error
+		res, err = rows.Recover(ctx, o.db, pub, rows.RecoverConfig{URL: o.cfg.Postgres.URL, Slot: slot, Failover: o.cfg.Postgres.FailoverSlot,
+			Since: since, Source: o.source, Row: row})
+		return err
+	})
+	fmt.Fprintf(stdout, "republished %d messages; slot %s starts at %s\n", res.Published, slot, res.ConsistentPoint)
+	if n := len(res.Held); n > 0 {
+		fmt.Fprintf(stdout, "%d messages of the window wait in outboxrelay.dead_letters and were left there; `outboxrelay dlq replay` publishes them\n", n)
+	}
+	if err != nil {
 		return err
 	}
 	fmt.Fprintln(stdout, "recovered: start the relay")
-	return nil
+	if n := len(res.DeadLettered); n > 0 {
+		return &exitError{code: exitUnhealthy, err: fmt.Errorf("%d messages the broker refused, or invalid rows, were dead-lettered as the relay would; see `outboxrelay dlq list` and republish them with `outboxrelay dlq replay` once fixed", n)}
+	}
+	return resultErr(res.Result)
+}
+
+// recorded is the checkpoint's position for a message, "none" when there
+// is none.
+func recorded(st rows.SlotState) string {
+	if !st.Recorded {
+		return "none"
+	}
+	return st.RecordedLSN.String()
 }

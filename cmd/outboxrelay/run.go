@@ -26,12 +26,12 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	cfg, err := config.Load(*path, os.LookupEnv)
+	cfg, err := loadConfig(*path, stderr)
 	if err != nil {
-		return usageErr("invalid configuration: %v", err)
+		return err
 	}
 	if err := checkTemplates(cfg); err != nil {
-		return usageErr("invalid configuration: %v", err)
+		return invalidConfig(config.Problems(err)...)
 	}
 	if *check {
 		if _, err := app.SchemaValidator(cfg.Relay.Schemas); err != nil {

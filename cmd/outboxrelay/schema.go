@@ -14,12 +14,15 @@ import (
 // incompatible change between consecutive versions, with the file and the
 // JSON pointer, and exits 1 when there is one, so that a service's CI can
 // run it.
-func cmdSchema(args []string, stdout io.Writer) error {
-	if len(args) == 0 || args[0] != "check" {
-		return usageErr("schema: want `outboxrelay schema check DIR`")
-	}
+func cmdSchema(args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("schema check", "schema check DIR",
 		"Checks, between consecutive versions of each event type in DIR (EVENT_TYPE/vN.json), that every version is backward compatible with the one before; prints each violation with the file and the JSON pointer and exits 1 when there is one.")
+	if len(args) > 0 && (args[0] == "-h" || args[0] == "-help" || args[0] == "--help" || args[0] == "help") {
+		return &exitError{code: exitOK, err: &helpRequest{fs}}
+	}
+	if len(args) == 0 || args[0] != "check" {
+		return usageErr("schema: want `outboxrelay schema check DIR`; see outboxrelay schema --help")
+	}
 	if err := fs.Parse(args[1:]); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return &exitError{code: exitOK, err: &helpRequest{fs}}

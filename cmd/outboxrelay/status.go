@@ -18,7 +18,7 @@ import (
 // cmdStatus prints the checkpoint status of a slot and exits 1 when the
 // slot is missing, has lost (or is about to lose) WAL, or lags more than
 // --max-lag-bytes. The status is printed in every case.
-func cmdStatus(args []string, stdout io.Writer) error {
+func cmdStatus(args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("status", "status --database-url URL [--slot NAME | --all] [--json | -o json|wide] [--max-lag-bytes N] [--watch [--interval 2s]]",
 		"Print the checkpoint status of a replication slot, or with --all of every logical slot of the server. Exits 1 when the slot is missing, lost or over --max-lag-bytes, or (--all) when a slot is flagged: inactive and retaining WAL, or lost.")
 	url := fs.String("database-url", "", "PostgreSQL URL")
@@ -26,7 +26,7 @@ func cmdStatus(args []string, stdout io.Writer) error {
 	asJSON := fs.Bool("json", false, "print one JSON object")
 	maxLag := fs.Int64("max-lag-bytes", 0, "unhealthy when the lag is over this many bytes (0: no limit)")
 	all := fs.Bool("all", false, "list every logical slot: active, inactive since, retained WAL, wal_status, relay checkpoint; flags inactive slots that retain WAL")
-	output := fs.String("o", "", "output format: json, or wide (--all: more columns)")
+	output := fs.String("o", "", "output format: `json|wide` (wide: more columns with --all)")
 	watch := fs.Bool("watch", false, "print again every --interval until interrupted: redrawn in place on a terminal, one line per interval otherwise")
 	interval := fs.Duration("interval", 2*time.Second, "how often --watch reads the status")
 	if err := parseFlags(fs, args); err != nil {

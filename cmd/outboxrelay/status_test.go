@@ -84,3 +84,19 @@ func TestStatusUsage(t *testing.T) {
 		}
 	}
 }
+
+// TestWatchLine: the line `status --watch` prints per reading carries the
+// lag in seconds next to the lag in bytes, "-" until it is known.
+func TestWatchLine(t *testing.T) {
+	now := time.Date(2026, 12, 2, 6, 0, 0, 0, time.UTC)
+	st := store.Status{Slot: "outboxrelay", Exists: true, Active: true, WALStatus: "reserved", LagBytes: 2048,
+		LagSeconds: 3.25, LagSince: now.Add(-3250 * time.Millisecond), PublishedTotal: 7}
+	want := "2026-12-02T06:00:00Z slot=outboxrelay exists=true active=true wal_status=reserved lag_bytes=2048 lag_seconds=3.2 published_total=7 dead_letters=0"
+	if got := watchLine(st, now); got != want {
+		t.Errorf("watch line\n%s\nwant\n%s", got, want)
+	}
+	st.LagSince = time.Time{}
+	if got := watchLine(st, now); !strings.Contains(got, " lag_seconds=- ") {
+		t.Errorf("watch line without a recorded lag: %s", got)
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -79,8 +80,7 @@ func (v statusView) render(ctx context.Context, conn *pgx.Conn, w io.Writer, lin
 		}
 		switch {
 		case line:
-			fmt.Fprintf(w, "%s slot=%s exists=%t active=%t wal_status=%s lag_bytes=%d published_total=%d dead_letters=%d\n",
-				now.UTC().Format(time.RFC3339), st.Slot, st.Exists, st.Active, orDash(st.WALStatus), st.LagBytes, st.PublishedTotal, st.DeadLetters)
+			fmt.Fprintln(w, watchLine(st, now))
 		default:
 			if err := printStatus(w, st, v.json, now); err != nil {
 				return nil, err
@@ -166,4 +166,16 @@ func isTerminal(w io.Writer) bool {
 	}
 	fi, err := f.Stat()
 	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}
+
+// watchLine is the one line a watch that is not on a terminal prints per
+// reading. lag_seconds is "-" until a relay has recorded where lag counts
+// from.
+func watchLine(st store.Status, now time.Time) string {
+	lagSeconds := "-"
+	if st.LagSecondsKnown() {
+		lagSeconds = strconv.FormatFloat(st.LagSeconds, 'f', 1, 64)
+	}
+	return fmt.Sprintf("%s slot=%s exists=%t active=%t wal_status=%s lag_bytes=%d lag_seconds=%s published_total=%d dead_letters=%d",
+		now.UTC().Format(time.RFC3339), st.Slot, st.Exists, st.Active, orDash(st.WALStatus), st.LagBytes, lagSeconds, st.PublishedTotal, st.DeadLetters)
 }

@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
 	"os/signal"
 	"strings"
 	"syscall"
@@ -97,9 +96,9 @@ type opsEnv struct {
 }
 
 func openOps(ctx context.Context, path string, stderr io.Writer) (*opsEnv, error) {
-	cfg, err := config.Load(path, os.LookupEnv)
+	cfg, err := loadConfig(path, stderr)
 	if err != nil {
-		return nil, usageErr("invalid configuration: %v", err)
+		return nil, err
 	}
 	log, err := newLogger(cfg.Log.Level, stderr)
 	if err != nil {
@@ -256,13 +255,21 @@ func reconcile(ctx context.Context, o *opsEnv, f rows.Filter, margin time.Durati
 	if total == 0 {
 		return verify.Report{}, noRows(o.cfg)
 	}
+	// The bar is erased before the report is printed: on a terminal,
+	// stdout and stderr share the screen, and the report must not start
+	// on the bar's line.
 	bar := newProgress(stderr, "reading the broker", 0)
 	rep, err := verify.Run(ctx, o.db, rd, verify.Config{
 		Source: o.source, Filter: f, Slot: o.cfg.Postgres.Slot, Destination: dest, Margin: margin,
 		Progress: func(n int64) { bar.set(n) },
-		Counted:  counted,
+		Counted: func(rep verify.Report) {
+			bar.clear()
+			if counted != nil {
+				counted(rep)
+			}
+		},
 	}, missing)
-	bar.done()
+	bar.clear()
 	if err != nil {
 		return rep, &exitError{code: exitUsage, err: fmt.Errorf("verify: %w", err)}
 	}
@@ -270,8 +277,8 @@ func reconcile(ctx context.Context, o *opsEnv, f rows.Filter, margin time.Durati
 }
 
 func printReport(w io.Writer, r verify.Report) {
-	fmt.Fprintf(w, "committed      %d\nfound          %d\nmissing        %d\nduplicates     %d\ndead-lettered  %d\n",
-		r.Committed, r.Found, r.Missing, r.Duplicates, r.DeadLettered)
+	fmt.Fprintf(w, "committed      %d\nfound          %d\nmissing        %d\nduplicates     %d\ndead-lettered  %d\nparked         %d\n",
+		r.Committed, r.Found, r.Missing, r.Duplicates, r.DeadLettered, r.Parked)
 }
 
 func cmdReplay(args []string, stdout, stderr io.Writer) error {
@@ -318,11 +325,11 @@ func cmdReplay(args []string, stdout, stderr io.Writer) error {
 	if total == 0 {
 		return noRows(o.cfg)
 	}
-	res, err := publishRows(ctx, o, stderr, *rate, total, func(ctx context.Context, pub *rows.Publisher, row func()) error {
+	res, err := publishRows(ctx, o, stderr, *rate, total, nil, func(ctx context.Context, pub *rows.Publisher, row func()) error {
 		return o.source.Scan(ctx, o.db, f, func(m *relay.Message, invalid error) error {
 			row()
 			if invalid != nil {
-				pub.Invalid(m, invalid)
+				pub.Invalid(ctx, m, invalid)
 				return nil
 			}
 			return pub.Publish(ctx, m)
@@ -343,7 +350,9 @@ func resultErr(res rows.Result) error {
 }
 
 // publishRows opens the sink, runs it, and publishes what scan hands over.
-func publishRows(ctx context.Context, o *opsEnv, stderr io.Writer, rate float64, total int64,
+// A message the broker refuses, or an invalid row, is stored through
+// deadLetter when it is set.
+func publishRows(ctx context.Context, o *opsEnv, stderr io.Writer, rate float64, total int64, deadLetter func(context.Context, *relay.Message) error,
 	scan func(ctx context.Context, pub *rows.Publisher, row func()) error) (rows.Result, error) {
 	sink, err := openSink(ctx, o.cfg, o.log)
 	if err != nil {
@@ -357,7 +366,7 @@ func publishRows(ctx context.Context, o *opsEnv, stderr io.Writer, rate float64,
 		ran <- nil
 	}
 	bar := newProgress(stderr, "publishing", total)
-	pub := rows.NewPublisher(sink, rows.PublisherConfig{Rate: rate, MaxAttempts: o.cfg.Relay.MaxAttempts}, o.log)
+	pub := rows.NewPublisher(sink, rows.PublisherConfig{Rate: rate, MaxAttempts: o.cfg.Relay.MaxAttempts, DeadLetter: deadLetter}, o.log)
 	var n int64
 	err = scan(ctx, pub, func() {
 		n++
@@ -373,7 +382,11 @@ func publishRows(ctx context.Context, o *opsEnv, stderr io.Writer, rate float64,
 		o.log.Warn("close sink", zap.Error(cerr))
 	}
 	if err = errors.Join(err, werr); err != nil {
-		return res, &exitError{code: exitUsage, err: fmt.Errorf("replay: %w", err)}
+		code := exitUsage
+		if errors.Is(err, rows.ErrFailed) {
+			code = exitUnhealthy // the broker refused messages
+		}
+		return res, &exitError{code: code, err: fmt.Errorf("replay: %w", err)}
 	}
 	return res, nil
 }

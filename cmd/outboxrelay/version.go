@@ -54,7 +54,7 @@ func currentBuild() buildInfo {
 	return b
 }
 
-func cmdVersion(args []string, stdout io.Writer) error {
+func cmdVersion(args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("version", "version [--json]", "Print the version, the VCS revision and the Go version the binary was built with.")
 	asJSON := fs.Bool("json", false, `print {"version", "revision", "go"}`)
 	if err := parseFlags(fs, args); err != nil {

@@ -207,11 +207,14 @@ func (a *App) Run(ctx context.Context) error {
 		srv = admin.New(admin.Config{
 			Listen: cfg.HTTP.Listen,
 			Ready: func() error {
+				silent := stream.Silent()
 				switch {
 				case relayCtx.Err() != nil:
 					return errors.New("shutting down")
 				case !stream.Streaming():
 					return errors.New("replication is not streaming")
+				case silent > stream.StallAfter():
+					return fmt.Errorf("PostgreSQL has sent nothing on the replication connection for %s, although asked to reply (the connection may be lost)", silent.Round(100*time.Millisecond))
 				case !sink.Ready():
 					return fmt.Errorf("%s sink is not connected", cfg.Sink.Type)
 				case r.Retrying():
@@ -233,7 +236,8 @@ func (a *App) Run(ctx context.Context) error {
 			return fmt.Errorf("%v; choose a free address for http.listen", err)
 		}
 	}
-	createdSlot, err := cdc.EnsureSlot(setupCtx, conn, cfg.Postgres.Slot, "postgres.slot", cfg.Postgres.FailoverSlot)
+	// Not setupCtx: a first start may publish many rows from the tables.
+	createdSlot, err := a.ensureSlot(ctx, conn, dur.pool, database)
 	if err != nil {
 		_ = sink.Close()
 		return startErr(fmt.Errorf("prepare PostgreSQL: %w", err))

@@ -27,6 +27,11 @@ func openDurability(ctx context.Context, cfg config.Config, log *zap.Logger) (*d
 		return nil, fmt.Errorf("invalid PostgreSQL URL: %v", err)
 	}
 	pcfg.MaxConns = 4
+	if _, set := pcfg.ConnConfig.RuntimeParams["application_name"]; !set {
+		// As the replication connection is named: an operator looking at
+		// pg_stat_activity sees which sessions are the relay's.
+		pcfg.ConnConfig.RuntimeParams["application_name"] = "outboxrelay"
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return nil, fmt.Errorf("cannot connect to PostgreSQL: %v%s", err, tlsHint(err))

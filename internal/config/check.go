@@ -1,6 +1,7 @@
 package config
 
 import (
+	"errors"
 	"fmt"
 	"reflect"
 	"sort"
@@ -52,22 +53,20 @@ func checkValue(n *yaml.Node, t reflect.Type, path string) error {
 		if n.Kind != yaml.SequenceNode {
 			return valueError(n, path, "must be a list such as [a, b], not %s", describe(n))
 		}
+		var errs []error
 		for i, item := range n.Content {
-			if err := checkValue(item, t.Elem(), fmt.Sprintf("%s[%d]", path, i)); err != nil {
-				return err
-			}
+			errs = append(errs, checkValue(item, t.Elem(), fmt.Sprintf("%s[%d]", path, i)))
 		}
-		return nil
+		return errors.Join(errs...)
 	case t.Kind() == reflect.Map:
 		if n.Kind != yaml.MappingNode {
 			return valueError(n, path, "must be a mapping of keys to values, not %s", describe(n))
 		}
+		var errs []error
 		for i := 0; i+1 < len(n.Content); i += 2 {
-			if err := checkValue(n.Content[i+1], t.Elem(), joinPath(path, n.Content[i].Value)); err != nil {
-				return err
-			}
+			errs = append(errs, checkValue(n.Content[i+1], t.Elem(), joinPath(path, n.Content[i].Value)))
 		}
-		return nil
+		return errors.Join(errs...)
 	}
 	if n.Kind != yaml.ScalarNode {
 		return valueError(n, path, "must be %s, not %s", want(t), describe(n))
@@ -87,23 +86,21 @@ func checkSection(n *yaml.Node, t reflect.Type, path string, keys []string) erro
 		}
 		return fmt.Errorf("line %d: %s must be a mapping of keys (%s), not %s", n.Line, what, strings.Join(keys, ", "), describe(n))
 	}
+	var errs []error
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k, v := n.Content[i], n.Content[i+1]
 		if k.Tag == "!!merge" { // <<: *defaults merges a mapping (or a list of them) into this one
-			if err := checkMerge(v, t, path, keys); err != nil {
-				return err
-			}
+			errs = append(errs, checkMerge(v, t, path, keys))
 			continue
 		}
 		f, ok := fieldByKey(t, k.Value)
 		if !ok {
-			return unknownKey(k, path, keys)
+			errs = append(errs, unknownKey(k, path, keys))
+			continue
 		}
-		if err := checkValue(v, f.Type, joinPath(path, k.Value)); err != nil {
-			return err
-		}
+		errs = append(errs, checkValue(v, f.Type, joinPath(path, k.Value)))
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 func checkMerge(v *yaml.Node, t reflect.Type, path string, keys []string) error {
@@ -111,12 +108,11 @@ func checkMerge(v *yaml.Node, t reflect.Type, path string, keys []string) error 
 		v = v.Alias
 	}
 	if v.Kind == yaml.SequenceNode {
+		var errs []error
 		for _, m := range v.Content {
-			if err := checkMerge(m, t, path, keys); err != nil {
-				return err
-			}
+			errs = append(errs, checkMerge(m, t, path, keys))
 		}
-		return nil
+		return errors.Join(errs...)
 	}
 	return checkSection(v, t, path, keys)
 }
@@ -128,24 +124,22 @@ func checkSink(n *yaml.Node, path string) error {
 		return fmt.Errorf("line %d: %s must be a mapping of keys (%s), not %s", n.Line, path, strings.Join(keys, ", "), describe(n))
 	}
 	defaults := defaultSink("")
+	var errs []error
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k, v := n.Content[i], n.Content[i+1]
 		if k.Value == "type" {
-			if err := checkValue(v, reflect.TypeOf(""), joinPath(path, "type")); err != nil {
-				return err
-			}
+			errs = append(errs, checkValue(v, reflect.TypeOf(""), joinPath(path, "type")))
 			continue
 		}
 		set, ok := defaults.settings[k.Value]
 		if !ok {
-			return unknownKey(k, path, keys)
+			errs = append(errs, unknownKey(k, path, keys))
+			continue
 		}
 		t := reflect.TypeOf(set).Elem()
-		if err := checkSection(v, t, joinPath(path, k.Value), keysOf(t)); err != nil {
-			return err
-		}
+		errs = append(errs, checkSection(v, t, joinPath(path, k.Value), keysOf(t)))
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 func valueError(n *yaml.Node, path, format string, args ...any) error {

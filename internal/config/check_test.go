@@ -68,3 +68,55 @@ func TestConfigErrorsNameKeyAndLine(t *testing.T) {
 		})
 	}
 }
+
+// Every problem of a configuration is reported, not only the first: two
+// mistyped keys, a bad value in the file, a bad environment value and the
+// values Validate refuses.
+func TestLoadReportsEveryProblem(t *testing.T) {
+	body := "postgres:\n  url: postgres://relay@127.0.0.1:5432/shop\n  slott: orders\n  status_interval: 5x\nsink:\n  kafka:\n    brokerz: [a]\n"
+	_, err := Load(writeTemp(t, "relay.yaml", body), env(map[string]string{"OUTBOXRELAY_RELAY_MAX_ATTEMPTS": "many", "OUTBOXRELAY_LOG_LEVEL": "loud"}))
+	want := []string{
+		"line 3: postgres.slott is not a configuration key",
+		`line 4: postgres.status_interval "5x" is not a duration`,
+		"line 7: sink.kafka.brokerz is not a configuration key",
+		`environment OUTBOXRELAY_RELAY_MAX_ATTEMPTS: "many" is not an integer`,
+	}
+	problems := Problems(err)
+	if len(problems) != len(want) {
+		t.Errorf("%d problems, want %d: %q", len(problems), len(want), problems)
+	}
+	for i, w := range want {
+		if i >= len(problems) || !strings.Contains(problems[i].Error(), w) {
+			t.Errorf("problem %d is %v, want %q", i, problems, w)
+		}
+	}
+
+	// A file that decodes: its values are checked with the environment's.
+	body = "postgres:\n  url: postgres://relay@127.0.0.1:5432/shop\n  status_interval: 1h\nsink:\n  kafka:\n    brokers: [a:9092]\nrelay:\n  max_inflight: 0\n"
+	_, err = Load(writeTemp(t, "relay.yaml", body), env(map[string]string{"OUTBOXRELAY_LOG_LEVEL": "loud"}))
+	want = []string{"postgres.status_interval 1h0m0s must be between", "relay.max_inflight must be at least 1", `log.level "loud" is not one of`}
+	problems = Problems(err)
+	if len(problems) != len(want) {
+		t.Fatalf("%d problems, want %d: %q", len(problems), len(want), problems)
+	}
+	for i, w := range want {
+		if !strings.Contains(problems[i].Error(), w) {
+			t.Errorf("problem %d is %q, want %q", i, problems[i], w)
+		}
+	}
+}
+
+// A mistyped OUTBOXRELAY_ variable is named with the closest key, one far
+// from every key is named alone; a variable that is a key is not.
+func TestUnknownEnv(t *testing.T) {
+	got := UnknownEnv([]string{"OUTBOXRELAY_RELAY_MAXINFLIGHT=10", "OUTBOXRELAY_SINK_KAFKA_BROKERS=a:9092", "OUTBOXRELAY_POSTGRES_URL_FILE=/run/url",
+		"OUTBOXRELAY_POSTGRES_SLOTT=x", "HOME=/root", "OUTBOXRELAYX=1", "OUTBOXRELAY_PG_VERSION=15"})
+	want := []string{
+		"environment OUTBOXRELAY_RELAY_MAXINFLIGHT is not a configuration key and is ignored; did you mean OUTBOXRELAY_RELAY_MAX_INFLIGHT?",
+		"environment OUTBOXRELAY_POSTGRES_SLOTT is not a configuration key and is ignored; did you mean OUTBOXRELAY_POSTGRES_SLOT?",
+		"environment OUTBOXRELAY_PG_VERSION is not a configuration key and is ignored; no key is close (the README's Configuration section lists them)",
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("warnings:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"reflect"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -73,7 +74,23 @@ type Postgres struct {
 	// in small batches; 0 keeps every row. Delivery never depends on the
 	// rows: the relay publishes from the WAL its slot retains.
 	Retention time.Duration `yaml:"retention"`
+	// Backfill says which rows a relay's first start (no position recorded
+	// for its slot) publishes from the tables before it streams:
+	// BackfillAuto, BackfillAll or BackfillNone.
+	Backfill string `yaml:"backfill"`
 }
+
+// The values of postgres.backfill.
+const (
+	// BackfillAuto publishes the rows of the tables migrate created, when
+	// no relay has relayed them yet; a table migrate found starts from now.
+	BackfillAuto = "auto"
+	// BackfillAll publishes every row the tables hold.
+	BackfillAll = "all"
+	// BackfillNone publishes nothing from the tables: the relay starts from
+	// the slot's creation.
+	BackfillNone = "none"
+)
 
 // Envelope chooses the message format.
 type Envelope struct {
@@ -282,6 +299,7 @@ func Default() Config {
 			Slot: "outboxrelay", Publication: "outboxrelay", Tables: []string{"public.outbox"},
 			Columns: relay.DefaultColumns(), MessagePrefix: "outboxrelay",
 			StatusInterval: time.Second, HeartbeatInterval: 10 * time.Second, CoverageInterval: time.Second,
+			Backfill: BackfillAuto,
 		},
 		Sink:     defaultSink("kafka"),
 		Envelope: Envelope{Format: "envelope", Source: "outboxrelay"},
@@ -309,28 +327,56 @@ func Load(path string, lookup func(string) (string, bool)) (Config, error) {
 	return load(data, path, lookup)
 }
 
+// load reports every problem it finds, in the file, the environment and
+// the values, joined (Problems splits them), not only the first.
 func load(data []byte, name string, lookup func(string) (string, bool)) (Config, error) {
 	cfg := Default()
+	var errs []error
+	decoded := true
 	if len(data) > 0 {
-		if err := checkDocument(data); err != nil {
-			return cfg, fmt.Errorf("config %s: %w", name, err)
+		docErr := checkDocument(data)
+		for _, e := range Problems(docErr) {
+			errs = append(errs, fmt.Errorf("config %s: %w", name, e))
 		}
+		// A file with bad keys is still decoded, leniently, so that the
+		// environment and the values are checked in the same run.
 		dec := yaml.NewDecoder(bytes.NewReader(data))
-		dec.KnownFields(true)
+		dec.KnownFields(docErr == nil)
 		if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) { // an empty file is fine
-			return cfg, fmt.Errorf("config %s: %w", name, err)
+			decoded = false
+			if docErr == nil {
+				errs = append(errs, fmt.Errorf("config %s: %w", name, err))
+			}
 		}
 	}
 	fromEnv := map[string]bool{}
 	if lookup != nil {
-		if err := applyEnv(reflect.ValueOf(&cfg).Elem(), "", EnvPrefix[:len(EnvPrefix)-1], lookup, fromEnv); err != nil {
-			return cfg, err
-		}
+		errs = append(errs, Problems(applyEnv(reflect.ValueOf(&cfg).Elem(), "", EnvPrefix[:len(EnvPrefix)-1], lookup, fromEnv))...)
 	}
-	if err := cfg.readSecretFiles(fromEnv); err != nil {
-		return cfg, err
+	errs = append(errs, Problems(cfg.readSecretFiles(fromEnv))...)
+	if decoded {
+		// Values of a file the decoder could not read are partly defaults:
+		// checking them would report problems the file does not have.
+		errs = append(errs, Problems(cfg.Validate())...)
 	}
-	return cfg, cfg.Validate()
+	return cfg, errors.Join(errs...)
+}
+
+// Problems splits an error of Load or Validate into its problems, one
+// sentence each, in the order found; nil for nil.
+func Problems(err error) []error {
+	if err == nil {
+		return nil
+	}
+	j, ok := err.(interface{ Unwrap() []error })
+	if !ok {
+		return []error{err}
+	}
+	var out []error
+	for _, e := range j.Unwrap() {
+		out = append(out, Problems(e)...)
+	}
+	return out
 }
 
 // Redacted is what a hidden secret is shown as.
@@ -536,12 +582,11 @@ func format(v reflect.Value) string {
 // applyEnv sets the fields of v found in the environment and records their
 // keys in set.
 func applyEnv(v reflect.Value, path, env string, lookup func(string) (string, bool), set map[string]bool) error {
+	var errs []error
 	for _, f := range fields(v) {
 		p, e := joinPath(path, f.name), env+"_"+strings.ToUpper(f.name)
 		if f.section {
-			if err := applyEnv(f.v, p, e, lookup, set); err != nil {
-				return err
-			}
+			errs = append(errs, applyEnv(f.v, p, e, lookup, set))
 			continue
 		}
 		s, ok := lookup(e)
@@ -549,11 +594,53 @@ func applyEnv(v reflect.Value, path, env string, lookup func(string) (string, bo
 			continue
 		}
 		if err := setValue(f.v, s); err != nil {
-			return fmt.Errorf("environment %s: %w", e, err)
+			errs = append(errs, fmt.Errorf("environment %s: %w", e, err))
+			continue
 		}
 		set[p] = true
 	}
-	return nil
+	return errors.Join(errs...)
+}
+
+// UnknownEnv returns a warning for every variable of environ (KEY=value
+// pairs, as os.Environ returns them) that starts with OUTBOXRELAY_ but
+// names no configuration key, naming the closest key when one is within a
+// few edits: a mistyped variable is otherwise silently ignored.
+func UnknownEnv(environ []string) []string {
+	known := map[string]bool{}
+	var names []string
+	for _, k := range Keys() {
+		known[k.Env] = true
+		names = append(names, k.Env)
+	}
+	var warnings []string
+	for _, kv := range environ {
+		name, _, _ := strings.Cut(kv, "=")
+		if !strings.HasPrefix(name, EnvPrefix) || known[name] {
+			continue
+		}
+		near, d := closest(name, names)
+		if d <= max(3, len(name)/8) {
+			warnings = append(warnings, fmt.Sprintf("environment %s is not a configuration key and is ignored; did you mean %s?", name, near))
+			continue
+		}
+		warnings = append(warnings, fmt.Sprintf("environment %s is not a configuration key and is ignored; no key is close (the README's Configuration section lists them)", name))
+	}
+	return warnings
+}
+
+// closest returns the name of names nearest to s by edit distance (the
+// first in sorted order on a tie) and that distance.
+func closest(s string, names []string) (string, int) {
+	sorted := append([]string(nil), names...)
+	sort.Strings(sorted)
+	best, bestDist := "", -1
+	for _, n := range sorted {
+		if d := editDistance(s, n); bestDist < 0 || d < bestDist {
+			best, bestDist = n, d
+		}
+	}
+	return best, bestDist
 }
 
 func setValue(v reflect.Value, s string) error {
@@ -610,12 +697,17 @@ func (c *Config) Validate() error {
 	if c.Postgres.URL == "" {
 		errs = append(errs, errors.New("postgres.url is required (or OUTBOXRELAY_POSTGRES_URL)"))
 	}
+	switch c.Postgres.Backfill {
+	case BackfillAuto, BackfillAll, BackfillNone:
+	default:
+		errs = append(errs, fmt.Errorf("postgres.backfill %q is not one of auto, all, none", c.Postgres.Backfill))
+	}
 	cc := c.CDC()
 	if err := cc.Validate(); err != nil && c.Postgres.URL != "" {
 		errs = append(errs, err)
 	} else if err != nil {
 		// Report the other postgres problems without repeating the URL one.
-		for _, e := range splitJoined(err) {
+		for _, e := range Problems(err) {
 			if !strings.HasPrefix(e.Error(), "postgres.url") {
 				errs = append(errs, e)
 			}
@@ -637,7 +729,7 @@ func (c *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("sink.type %q is not one of %s", c.Sink.Type, strings.Join(sinks.Names(), ", ")))
 	} else {
 		if err := set.Validate(); err != nil {
-			errs = append(errs, splitJoined(err)...)
+			errs = append(errs, Problems(err)...)
 		}
 		if fc, ok := set.(sinks.FormatChecker); ok {
 			if err := fc.CheckFormat(relay.Format(c.Envelope.Format)); err != nil {
@@ -685,13 +777,6 @@ func (c *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("log.level %q is not one of debug, info, warn, error", c.Log.Level))
 	}
 	return errors.Join(errs...)
-}
-
-func splitJoined(err error) []error {
-	if j, ok := err.(interface{ Unwrap() []error }); ok {
-		return j.Unwrap()
-	}
-	return []error{err}
 }
 
 // CDC returns the replication settings.

@@ -32,6 +32,7 @@ var descriptions = map[string]string{
 	"postgres.status_interval":        "how often the confirmed position is reported to PostgreSQL (100ms–10s)",
 	"postgres.heartbeat_interval":     "heartbeat message interval, so an idle outbox does not pin WAL; 0 disables",
 	"postgres.retention":              "delete outbox rows older than this, in small batches; 0 keeps all",
+	"postgres.backfill":               "on a relay's first start (no position recorded for its slot): `auto` publishes the rows of tables `migrate` created that no relay has relayed, `all` every row the tables hold, `none` nothing; then it streams",
 	"postgres.failover_slot":          "create the slot as a failover slot (PostgreSQL 17+), which follows a failover to a standby with `sync_replication_slots = on`; refused on older versions",
 	"sink.type":                       "the sink to run: `kafka`, `nats`, `rabbitmq`, `redis` or `webhook`",
 	"envelope.format":                 "`envelope`, `cloudevents` (structured), `cloudevents-binary` or `debezium` (Debezium's outbox event router output: the payload as the body, an `id` header)",

@@ -10,8 +10,10 @@ import (
 	"errors"
 	"math"
 	"net/http"
+	"strings"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -204,10 +206,10 @@ func New(cfg Config) *Metrics {
 		m.deadLetters.WithLabelValues(reason)
 	}
 	for _, d := range cfg.Destinations {
-		m.published.WithLabelValues(cfg.Sink, d)
+		m.published.WithLabelValues(cfg.Sink, label(d))
 	}
 	for _, t := range cfg.IgnoredTables {
-		m.skipped.WithLabelValues(t)
+		m.skipped.WithLabelValues(label(t))
 	}
 	for _, h := range envelope.ReservedForms() {
 		m.reserved.WithLabelValues(h)
@@ -278,6 +280,18 @@ const (
 	reasonInvalid   = "invalid"
 )
 
+// label returns v as a label value. client_golang panics on a label value
+// that is not valid UTF-8, after the broker has acknowledged the message,
+// so that every restart would publish it again and panic again. The sinks
+// refuse such destinations (sinks.CheckDestination); this is the second
+// line: v with each invalid byte replaced by U+FFFD.
+func label(v string) string {
+	if utf8.ValidString(v) {
+		return v
+	}
+	return strings.ToValidUTF8(v, "\uFFFD")
+}
+
 // Reason classifies a publish error for the reason label, with the relay's
 // own predicate.
 func Reason(err error) string {
@@ -293,7 +307,7 @@ func (m *Metrics) Hooks() relay.Hooks {
 		Published:     m.observePublished,
 		PublishFailed: m.observeFailed,
 		DeadLettered:  m.observeDeadLettered,
-		Skipped:       func(table string) { m.skipped.WithLabelValues(table).Inc() },
+		Skipped:       func(table string) { m.skipped.WithLabelValues(label(table)).Inc() },
 		ReservedHeaderDropped: func(_ *relay.Message, reserved string) {
 			m.reserved.WithLabelValues(reserved).Inc()
 		},
@@ -317,7 +331,7 @@ func (m *Metrics) LagSeconds() float64 { return m.lagSeconds() }
 
 func (m *Metrics) observePublished(msg *relay.Message, ackedAt time.Time) {
 	m.acknowledged.Add(1)
-	m.published.WithLabelValues(m.cfg.Sink, msg.Destination).Inc()
+	m.published.WithLabelValues(m.cfg.Sink, label(msg.Destination)).Inc()
 	if !msg.CommitTime.IsZero() {
 		// The commit time is the database server's clock: clamp skew.
 		m.latency.Observe(math.Max(0, ackedAt.Sub(msg.CommitTime).Seconds()))

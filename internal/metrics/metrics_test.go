@@ -251,3 +251,26 @@ func TestReservedHeadersDropped(t *testing.T) {
 		t.Errorf("no zero series for id: %v", got)
 	}
 }
+
+// TestInvalidUTF8Labels: a destination or table that is not valid UTF-8
+// reaches no label as it is (client_golang panics on one, after the broker
+// acknowledged the message): the hooks count it under the value with U+FFFD,
+// and the registry still gathers.
+func TestInvalidUTF8Labels(t *testing.T) {
+	// The configuration's names come from the environment too, which
+	// may hold any bytes.
+	m := New(Config{Sink: "nats", Destinations: []string{"outbox.caf\xe9"}, IgnoredTables: []string{"public.caf\xe9"}})
+	h := m.Hooks()
+	h.Published(&relay.Message{Destination: "outbox.caf\xe9"}, time.Now())
+	h.Skipped("public.caf\xe9")
+	var dest []string
+	for _, mt := range gather(t, m, "outboxrelay_messages_published_total") {
+		dest = append(dest, labels(mt)["destination"])
+	}
+	if len(dest) != 1 || dest[0] != "outbox.caf\uFFFD" {
+		t.Errorf("destinations %q, want [\"outbox.caf\\uFFFD\"]", dest)
+	}
+	if mts := gather(t, m, "outboxrelay_skipped_inserts_total"); len(mts) != 1 || labels(mts[0])["table"] != "public.caf\uFFFD" {
+		t.Errorf("skipped_inserts_total %v", mts)
+	}
+}

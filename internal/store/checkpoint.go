@@ -118,7 +118,7 @@ func (c Checkpoint) Recorded(ctx context.Context) (lsn cdc.LSN, ok bool, since t
 // Reset moves the confirmed position to lsn, back or forward, and clears
 // the recorded error: recovery calls it once it has republished from a new
 // slot whose consistent point is lsn. A slot without a checkpoint is left
-// without one.
+// without one (recovery holds one first, see Hold).
 func (c Checkpoint) Reset(ctx context.Context, lsn cdc.LSN) error {
 	_, err := c.DB.Exec(ctx, `UPDATE outboxrelay.checkpoint SET confirmed_lsn = $2::pg_lsn, confirmed_at = now(), updated_at = now(), error = NULL, error_at = NULL
 		WHERE slot = $1`, c.Slot, lsn.String())
@@ -126,6 +126,48 @@ func (c Checkpoint) Reset(ctx context.Context, lsn cdc.LSN) error {
 		return fmt.Errorf("reset the checkpoint record: %w", err)
 	}
 	return nil
+}
+
+// Hold makes sure the checkpoint records a confirmed position, 0/0 when it
+// had none, without touching one it has or the times recovery reads
+// (Recorded): recovery calls it before it drops or creates the slot, so
+// that from then until Reset a relay refuses the new slot (Verify) or its
+// absence (cdc's missing-slot check) and a rerun of recovery starts over.
+func (c Checkpoint) Hold(ctx context.Context) error {
+	_, err := c.DB.Exec(ctx, `INSERT INTO outboxrelay.checkpoint AS c (slot, confirmed_lsn, updated_at) VALUES ($1, '0/0', now())
+		ON CONFLICT (slot) DO UPDATE SET confirmed_lsn = coalesce(c.confirmed_lsn, '0/0'), updated_at = now()`, c.Slot)
+	if err != nil {
+		return fmt.Errorf("hold the checkpoint record: %w", err)
+	}
+	return nil
+}
+
+// SlotCreated records that the slot was created just now. Whoever creates
+// the slot calls it right after, so that every transaction that began
+// later committed after the slot's start and is in the slot.
+func (c Checkpoint) SlotCreated(ctx context.Context) error {
+	_, err := c.DB.Exec(ctx, `INSERT INTO outboxrelay.checkpoint AS c (slot, slot_created_at, updated_at) VALUES ($1, now(), now())
+		ON CONFLICT (slot) DO UPDATE SET slot_created_at = now(), updated_at = now()`, c.Slot)
+	if err != nil {
+		return fmt.Errorf("record when slot %s was created: %w", c.Slot, err)
+	}
+	return nil
+}
+
+// SlotCreatedAt returns when the slot was last recorded as created; ok is
+// false when it was not.
+func (c Checkpoint) SlotCreatedAt(ctx context.Context) (at time.Time, ok bool, err error) {
+	var t *time.Time
+	err = c.DB.QueryRow(ctx, `SELECT slot_created_at FROM outboxrelay.checkpoint WHERE slot = $1`, c.Slot).Scan(&t)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return time.Time{}, false, nil
+	case err != nil:
+		return time.Time{}, false, fmt.Errorf("read when slot %s was created: %w", c.Slot, err)
+	case t == nil:
+		return time.Time{}, false, nil
+	}
+	return *t, true, nil
 }
 
 // Consumer returns how the slot was last consumed; ok is false when nothing

@@ -235,7 +235,7 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("sink.kafka.brokers has %q, which is not a host:port", b))
 		}
 	}
-	if _, err := parseTemplate(c.Topic); err != nil {
+	if _, err := parseTemplate(c.Topic, c.PositionsTopic); err != nil {
 		errs = append(errs, fmt.Errorf("sink.kafka.topic: %w", err))
 	}
 	if c.Linger < 0 {

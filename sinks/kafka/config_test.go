@@ -45,11 +45,11 @@ func TestTemplate(t *testing.T) {
 		{"{aggregate_type}-{aggregate_type}_x", "order-order_x"},
 		{"all-events", "all-events"},
 	} {
-		tmpl, err := parseTemplate(tc.tmpl)
+		tmpl, err := parseTemplate(tc.tmpl, DefaultPositionsTopic)
 		if err != nil {
 			t.Fatalf("%q: %v", tc.tmpl, err)
 		}
-		r := newTopics(tmpl).render(m)
+		r := newTopics(tmpl, DefaultPositionsTopic).render(m)
 		if r.err != nil || r.topic != tc.want {
 			t.Errorf("%q rendered %q, %v; want %q", tc.tmpl, r.topic, r.err, tc.want)
 		}
@@ -58,12 +58,12 @@ func TestTemplate(t *testing.T) {
 
 func TestCheckTopic(t *testing.T) {
 	for _, ok := range []string{"a", "outbox.order", "A-Z_0.9", "...", strings.Repeat("x", 249)} {
-		if err := checkTopic(ok); err != nil {
+		if err := checkTopic(ok, DefaultPositionsTopic); err != nil {
 			t.Errorf("%q: %v", ok, err)
 		}
 	}
 	for _, bad := range []string{"", ".", "..", "a b", "a/b", "ä", "a:b", strings.Repeat("x", 250)} {
-		if checkTopic(bad) == nil {
+		if checkTopic(bad, DefaultPositionsTopic) == nil {
 			t.Errorf("%q accepted", bad)
 		}
 	}
@@ -71,8 +71,8 @@ func TestCheckTopic(t *testing.T) {
 
 // TestTopicCacheBounded renders more distinct topics than the cache holds.
 func TestTopicCacheBounded(t *testing.T) {
-	tmpl, _ := parseTemplate("outbox.{aggregate_type}")
-	ts := newTopics(tmpl)
+	tmpl, _ := parseTemplate("outbox.{aggregate_type}", DefaultPositionsTopic)
+	ts := newTopics(tmpl, DefaultPositionsTopic)
 	for i := range maxCachedTopics + 10 {
 		m := &relay.Message{AggregateType: strings.Repeat("a", i%7) + string(rune('a'+i%26)) + strings.Repeat("b", i/26%50) + string(rune('0'+i/1300))}
 		r := ts.render(m)
@@ -82,5 +82,52 @@ func TestTopicCacheBounded(t *testing.T) {
 	}
 	if n := len(ts.cache); n > maxCachedTopics {
 		t.Errorf("cache holds %d topics, limit %d", n, maxCachedTopics)
+	}
+}
+
+// TestInternalTopicsRefused: no row reaches the exactly-once positions
+// topic or one of Kafka's internal topics, whatever the template renders;
+// a template that can only render such a topic fails at start-up.
+func TestInternalTopicsRefused(t *testing.T) {
+	tmpl, err := parseTemplate("{aggregate_type}", DefaultPositionsTopic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := newTopics(tmpl, DefaultPositionsTopic)
+	for _, agg := range []string{DefaultPositionsTopic, "__outboxrelay_other", "__consumer_offsets", "__transaction_state", "__cluster_metadata"} {
+		r := ts.render(&relay.Message{AggregateType: agg})
+		if r.err == nil || !strings.Contains(r.err.Error(), "no row may address it") {
+			t.Errorf("aggregate_type %q rendered topic %q, %v; want it refused as internal", agg, r.topic, r.err)
+		}
+	}
+	if r := ts.render(&relay.Message{AggregateType: "_schemas_like"}); r.err != nil {
+		t.Errorf("a topic with one leading underscore was refused: %v", r.err)
+	}
+	// A positions topic of another name is just as internal.
+	ts = newTopics(tmpl, "relay-positions")
+	if r := ts.render(&relay.Message{AggregateType: "relay-positions"}); r.err == nil {
+		t.Error("the configured positions topic was accepted")
+	}
+	for _, bad := range []string{DefaultPositionsTopic, "__consumer_offsets", "__{aggregate_type}", "__outboxrelay_{event_type}"} {
+		if _, err := parseTemplate(bad, DefaultPositionsTopic); err == nil || !strings.Contains(err.Error(), "no row may address it") {
+			t.Errorf("parseTemplate(%q) = %v, want it refused as internal", bad, err)
+		}
+	}
+}
+
+// TestTopicErrorNamesCharacter: an illegal character is shown as the
+// character, not as its first byte ('Ã' for 'é'), and a byte that is not
+// UTF-8 as its hex value.
+func TestTopicErrorNamesCharacter(t *testing.T) {
+	tmpl, _ := parseTemplate("outbox.{aggregate_type}", DefaultPositionsTopic)
+	ts := newTopics(tmpl, DefaultPositionsTopic)
+	if r := ts.render(&relay.Message{AggregateType: "café"}); r.err == nil || !strings.Contains(r.err.Error(), "contains 'é'") {
+		t.Errorf("topic error %v; want it to name 'é'", r.err)
+	}
+	if _, err := parseTemplate("outbox.café.{aggregate_type}", DefaultPositionsTopic); err == nil || !strings.Contains(err.Error(), "contains 'é'") {
+		t.Errorf("template error %v; want it to name 'é'", err)
+	}
+	if r := ts.render(&relay.Message{AggregateType: "caf\xe9"}); r.err == nil || !strings.Contains(r.err.Error(), "not valid UTF-8 (byte 0xE9 at offset 10)") {
+		t.Errorf("topic error %v; want it to say the topic is not valid UTF-8", r.err)
 	}
 }

@@ -17,18 +17,18 @@ func FuzzTopic(f *testing.F) {
 	f.Add("x-{aggregate_type}-y", strings.Repeat("z", 250), "", "p.o")
 	f.Add("{aggregate_type}", ".", "", "")
 	f.Fuzz(func(t *testing.T, tmplText, aggType, eventType, table string) {
-		tmpl, err := parseTemplate(tmplText)
+		tmpl, err := parseTemplate(tmplText, DefaultPositionsTopic)
 		if err != nil {
 			return
 		}
 		m := &relay.Message{AggregateType: aggType, EventType: eventType, Table: table}
-		r := newTopics(tmpl).render(m)
+		r := newTopics(tmpl, DefaultPositionsTopic).render(m)
 		want := strings.NewReplacer("{aggregate_type}", aggType, "{event_type}", eventType, "{table}", table).Replace(tmplText)
 		if r.topic != want {
 			t.Fatalf("topic %q, want %q", r.topic, want)
 		}
-		if (r.err == nil) != (checkTopic(r.topic) == nil) {
-			t.Fatalf("topic %q accepted %v, but checkTopic says %v", r.topic, r.err == nil, checkTopic(r.topic))
+		if (r.err == nil) != (checkTopic(r.topic, DefaultPositionsTopic) == nil) {
+			t.Fatalf("topic %q accepted %v, but checkTopic says %v", r.topic, r.err == nil, checkTopic(r.topic, DefaultPositionsTopic))
 		}
 		if first, _, _ := strings.Cut(tmplText, "{"); !strings.HasPrefix(r.topic, first) {
 			t.Fatalf("topic %q does not start with the template's %q", r.topic, first)

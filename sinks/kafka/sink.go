@@ -68,7 +68,7 @@ func New(cfg Config, log *zap.Logger) (*Sink, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	tmpl, err := parseTemplate(cfg.Topic)
+	tmpl, err := parseTemplate(cfg.Topic, cfg.PositionsTopic)
 	if err != nil {
 		return nil, err // Validate has checked it
 	}
@@ -79,7 +79,7 @@ func New(cfg Config, log *zap.Logger) (*Sink, error) {
 
 	s := &Sink{
 		brokers: cfg.Brokers,
-		topics:  newTopics(tmpl),
+		topics:  newTopics(tmpl, cfg.PositionsTopic),
 		log:     log,
 		health:  new(health),
 	}
@@ -180,9 +180,11 @@ type pending struct {
 // block on a full buffer that only that goroutine drains).
 //
 // done receives nil once every in-sync replica has the record, a
-// relay.Permanent error when the topic is not a legal Kafka topic name
-// (nothing is produced) or the broker rejects the record for good (see
-// produceError), and a retryable error otherwise: ctx cancelled before
+// relay.Permanent error when the topic is not a legal Kafka topic name or
+// one no row may address (the positions topic, Kafka's __ topics), or the
+// key or a header is not valid UTF-8 (nothing is produced), or the broker
+// rejects the record for good (see produceError), and a retryable error
+// otherwise: ctx cancelled before
 // Publish handed the record over, or the sink closed. Once handed over, the
 // record no longer depends on ctx. Publish blocks while
 // Config.MaxBufferedRecords records are unacknowledged, until one is or ctx
@@ -215,14 +217,25 @@ func (s *Sink) Publish(ctx context.Context, m *relay.Message, done func(*relay.M
 		s.inflight.Done()
 		return
 	}
-	p := newPending(ctx, m, done, t, val, ct)
+	p, err := newPending(ctx, m, done, t, val, ct)
+	if err != nil {
+		done(m, relay.Permanent(err))
+		s.inflight.Done()
+		return
+	}
 	r := &p.rec
 	s.client.Produce(ctx, r, s.promise)
 }
 
 // newPending builds the record of m for the rendered topic t. A non-nil val
-// is the record value instead of m.Envelope, of the content type ct.
-func newPending(ctx context.Context, m *relay.Message, done func(*relay.Message, error), t topicResult, val []byte, ct string) *pending {
+// is the record value instead of m.Envelope, of the content type ct. It
+// fails when the key (aggregate_id) or a header is not valid UTF-8: the
+// value's envelope would carry U+FFFD where the key and headers carry the
+// raw bytes, so no such record is produced (see sinks.CheckUTF8).
+func newPending(ctx context.Context, m *relay.Message, done func(*relay.Message, error), t topicResult, val []byte, ct string) (*pending, error) {
+	if err := sinks.CheckUTF8("kafka record key (aggregate_id)", m.AggregateID); err != nil {
+		return nil, err
+	}
 	// The record outlives the call: franz-go fails a buffered record whose
 	// context ends, and a relay shutting down (ctx cancelled) still wants
 	// what it handed over to be acknowledged while it drains. Close ends it.
@@ -244,13 +257,16 @@ func newPending(ctx context.Context, m *relay.Message, done func(*relay.Message,
 	}
 	var own [16]envelope.Header
 	hs, _ := sinks.Kafka.Headers(own[:0], hm)
+	if err := sinks.CheckHeaders(hs); err != nil {
+		return nil, err
+	}
 	h := p.hdrs[:0]
 	for _, x := range hs {
 		h = append(h, kgo.RecordHeader{Key: x.Key, Value: bytesOf(x.Value)})
 	}
 	r.Headers = h
 
-	return p
+	return p, nil
 }
 
 // produced is the promise of every record.

@@ -156,7 +156,8 @@ func TestInvalidTopic(t *testing.T) {
 	produces := c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Observe: true, Count: -1})
 	defer produces.Remove()
 
-	for _, at := range []string{"", ".", "..", "order/eu", "ordér", "a b", strings.Repeat("x", 250)} {
+	for _, at := range []string{"", ".", "..", "order/eu", "ordér", "a b", strings.Repeat("x", 250),
+		"caf\xe9", DefaultPositionsTopic, "__consumer_offsets", "__transaction_state"} {
 		m := &relay.Message{ID: "id-" + at, AggregateType: at, AggregateID: "1", Envelope: []byte("{}")}
 		err := publishOne(t, s, m)
 		if !isPermanent(err) {
@@ -176,6 +177,35 @@ func TestInvalidTopic(t *testing.T) {
 	}
 	if produces.Hits() == 0 {
 		t.Error("no produce request for a valid topic")
+	}
+}
+
+// TestInvalidUTF8KeyOrHeader: a record whose key (aggregate_id) or a header
+// (event_type, a row header) is not valid UTF-8 fails permanently, naming
+// it, and is never produced: its envelope would carry U+FFFD where the key
+// or header carries the raw bytes.
+func TestInvalidUTF8KeyOrHeader(t *testing.T) {
+	c := newCluster(t)
+	s := newSink(t, c, Config{Topic: "outbox.{aggregate_type}"})
+	produces := c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Observe: true, Count: -1})
+	defer produces.Remove()
+	for _, tc := range []struct {
+		m    relay.Message
+		want string
+	}{
+		{relay.Message{AggregateID: "caf\xe9"}, `kafka record key (aggregate_id) "caf\xe9" is not valid UTF-8`},
+		{relay.Message{AggregateID: "1", EventType: "order.cr\xe9ated"}, `header "event_type" value "order.cr\xe9ated" is not valid UTF-8`},
+		{relay.Message{AggregateID: "1", Headers: []envelope.Header{{Key: "t\xff", Value: "x"}}}, `header name "t\xff" is not valid UTF-8`},
+	} {
+		m := tc.m
+		m.ID, m.AggregateType, m.Envelope = "m", "order", []byte("{}")
+		err := publishOne(t, s, &m)
+		if !isPermanent(err) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%+v: err %v, want a permanent error containing %s", tc.m, err, tc.want)
+		}
+	}
+	if n := produces.Hits(); n != 0 {
+		t.Errorf("%d produce requests for invalid records, want 0", n)
 	}
 }
 

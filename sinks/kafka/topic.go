@@ -3,10 +3,12 @@ package kafka
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 
 	"github.com/outboxrelay/outboxrelay/relay"
+	"github.com/outboxrelay/outboxrelay/sinks"
 	"github.com/outboxrelay/outboxrelay/sinks/route"
 )
 
@@ -14,10 +16,12 @@ import (
 const maxTopicLen = 249
 
 // parseTemplate parses a topic template. It rejects unknown placeholders,
-// unbalanced braces and literal text that can never be part of a legal topic
-// name, so that a configuration mistake is reported at start-up rather than
-// as one dead letter per message.
-func parseTemplate(s string) (route.Template, error) {
+// unbalanced braces, literal text that can never be part of a legal topic
+// name and templates that address an internal topic (see internalTopic;
+// positions is the exactly-once positions topic), so that a configuration
+// mistake is reported at start-up rather than as one dead letter per
+// message.
+func parseTemplate(s, positions string) (route.Template, error) {
 	t, err := route.Parse(s)
 	// The Kafka sink words unbalanced braces its own way, as it always has.
 	var serr *route.SyntaxError
@@ -30,16 +34,19 @@ func parseTemplate(s string) (route.Template, error) {
 		return route.Template{}, fmt.Errorf("topic %w", err) // "topic template ..."
 	}
 	// Rendered with empty values, the template is its literal text.
-	lit := t.Append(nil, &relay.Message{}, nil)
-	for _, c := range lit {
-		if !legalTopicByte(c) {
-			return route.Template{}, fmt.Errorf("topic template %q contains %q, which no Kafka topic name may contain; use only [a-zA-Z0-9._-] outside placeholders", s, c)
+	lit := string(t.Append(nil, &relay.Message{}, nil))
+	for i := 0; i < len(lit); i++ {
+		if !legalTopicByte(lit[i]) {
+			return route.Template{}, fmt.Errorf("topic template %q contains %s, which no Kafka topic name may contain; use only [a-zA-Z0-9._-] outside placeholders", s, sinks.Char(lit, i))
 		}
 	}
 	if c, ok := t.Constant(); ok {
-		if err := checkTopic(c); err != nil {
+		if err := checkTopic(c, positions); err != nil {
 			return route.Template{}, fmt.Errorf("topic template %q: %w", s, err)
 		}
+	} else if sample := t.Render(&relay.Message{AggregateType: "x", EventType: "x", Table: "x"}, nil); internalTopic(sample, positions) != "" {
+		// Every message would be refused: say so at start-up.
+		return route.Template{}, fmt.Errorf("topic template %q: %w", s, checkTopic(sample, positions))
 	}
 	return t, nil
 }
@@ -52,8 +59,12 @@ func legalTopicByte(c byte) bool {
 // checkTopic applies Kafka's rule for topic names: 1 to 249 characters of
 // [a-zA-Z0-9._-], and neither "." nor "..". The broker rejects anything else
 // with INVALID_TOPIC_EXCEPTION, so a message whose topic breaks the rule can
-// never be delivered.
-func checkTopic(topic string) error {
+// never be delivered. It also refuses the topics no row may address
+// (internalTopic), which the broker would take.
+func checkTopic(topic, positions string) error {
+	if err := sinks.CheckUTF8("kafka topic name", topic); err != nil {
+		return err
+	}
 	switch {
 	case topic == "":
 		return fmt.Errorf("kafka topic name is empty")
@@ -64,10 +75,30 @@ func checkTopic(topic string) error {
 	}
 	for i := 0; i < len(topic); i++ {
 		if !legalTopicByte(topic[i]) {
-			return fmt.Errorf("kafka topic name %q contains %q; only [a-zA-Z0-9._-] are allowed", topic, topic[i])
+			return fmt.Errorf("kafka topic name %q contains %s; only [a-zA-Z0-9._-] are allowed", topic, sinks.Char(topic, i))
 		}
 	}
+	if whose := internalTopic(topic, positions); whose != "" {
+		return sinks.Internal("kafka topic", topic, whose)
+	}
 	return nil
+}
+
+// internalTopic says whose topic is topic when no row may produce to it:
+// the exactly-once positions topic (positions), the relay's own names
+// (sinks.InternalPrefix) and Kafka's internal topics, whose names start
+// with "__" (__consumer_offsets, __transaction_state, __cluster_metadata).
+// It returns "" for any other topic.
+func internalTopic(topic, positions string) string {
+	switch {
+	case topic == positions:
+		return "the relay's exactly-once positions"
+	case strings.HasPrefix(topic, sinks.InternalPrefix):
+		return "the relay's own use (names starting with " + sinks.InternalPrefix + ")"
+	case strings.HasPrefix(topic, "__"):
+		return "Kafka's internal topics (names starting with __)"
+	}
+	return ""
 }
 
 // maxCachedTopics bounds the topic cache: topics normally follow the handful
@@ -93,15 +124,16 @@ type topicState struct {
 // that the steady state costs neither an allocation nor a validation per
 // message. It is safe for concurrent use.
 type topics struct {
-	tmpl     route.Template
-	constant *topicResult // when tmpl is constant
+	tmpl      route.Template
+	positions string       // the exactly-once positions topic
+	constant  *topicResult // when tmpl is constant
 
 	mu    sync.RWMutex
 	cache map[string]topicResult
 }
 
-func newTopics(t route.Template) *topics {
-	ts := &topics{tmpl: t, cache: map[string]topicResult{}}
+func newTopics(t route.Template, positions string) *topics {
+	ts := &topics{tmpl: t, positions: positions, cache: map[string]topicResult{}}
 	if c, ok := t.Constant(); ok {
 		ts.constant = &topicResult{topic: c, state: new(topicState)}
 	}
@@ -124,7 +156,7 @@ func (ts *topics) render(m *relay.Message) topicResult {
 	}
 
 	r = topicResult{topic: string(b)}
-	if r.err = checkTopic(r.topic); r.err != nil {
+	if r.err = checkTopic(r.topic, ts.positions); r.err != nil {
 		r.err = fmt.Errorf("topic template %q: %w", ts.tmpl.String(), r.err)
 	}
 	ts.mu.Lock()

@@ -31,8 +31,11 @@ func TransactionalID(slot string) string { return "outboxrelay-" + slot }
 // TxnSink is the exactly-once Kafka sink: a transactional producer. Each
 // Kafka transaction holds the records of one or more whole source
 // transactions and, in the same transaction, a record in
-// Config.PositionsTopic keyed by the transactional.id whose value is the
-// commit LSN of the last of them. A consumer reading with
+// Config.PositionsTopic keyed by the transactional.id, with a
+// [PositionHeader] naming it too, whose value is the commit LSN of the last
+// of them. No message can be produced to that topic (or to any __ topic),
+// and the reader ignores records without the header once there is one
+// with it. A consumer reading with
 // isolation.level=read_committed sees the records of a transaction exactly
 // when the position that covers them is committed, so a relay that resumes
 // after the position ([TxnSink.Position]) repeats nothing and loses nothing.
@@ -82,7 +85,7 @@ func NewTxn(cfg Config, log *zap.Logger) (*TxnSink, error) {
 		return nil, errors.New("sink.kafka.transactional_id is empty; set it, or run the relay through the command, which derives it from postgres.slot")
 	}
 	cfg = cfg.withDefaults()
-	tmpl, err := parseTemplate(cfg.Topic)
+	tmpl, err := parseTemplate(cfg.Topic, cfg.PositionsTopic)
 	if err != nil {
 		return nil, err
 	}
@@ -90,7 +93,7 @@ func NewTxn(cfg Config, log *zap.Logger) (*TxnSink, error) {
 		log = zap.NewNop()
 	}
 	log = log.Named("kafka")
-	s := &TxnSink{cfg: cfg, log: log, health: new(health), topics: newTopics(tmpl), kick: make(chan struct{}, 1)}
+	s := &TxnSink{cfg: cfg, log: log, health: new(health), topics: newTopics(tmpl, cfg.PositionsTopic), kick: make(chan struct{}, 1)}
 	if s.values, err = newValues(cfg); err != nil {
 		return nil, err
 	}
@@ -123,7 +126,8 @@ func (s *TxnSink) current() *kgo.Client {
 // Publish renders m's topic and holds m until EndTxn ends its source
 // transaction; done is called once the Kafka transaction holding m has
 // committed, or with a relay.Permanent error, before Publish returns, when
-// the topic is not a legal name.
+// the topic is not a legal name or one no row may address (above all
+// Config.PositionsTopic), or the key or a header is not valid UTF-8.
 func (s *TxnSink) Publish(ctx context.Context, m *relay.Message, done func(*relay.Message, error)) {
 	t := s.topics.render(m)
 	m.Destination = t.topic
@@ -136,7 +140,11 @@ func (s *TxnSink) Publish(ctx context.Context, m *relay.Message, done func(*rela
 		done(m, err)
 		return
 	}
-	p := newPending(ctx, m, done, t, val, ct)
+	p, err := newPending(ctx, m, done, t, val, ct)
+	if err != nil {
+		done(m, relay.Permanent(err))
+		return
+	}
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -288,7 +296,7 @@ func (s *TxnSink) transact(ctx context.Context, cl *kgo.Client, batch []part) er
 		}
 	}
 	pos := batch[len(batch)-1].lsn
-	cl.Produce(ctx, &kgo.Record{Topic: s.cfg.PositionsTopic, Key: []byte(s.cfg.TransactionalID), Value: []byte(pos.String())}, promise)
+	cl.Produce(ctx, s.positionRecord(pos), promise)
 	err := cl.Flush(ctx)
 	mu.Lock()
 	err = errors.Join(err, first)
@@ -300,6 +308,48 @@ func (s *TxnSink) transact(ctx context.Context, cl *kgo.Client, batch []part) er
 		return err
 	}
 	return cl.EndTransaction(ctx, kgo.TryCommit)
+}
+
+// PositionHeader names the header of the relay's position records: its
+// value is the transactional.id that wrote the record. Its prefix is
+// reserved (envelope.Reserved), so no row can carry it.
+const PositionHeader = "x-outboxrelay-position-of"
+
+// positionRecord is the record of position pos: keyed by the
+// transactional.id, the PositionHeader naming it too, and the LSN in the
+// relay's form (pglogrepl.LSN.String, upper-case hex) as the value.
+func (s *TxnSink) positionRecord(pos cdc.LSN) *kgo.Record {
+	id := []byte(s.cfg.TransactionalID)
+	return &kgo.Record{Topic: s.cfg.PositionsTopic, Key: id, Value: []byte(pos.String()),
+		Headers: []kgo.RecordHeader{{Key: PositionHeader, Value: id}}}
+}
+
+// positionOf returns the position r records for the transactional.id id.
+// own is true for a record written by this version of the relay, false for
+// one written before position records had the PositionHeader (the key and
+// the value only); ok is false for any other record, which the reader
+// ignores: a control record, another id's, one not written in a
+// transaction (the relay writes positions only in its transactions), or one
+// whose value is not an LSN in the relay's form.
+func positionOf(r *kgo.Record, id string) (lsn cdc.LSN, own, ok bool) {
+	if r.Attrs.IsControl() || !r.Attrs.IsTransactional() || string(r.Key) != id {
+		return 0, false, false
+	}
+	switch len(r.Headers) {
+	case 0:
+	case 1:
+		if h := r.Headers[0]; h.Key != PositionHeader || string(h.Value) != id {
+			return 0, false, false
+		}
+		own = true
+	default:
+		return 0, false, false
+	}
+	parsed, err := pglogrepl.ParseLSN(string(r.Value))
+	if err != nil || parsed.String() != string(r.Value) {
+		return 0, false, false
+	}
+	return parsed, own, true
 }
 
 // restart replaces the client by a new producer session and reads the
@@ -386,7 +436,17 @@ func (s *TxnSink) position(ctx context.Context, cl *kgo.Client) (cdc.LSN, error)
 		return 0, fmt.Errorf("create kafka client: %w", err)
 	}
 	defer rd.Close()
-	var pos cdc.LSN
+	// Per partition, the newest record of the relay's own (own), and the
+	// newest one written before position records were marked (legacy): a
+	// relay writes its positions in increasing order, the newest last.
+	// Legacy records count only in a partition that has no marked one, so
+	// that a relay upgraded to marked records resumes where it stopped.
+	type newest struct {
+		own, legacy       cdc.LSN
+		hasOwn, hasLegacy bool
+	}
+	found := map[int32]*newest{}
+	ignored := 0
 	for len(last) > 0 {
 		fs := rd.PollFetches(ctx)
 		if err := ctx.Err(); err != nil {
@@ -401,16 +461,43 @@ func (s *TxnSink) position(ctx context.Context, cl *kgo.Client) (cdc.LSN, error)
 			if end, ok := last[r.Partition]; ok && r.Offset >= end {
 				delete(last, r.Partition)
 			}
-			if r.Attrs.IsControl() || string(r.Key) != s.cfg.TransactionalID {
+			if r.Attrs.IsControl() {
 				return
 			}
-			lsn, err := pglogrepl.ParseLSN(string(r.Value))
-			if err != nil {
-				s.log.Warn("ignoring a position that is not an LSN", zap.String("topic", topic), zap.Int64("offset", r.Offset))
+			lsn, own, ok := positionOf(r, s.cfg.TransactionalID)
+			if !ok {
+				if string(r.Key) == s.cfg.TransactionalID {
+					ignored++
+				}
 				return
 			}
-			pos = max(pos, lsn)
+			n := found[r.Partition]
+			if n == nil {
+				n = new(newest)
+				found[r.Partition] = n
+			}
+			switch {
+			case own:
+				n.own, n.hasOwn = lsn, true
+			case n.hasOwn:
+				ignored++ // unmarked after marked: not the relay's
+			default:
+				n.legacy, n.hasLegacy = lsn, true
+			}
 		})
+	}
+	if ignored > 0 {
+		s.log.Warn("ignored records in the positions topic that carry this relay's key but were not written by it",
+			zap.String("topic", topic), zap.String("transactional_id", s.cfg.TransactionalID), zap.Int("records", ignored))
+	}
+	var pos cdc.LSN
+	for _, n := range found {
+		switch {
+		case n.hasOwn:
+			pos = max(pos, n.own)
+		case n.hasLegacy:
+			pos = max(pos, n.legacy)
+		}
 	}
 	return pos, nil
 }

@@ -195,3 +195,100 @@ func TestTxnSinkRecommitsAfterFailedCommit(t *testing.T) {
 		t.Fatalf("read_committed consumer got %v, want %s", got, want)
 	}
 }
+
+// produceForged writes recs into the positions topic as another producer:
+// in a transaction of its own when txn is set, plainly otherwise.
+func produceForged(t *testing.T, c interface{ ListenAddrs() []string }, txn bool, recs ...*kgo.Record) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	opts := []kgo.Opt{kgo.SeedBrokers(c.ListenAddrs()...), kgo.DefaultProduceTopic(DefaultPositionsTopic)}
+	if txn {
+		opts = append(opts, kgo.TransactionalID("forger"))
+	}
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	if txn {
+		if err := cl.BeginTransaction(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+		t.Fatalf("produce forged positions: %v", err)
+	}
+	if txn {
+		if err := cl.EndTransaction(ctx, kgo.TryCommit); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestPositionIgnoresForgedRecords: records in the positions topic that
+// carry the relay's key but that the relay did not write do not move its
+// position: one without the relay's header after one with it, one whose
+// header names another transactional.id, one whose value is not an LSN in
+// the relay's form, one written outside a transaction. Before, any of them
+// holding FF/FFFFFFFF made the relay skip every later transaction.
+func TestPositionIgnoresForgedRecords(t *testing.T) {
+	c := newCluster(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const id = "outboxrelay-test"
+	a := newTxnSink(t, c, id)
+	if _, err := a.Position(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, err := range outcomes(t, publishTxn(a.TxnSink, "a", 2, 100), 2) {
+		if err != nil {
+			t.Fatalf("committed message failed: %v", err)
+		}
+	}
+	key, top := []byte(id), []byte("FF/FFFFFFFF")
+	mark := func(v string) []kgo.RecordHeader { return []kgo.RecordHeader{{Key: PositionHeader, Value: []byte(v)}} }
+	produceForged(t, c, true,
+		&kgo.Record{Key: key, Value: top},                                         // the form of a position before the header
+		&kgo.Record{Key: key, Value: top, Headers: mark("outboxrelay-other")},     // another relay's header
+		&kgo.Record{Key: key, Value: []byte("ff/ffffffff"), Headers: mark(id)},    // not the relay's LSN form
+		&kgo.Record{Key: key, Value: []byte(`"FF/FFFFFFFF"`), Headers: mark(id)},  // a JSON string
+		&kgo.Record{Key: key, Value: top, Headers: append(mark(id), mark(id)...)}) // a header twice
+	produceForged(t, c, false, &kgo.Record{Key: key, Value: top, Headers: mark(id)})
+
+	b := newTxnSink(t, c, id)
+	if pos, err := b.Position(ctx); err != nil || pos != 100 {
+		t.Fatalf("Position after forged records = %v, %v; want 0/64, the relay's own", pos, err)
+	}
+}
+
+// TestPositionReadsUnmarkedRecords: a positions topic written before
+// position records carried the relay's header (key and LSN only, in the
+// relay's transactions) still gives the position, so an upgraded relay
+// resumes where it stopped; once it has written a marked record, only
+// marked ones count.
+func TestPositionReadsUnmarkedRecords(t *testing.T) {
+	c := newCluster(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const id = "outboxrelay-test"
+	a := newTxnSink(t, c, id)
+	if _, err := a.Position(ctx); err != nil { // creates the topic
+		t.Fatal(err)
+	}
+	produceForged(t, c, true, &kgo.Record{Key: []byte(id), Value: []byte("0/32")}, &kgo.Record{Key: []byte(id), Value: []byte("0/64")})
+	b := newTxnSink(t, c, id)
+	if pos, err := b.Position(ctx); err != nil || pos != 100 {
+		t.Fatalf("Position from unmarked records = %v, %v; want 0/64", pos, err)
+	}
+	for _, err := range outcomes(t, publishTxn(b.TxnSink, "b", 1, 150), 1) {
+		if err != nil {
+			t.Fatalf("committed message failed: %v", err)
+		}
+	}
+	produceForged(t, c, true, &kgo.Record{Key: []byte(id), Value: []byte("FF/FFFFFFFF")})
+	d := newTxnSink(t, c, id)
+	if pos, err := d.Position(ctx); err != nil || pos != 150 {
+		t.Fatalf("Position = %v, %v; want 0/96, the marked record's", pos, err)
+	}
+}

@@ -363,7 +363,10 @@ func (s *Sink) Publish(ctx context.Context, m *relay.Message, done func(*relay.M
 }
 
 // header builds m's headers. The map is shared by every attempt of m;
-// nats.go only reads it.
+// nats.go only reads it. It fails, naming the header and the rule, for a
+// header NATS cannot carry: a Nats-* name, a name nats.go refuses (which
+// it reports only as "could not decode headers"), or a name or value that
+// is not valid UTF-8.
 func (s *Sink) header(m *relay.Message) (natsgo.Header, error) {
 	hs, _ := sinks.NATS.Headers(make([]envelope.Header, 0, len(m.Headers)+len(m.Attributes)+8), m)
 	h := make(natsgo.Header, len(hs)+2)
@@ -371,11 +374,28 @@ func (s *Sink) header(m *relay.Message) (natsgo.Header, error) {
 		if len(x.Key) >= 5 && strings.EqualFold(x.Key[:5], "nats-") {
 			return nil, fmt.Errorf("row header %q is reserved: Nats-* headers steer the JetStream server", x.Key)
 		}
+		if i := strings.IndexFunc(x.Key, badHeaderNameRune); i >= 0 || x.Key == "" {
+			return nil, fmt.Errorf("header name %q cannot be sent over NATS, whose header names are printable ASCII without spaces or any of %s; rename the row header", x.Key, headerNameSpecials)
+		}
 		h[x.Key] = []string{x.Value}
+	}
+	if err := sinks.CheckHeaders(hs); err != nil {
+		return nil, err
 	}
 	h[HeaderMsgID] = []string{m.ID}
 	h[HeaderExpectedStream] = []string{s.cfg.Stream}
 	return h, nil
+}
+
+// headerNameSpecials are the printable ASCII characters nats.go refuses in
+// a header name (ErrBadHeaderMsg), beyond the colon that NATS's header
+// format (ADR-4) excludes.
+const headerNameSpecials = `"()/,:;<=>?@[\]{}`
+
+// badHeaderNameRune reports whether r cannot be part of a NATS header
+// name: anything but printable ASCII (33 to 126), and headerNameSpecials.
+func badHeaderNameRune(r rune) bool {
+	return r <= ' ' || r > '~' || strings.ContainsRune(headerNameSpecials, r)
 }
 
 // sync runs before every send, under sendMu: it waits for a connection and,

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/outboxrelay/outboxrelay/relay"
+	"github.com/outboxrelay/outboxrelay/sinks"
 	"github.com/outboxrelay/outboxrelay/sinks/route"
 )
 
@@ -59,9 +60,13 @@ func (t template) render(m *relay.Message) (string, error) {
 }
 
 // checkSubject applies the rules of the NATS server for publish subjects:
-// not empty, no empty token, no wildcard token, no whitespace; and the
-// sink's length limit.
+// not empty, no empty token, no wildcard token, no whitespace; the sink's
+// length limit; valid UTF-8; and none of the subjects no row may publish
+// to (internalSubject).
 func checkSubject(s string) error {
+	if err := sinks.CheckDestination("the subject", s); err != nil {
+		return err
+	}
 	switch {
 	case s == "":
 		return errors.New("the subject is empty")
@@ -79,7 +84,27 @@ func checkSubject(s string) error {
 			return fmt.Errorf("the subject %q contains whitespace or a control character", s)
 		}
 	}
+	if whose := internalSubject(s); whose != "" {
+		return sinks.Internal("the subject", s, whose)
+	}
 	return nil
+}
+
+// internalSubject says whose subject s is when no row may publish to it,
+// and returns "" otherwise: a first token starting with $ is the server's
+// ($SYS, $JS.API, which manages streams, $JS.ACK, which acknowledges
+// consumers, $KV, $O), and _INBOX is where requesters, the sink's own
+// JetStream publishes among them, wait for their replies, so that a
+// message there could pass for an acknowledgement.
+func internalSubject(s string) string {
+	first, _, _ := strings.Cut(s, ".")
+	switch {
+	case strings.HasPrefix(first, "$"):
+		return "the NATS server (a first token starting with $: system, JetStream API and acknowledgement subjects)"
+	case first == "_INBOX":
+		return "replies to requests (_INBOX), the JetStream acknowledgements among them"
+	}
+	return ""
 }
 
 // streamSubjects returns the subjects of a stream CreateStream creates for

@@ -9,6 +9,7 @@ import (
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/outboxrelay/outboxrelay/envelope"
 	"github.com/outboxrelay/outboxrelay/internal/redact"
 	"github.com/outboxrelay/outboxrelay/relay"
 )
@@ -175,5 +176,68 @@ func TestPermanent(t *testing.T) {
 		if got := permanent(fmt.Errorf("wrapped: %w", c.err)); got != c.want {
 			t.Errorf("permanent(%v) = %v, want %v", c.err, got, c.want)
 		}
+	}
+}
+
+// TestSubjectContained: a row cannot publish to the server's own subjects
+// ($JS.API manages streams, $JS.ACK acknowledges consumers), to _INBOX
+// (where the sink's PubAcks arrive), to a name of the relay's own, or to a
+// subject that is not valid UTF-8; a template that can only render such a
+// subject fails at start-up.
+func TestSubjectContained(t *testing.T) {
+	tmpl, err := parseTemplate("{aggregate_type}.{event_type}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ aggType, want string }{
+		{"$JS", "reserved for the NATS server"},
+		{"$SYS", "reserved for the NATS server"},
+		{"$KV", "reserved for the NATS server"},
+		{"_INBOX", "reserved for replies to requests"},
+		{"__outboxrelay_positions", "reserved for the relay's own use"},
+		{"caf\xe9", `"caf\xe9.x" is not valid UTF-8 (byte 0xE9 at offset 3)`},
+	} {
+		got, err := tmpl.render(&relay.Message{ID: "1", AggregateType: c.aggType, EventType: "x"})
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("aggregate_type %q rendered %q, %v; want an error containing %q", c.aggType, got, err, c.want)
+		}
+	}
+	if got, err := tmpl.render(&relay.Message{ID: "1", AggregateType: "a$JS", EventType: "_INBOX"}); err != nil {
+		t.Errorf("an ordinary subject %q was refused: %v", got, err)
+	}
+	for _, s := range []string{"$JS.API.{aggregate_type}", "_INBOX.{aggregate_type}", "__outboxrelay_{aggregate_type}"} {
+		if _, err := parseTemplate(s); err == nil || !strings.Contains(err.Error(), "no row may address it") {
+			t.Errorf("parseTemplate(%q) = %v, want it refused", s, err)
+		}
+	}
+}
+
+// TestHeaderErrorNamesHeader: a header NATS cannot carry fails with an
+// error that names the header and the rule, where nats.go only says
+// "could not decode headers"; a value that is not valid UTF-8 fails too.
+func TestHeaderErrorNamesHeader(t *testing.T) {
+	s := &Sink{cfg: Config{Stream: "S"}}
+	for _, c := range []struct {
+		h    envelope.Header
+		want string
+	}{
+		{envelope.Header{Key: "bad key", Value: "x"}, `header name "bad key" cannot be sent over NATS, whose header names are printable ASCII without spaces or any of "()/,:;<=>?@[\]{}; rename the row header`},
+		{envelope.Header{Key: "a:b", Value: "x"}, `header name "a:b" cannot be sent over NATS`},
+		{envelope.Header{Key: "zoë", Value: "x"}, `header name "zoë" cannot be sent over NATS`},
+		{envelope.Header{Key: "tenant", Value: "caf\xe9"}, `header "tenant" value "caf\xe9" is not valid UTF-8`},
+	} {
+		m := &relay.Message{ID: "1", AggregateType: "order", AggregateID: "1", EventType: "x", Headers: []envelope.Header{c.h}}
+		_, err := s.header(m)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("header %q: %v, want an error containing %s", c.h.Key, err, c.want)
+		}
+	}
+	m := &relay.Message{ID: "1", AggregateType: "ord\xe9r", AggregateID: "1", EventType: "x"}
+	if _, err := s.header(m); err == nil || !strings.Contains(err.Error(), `header "aggregate_type" value`) {
+		t.Errorf("aggregate_type that is not UTF-8: %v, want an error naming the aggregate_type header", err)
+	}
+	m = &relay.Message{ID: "1", AggregateType: "order", AggregateID: "1", EventType: "x", Headers: []envelope.Header{{Key: "tenant-id_2", Value: "zoë"}}}
+	if h, err := s.header(m); err != nil || h.Get("tenant-id_2") != "zoë" {
+		t.Errorf("an ordinary header: %v, %v", h, err)
 	}
 }

@@ -360,10 +360,22 @@ func (s *Sink) prepare(m *relay.Message, done func(*relay.Message, error)) (*pen
 	case len(m.Envelope) > s.cfg.MaxMessageSize:
 		return nil, fmt.Errorf("message %s is %d bytes, over max_message_size %d", m.ID, len(m.Envelope), s.cfg.MaxMessageSize)
 	}
+	if err := sinks.CheckDestination("rabbitmq routing key", key); err != nil {
+		return nil, fmt.Errorf("message %s: %w", m.ID, err)
+	}
+	// The properties carry row values too.
+	for _, p := range [...]struct{ what, v string }{{"message_id (the message-id property)", m.ID}, {"event_type (the type property)", m.EventType}} {
+		if err := sinks.CheckUTF8(p.what, p.v); err != nil {
+			return nil, fmt.Errorf("message %s: %w", m.ID, err)
+		}
+	}
 
 	// message_id, event_type and the content type are properties; the AMQP
 	// CloudEvents binding carries datacontenttype in content-type too.
 	hs, _ := sinks.AMQP.Headers(make([]envelope.Header, 0, len(m.Headers)+len(m.Attributes)+4), m)
+	if err := sinks.CheckHeaders(hs); err != nil {
+		return nil, fmt.Errorf("message %s: %w", m.ID, err)
+	}
 	headers := make(amqp.Table, len(hs)+1)
 	for _, h := range hs {
 		if len(h.Key) > maxShortstr {

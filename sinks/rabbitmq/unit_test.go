@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outboxrelay/outboxrelay/envelope"
 	"github.com/outboxrelay/outboxrelay/internal/backoff"
 	"github.com/outboxrelay/outboxrelay/internal/redact"
 	"github.com/outboxrelay/outboxrelay/relay"
@@ -194,6 +195,36 @@ func TestPublishPermanentBeforeSending(t *testing.T) {
 		cancel()
 		if calls != 1 || got == nil || relay.Retryable(got) || errors.Is(got, context.DeadlineExceeded) {
 			t.Errorf("%s: done called %d times with %v, want one permanent error", name, calls, got)
+		}
+	}
+}
+
+// TestPublishContained: a routing key, property or header that is not
+// valid UTF-8, and a routing key of the relay's own, fail permanently at
+// once, naming what is wrong.
+func TestPublishContained(t *testing.T) {
+	s, err := New(Config{URL: "amqp://h/", RoutingKey: "{aggregate_type}"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for _, c := range []struct {
+		m    relay.Message
+		want string
+	}{
+		{relay.Message{ID: "1", AggregateType: "caf\xe9"}, `rabbitmq routing key "caf\xe9" is not valid UTF-8`},
+		{relay.Message{ID: "2", AggregateType: "__outboxrelay_x"}, `rabbitmq routing key "__outboxrelay_x" is reserved for the relay's own use`},
+		{relay.Message{ID: "3", AggregateType: "order", EventType: "cr\xe9ated"}, `event_type (the type property) "cr\xe9ated" is not valid UTF-8`},
+		{relay.Message{ID: "4", AggregateType: "order", AggregateID: "\xff"}, `header "aggregate_id" value "\xff" is not valid UTF-8`},
+		{relay.Message{ID: "5", AggregateType: "order", Headers: []envelope.Header{{Key: "t", Value: "\xc3"}}}, `header "t" value "\xc3" is not valid UTF-8`},
+	} {
+		var got error
+		calls := 0
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		s.Publish(ctx, &c.m, func(_ *relay.Message, err error) { calls++; got = err })
+		cancel()
+		if calls != 1 || relay.Retryable(got) || got == nil || !strings.Contains(got.Error(), c.want) {
+			t.Errorf("message %s: done called %d times with %v, want one permanent error containing %s", c.m.ID, calls, got, c.want)
 		}
 	}
 }

@@ -26,6 +26,8 @@ const (
 	DefaultDialTimeout = 5 * time.Second
 	// DefaultTimeout bounds reading and writing one batch.
 	DefaultTimeout = 10 * time.Second
+	// DefaultWaitTimeout bounds a WAIT for replicas (wait_replicas).
+	DefaultWaitTimeout = time.Second
 )
 
 // Config configures a Redis Streams [Sink]. The zero value of every field
@@ -49,8 +51,23 @@ type Config struct {
 
 	// MaxLen trims every stream the sink appends to to about this many
 	// entries (XADD MAXLEN ~ MaxLen: Redis trims whole macro nodes, so a
-	// stream can hold somewhat more). 0, the default, never trims.
+	// stream can hold somewhat more). 0, the default, never trims. Redis
+	// trims the oldest entries whatever its consumer groups have read: an
+	// entry a slow group has not read yet is gone all the same.
 	MaxLen int64 `yaml:"max_len"`
+
+	// WaitReplicas, when above 0, makes the sink send WAIT WaitReplicas
+	// WaitTimeout after each batch, on the connection that appended it,
+	// and confirm the batch only when that many replicas acknowledged it;
+	// otherwise its messages fail with ErrTooFewReplicas (retryable) and
+	// the relay sends them again. 0, the default, confirms on the
+	// primary's reply, which Redis gives before an fsync unless
+	// appendfsync is always.
+	WaitReplicas int `yaml:"wait_replicas"`
+
+	// WaitTimeout bounds each WAIT, default [DefaultWaitTimeout]; it must
+	// be below Timeout.
+	WaitTimeout time.Duration `yaml:"wait_timeout"`
 
 	// BatchSize is the most messages sent in one MULTI/EXEC pipeline,
 	// default [DefaultBatchSize].
@@ -82,6 +99,7 @@ func (c Config) withDefaults() Config {
 	c.MaxPending = cmp.Or(c.MaxPending, DefaultMaxPending)
 	c.DialTimeout = cmp.Or(c.DialTimeout, DefaultDialTimeout)
 	c.Timeout = cmp.Or(c.Timeout, DefaultTimeout)
+	c.WaitTimeout = cmp.Or(c.WaitTimeout, DefaultWaitTimeout)
 	return c
 }
 
@@ -110,6 +128,12 @@ func (c Config) Validate() error {
 	}
 	if c.Timeout < 0 {
 		errs = append(errs, fmt.Errorf("sink.redis.timeout is %v; set it above 0", c.Timeout))
+	}
+	if c.WaitReplicas < 0 {
+		errs = append(errs, fmt.Errorf("sink.redis.wait_replicas is %d; set it to 0 (no WAIT) or the number of replicas that must have each batch", c.WaitReplicas))
+	}
+	if c.WaitReplicas > 0 && (c.WaitTimeout < 0 || c.WaitTimeout >= c.Timeout) {
+		errs = append(errs, fmt.Errorf("sink.redis.wait_timeout is %v; set it above 0 and below sink.redis.timeout (%v)", c.WaitTimeout, c.Timeout))
 	}
 	return errors.Join(errs...)
 }

@@ -95,3 +95,15 @@ func TestTimeoutBoundsSilentServer(t *testing.T) {
 		t.Errorf("error does not name the setting: %v", err)
 	}
 }
+
+func TestWaitKeys(t *testing.T) {
+	if err := (Config{WaitReplicas: -1}).Validate(); err == nil || !strings.Contains(err.Error(), "sink.redis.wait_replicas") {
+		t.Errorf("negative wait_replicas: Validate() = %v", err)
+	}
+	if err := (Config{WaitReplicas: 1, WaitTimeout: 20 * time.Second}).Validate(); err == nil || !strings.Contains(err.Error(), "sink.redis.wait_timeout") {
+		t.Errorf("wait_timeout above timeout: Validate() = %v", err)
+	}
+	if err := (Config{WaitReplicas: 1}).Validate(); err != nil {
+		t.Errorf("wait_replicas 1 with the default timeouts: %v", err)
+	}
+}

@@ -23,6 +23,13 @@
 // relay.Permanent error when Redis refused that command alone (WRONGTYPE:
 // the key holds something other than a stream).
 //
+// The reply to EXEC comes once the entries are in the server's memory,
+// before an fsync (unless appendfsync is always) and before any replica
+// has them. With [Config.WaitReplicas] the sink sends WAIT on the same
+// connection after EXEC and reports the batch's messages with
+// [ErrTooFewReplicas] (retryable) when fewer replicas acknowledged it in
+// [Config.WaitTimeout]; the relay sends them again.
+//
 // Delivery is at-least-once: when a connection drops after EXEC was sent
 // but before its reply arrived, the batch is sent again and may then be in
 // the stream twice. Consumers dedupe on message_id. go-redis's own retries

@@ -18,18 +18,20 @@ func init() {
 		Defaults: func() sinks.Settings {
 			return &Config{
 				URL: DefaultURL, Stream: DefaultStream, BatchSize: DefaultBatchSize, MaxPending: DefaultMaxPending,
-				DialTimeout: DefaultDialTimeout, Timeout: DefaultTimeout,
+				DialTimeout: DefaultDialTimeout, Timeout: DefaultTimeout, WaitTimeout: DefaultWaitTimeout,
 			}
 		},
 		Docs: map[string]string{
-			"url":          "Redis URL (`rediss://` for TLS)",
-			"url_file":     "file holding `sink.redis.url`",
-			"stream":       "stream key template: `{aggregate_type}`, `{event_type}`, `{table}`",
-			"max_len":      "trim streams to about this many entries (`MAXLEN ~`); 0 never trims",
-			"batch_size":   "XADDs per MULTI/EXEC round trip",
-			"max_pending":  "queued messages before Publish waits",
-			"dial_timeout": "bound of each connection attempt",
-			"timeout":      "bound of writing a batch and reading its replies; a batch that times out is sent again",
+			"url":           "Redis URL (`rediss://` for TLS)",
+			"url_file":      "file holding `sink.redis.url`",
+			"stream":        "stream key template: `{aggregate_type}`, `{event_type}`, `{table}`",
+			"max_len":       "trim streams to about this many entries (`MAXLEN ~`), whatever consumer groups have read; 0 never trims",
+			"wait_replicas": "after each batch, `WAIT` for this many replicas to acknowledge it, or retry its messages; 0 confirms on the primary's reply",
+			"wait_timeout":  "bound of each `WAIT` (below `sink.redis.timeout`)",
+			"batch_size":    "XADDs per MULTI/EXEC round trip",
+			"max_pending":   "queued messages before Publish waits",
+			"dial_timeout":  "bound of each connection attempt",
+			"timeout":       "bound of writing a batch and reading its replies; a batch that times out is sent again",
 		},
 	})
 }

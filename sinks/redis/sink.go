@@ -136,13 +136,24 @@ func (s *Sink) Connect(ctx context.Context) error {
 
 // Publish renders m's stream key, sets m.Destination to it and queues m for
 // Run; done is called exactly once, from Run's goroutine once the batch
-// holding m has been executed, or before Publish returns when ctx ends or
-// the sink is closed first (ctx.Err() or ErrClosed, both retryable). done
-// must not block. Publish blocks while Config.MaxPending messages are
-// queued. Messages are appended in the order of the Publish calls.
+// holding m has been executed, or before Publish returns: with a
+// relay.Permanent error when no row may write to the key or a field is not
+// valid UTF-8, and when ctx ends or the sink is closed first (ctx.Err() or
+// ErrClosed, both retryable). done must not block. Publish blocks while
+// Config.MaxPending messages are queued. Messages are appended in the order
+// of the Publish calls.
 func (s *Sink) Publish(ctx context.Context, m *relay.Message, done func(*relay.Message, error)) {
-	key := s.stream.render(m)
+	key, err := s.stream.render(m)
 	m.Destination = key
+	if err != nil {
+		done(m, relay.Permanent(err))
+		return
+	}
+	it, err := newItem(m, done, key, s.cfg.MaxLen)
+	if err != nil {
+		done(m, relay.Permanent(fmt.Errorf("append to redis stream %q: %w", key, err)))
+		return
+	}
 	if err := ctx.Err(); err != nil {
 		done(m, err)
 		return
@@ -157,7 +168,6 @@ func (s *Sink) Publish(ctx context.Context, m *relay.Message, done func(*relay.M
 	s.mu.RUnlock()
 	defer s.publishers.Done()
 
-	it := newItem(m, done, key, s.cfg.MaxLen)
 	select {
 	case s.queue <- it:
 	case <-ctx.Done():
@@ -168,11 +178,15 @@ func (s *Sink) Publish(ctx context.Context, m *relay.Message, done func(*relay.M
 }
 
 // newItem builds m's XADD. One allocation holds the arguments; the
-// envelope is passed as it is.
-func newItem(m *relay.Message, done func(*relay.Message, error), key string, maxLen int64) *item {
+// envelope is passed as it is. It fails when a field name or value is not
+// valid UTF-8 (sinks.CheckHeaders).
+func newItem(m *relay.Message, done func(*relay.Message, error), key string, maxLen int64) (*item, error) {
 	it := &item{m: m, done: done}
 	var own [16]envelope.Header
 	hs, n := sinks.Redis.Headers(own[:0], m)
+	if err := sinks.CheckHeaders(hs); err != nil {
+		return nil, err
+	}
 	v := it.vals[:0]
 	for _, h := range hs[:n] {
 		v = append(v, h.Key, h.Value)
@@ -186,7 +200,7 @@ func newItem(m *relay.Message, done func(*relay.Message, error), key string, max
 		it.args.MaxLen = maxLen
 		it.args.Approx = true
 	}
-	return it
+	return it, nil
 }
 
 // headersJSON encodes the row's headers as a JSON object in row order.
@@ -263,16 +277,15 @@ func (s *Sink) ping(ctx context.Context) {
 func (s *Sink) send(ctx context.Context, batch []*item) {
 	bo := backoff.Backoff{Min: retryMin, Max: retryMax}
 	for attempt := 1; ; attempt++ {
-		cmds, err := s.client.TxPipelined(ctx, func(p goredis.Pipeliner) error {
-			for _, it := range batch {
-				p.XAdd(ctx, &it.args)
-			}
-			return nil
-		})
+		cmds, replicated, err := s.exec(ctx, batch)
 		if err == nil || !batchFailed(cmds, err) {
-			s.ready.Store(!s.run.Stopped())
+			s.ready.Store(replicated == nil && !s.run.Stopped())
 			for i, it := range batch {
-				it.done(it.m, appendError(it.args.Stream, cmds[i].Err()))
+				err := appendError(it.args.Stream, cmds[i].Err())
+				if err == nil && replicated != nil {
+					err = fmt.Errorf("append to redis stream %q: %w", it.args.Stream, replicated)
+				}
+				it.done(it.m, err)
 			}
 			return
 		}
@@ -291,6 +304,46 @@ func (s *Sink) send(ctx context.Context, batch []*item) {
 		}
 	}
 }
+
+// exec appends batch in one MULTI/EXEC. With sink.redis.wait_replicas it
+// then sends WAIT on the same connection (WAIT counts the replicas that
+// have the connection's writes): replicated is the retryable error of a
+// batch the primary holds but too few replicas acknowledged in time.
+func (s *Sink) exec(ctx context.Context, batch []*item) (cmds []goredis.Cmder, replicated, err error) {
+	appendAll := func(p goredis.Pipeliner) error {
+		for _, it := range batch {
+			p.XAdd(ctx, &it.args)
+		}
+		return nil
+	}
+	if s.cfg.WaitReplicas == 0 {
+		cmds, err = s.client.TxPipelined(ctx, appendAll)
+		return cmds, nil, err
+	}
+	conn := s.client.Conn()
+	defer conn.Close()
+	cmds, err = conn.TxPipelined(ctx, appendAll)
+	if err != nil && batchFailed(cmds, err) {
+		return cmds, nil, err
+	}
+	n, werr := conn.Wait(ctx, s.cfg.WaitReplicas, s.cfg.WaitTimeout).Result()
+	switch {
+	case werr != nil:
+		replicated = fmt.Errorf("wait for %d replicas: %w", s.cfg.WaitReplicas, redact.Error(werr, s.cfg.URL))
+	case n < int64(s.cfg.WaitReplicas):
+		replicated = fmt.Errorf("%w: %d of the %d replicas sink.redis.wait_replicas asks for acknowledged it within sink.redis.wait_timeout %s; check the replicas (INFO replication) or lower sink.redis.wait_replicas",
+			ErrTooFewReplicas, n, s.cfg.WaitReplicas, s.cfg.WaitTimeout)
+	}
+	if replicated != nil && ctx.Err() == nil {
+		s.log.Warn("redis batch not acknowledged by enough replicas; its messages are retried", zap.Int("messages", len(batch)), zap.Error(replicated))
+	}
+	return cmds, replicated, err
+}
+
+// ErrTooFewReplicas is reported (retryable) for a message appended on the
+// primary that fewer replicas than sink.redis.wait_replicas acknowledged
+// within sink.redis.wait_timeout: the primary may lose it in a failover.
+var ErrTooFewReplicas = errors.New("redis appended the message but too few replicas acknowledged it")
 
 // batchFailed reports whether the transaction as a whole failed, so that
 // nothing of it was appended and it must be sent again: the connection

@@ -341,14 +341,36 @@ func TestRender(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := tmpl.render(&relay.Message{AggregateType: "order", EventType: "order.created", Table: "public.outbox"})
-	if want := "outbox:order:order.created:public.outbox"; got != want {
-		t.Errorf("render = %q, want %q", got, want)
+	got, err := tmpl.render(&relay.Message{AggregateType: "order", EventType: "order.created", Table: "public.outbox"})
+	if want := "outbox:order:order.created:public.outbox"; got != want || err != nil {
+		t.Errorf("render = %q, %v; want %q", got, err, want)
 	}
-	for _, s := range []string{"", "{x}", "a{", "a}", "{aggregate_type"} {
+	for _, s := range []string{"", "{x}", "a{", "a}", "{aggregate_type", "__outboxrelay_{aggregate_type}"} {
 		if _, err := parseTemplate(s); err == nil {
 			t.Errorf("parseTemplate(%q) succeeded", s)
 		}
+	}
+}
+
+// TestContained: a stream key that is not valid UTF-8 or that starts with
+// the relay's own prefix, and a field that is not valid UTF-8, fail the
+// message permanently, naming the key or field, before anything is sent.
+func TestContained(t *testing.T) {
+	tmpl, err := parseTemplate("{aggregate_type}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ aggType, want string }{
+		{"caf\xe9", `redis stream key "caf\xe9" is not valid UTF-8 (byte 0xE9 at offset 3)`},
+		{"__outboxrelay_positions", `redis stream key "__outboxrelay_positions" is reserved for the relay's own use`},
+	} {
+		if key, err := tmpl.render(&relay.Message{ID: "1", AggregateType: c.aggType}); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("aggregate_type %q rendered %q, %v; want an error containing %s", c.aggType, key, err, c.want)
+		}
+	}
+	m := &relay.Message{ID: "1", AggregateType: "order", AggregateID: "caf\xe9", EventType: "x"}
+	if _, err := newItem(m, nil, "order", 0); err == nil || !strings.Contains(err.Error(), `header "aggregate_id" value "caf\xe9" is not valid UTF-8`) {
+		t.Errorf("aggregate_id that is not UTF-8: %v, want an error naming the field", err)
 	}
 }
 
@@ -364,5 +386,60 @@ func TestPermanent(t *testing.T) {
 		if got := permanent(c.err); got != c.want {
 			t.Errorf("permanent(%v) = %v", c.err, got)
 		}
+	}
+}
+
+// TestWaitReplicas: with wait_replicas 1 and a server without replicas,
+// every message is appended on the primary but fails, retryable, naming
+// the setting; the sink is not ready. wait_replicas 0, the default, sends
+// no WAIT and confirms on the primary's reply.
+func TestWaitReplicas(t *testing.T) {
+	needServer(t)
+	sinktest.VerifyNoLeaks(t)
+	f := newFixture(t)
+	info, err := f.rdb.Info(t.Context(), "replication").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(info, "connected_slaves:0") {
+		t.Fatalf("the test needs a Redis without replicas:\n%s", info)
+	}
+
+	cfg := f.config()
+	cfg.WaitReplicas = 1
+	cfg.WaitTimeout = 100 * time.Millisecond
+	s := startSink(t, cfg)
+	msgs := sinktest.Messages("waited", 3, 1)
+	r := sinktest.NewRecorder()
+	for _, m := range msgs {
+		s.Publish(t.Context(), m, r.Done)
+	}
+	for m, err := range r.Wait(t, len(msgs), 30*time.Second) {
+		if err == nil || !relay.Retryable(err) || !errors.Is(err, ErrTooFewReplicas) ||
+			!strings.Contains(err.Error(), "0 of the 1 replicas sink.redis.wait_replicas asks for") {
+			t.Errorf("message %s: %v, want a retryable error saying 0 of the 1 replicas acknowledged it", m.ID, err)
+		}
+	}
+	if l, err := f.rdb.XLen(t.Context(), f.prefix+"waited").Result(); err != nil || l != int64(len(msgs)) {
+		t.Errorf("XLEN %d (%v), want %d: the primary holds the batch", l, err, len(msgs))
+	}
+	if s.Ready() {
+		t.Error("ready while batches lack their replicas")
+	}
+
+	cfg.WaitReplicas = 0
+	s = startSink(t, cfg)
+	r = sinktest.NewRecorder()
+	msgs = sinktest.Messages("unwaited", 3, 1)
+	for _, m := range msgs {
+		s.Publish(t.Context(), m, r.Done)
+	}
+	for m, err := range r.Wait(t, len(msgs), 30*time.Second) {
+		if err != nil {
+			t.Errorf("message %s with wait_replicas 0: %v", m.ID, err)
+		}
+	}
+	if !s.Ready() {
+		t.Error("not ready with wait_replicas 0")
 	}
 }

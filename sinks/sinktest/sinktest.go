@@ -79,6 +79,7 @@ func Run(t *testing.T, f Factory) {
 	t.Run("Headers", func(t *testing.T) { testHeaders(t, f) })
 	t.Run("Body", func(t *testing.T) { testBody(t, f) })
 	t.Run("SpoofedHeaders", func(t *testing.T) { testSpoofedHeaders(t, f) })
+	t.Run("InvalidUTF8", func(t *testing.T) { testInvalidUTF8(t, f) })
 	t.Run("CloudEventsBinary", func(t *testing.T) { testCloudEventsBinary(t, f) })
 	t.Run("NoLossAcrossClose", func(t *testing.T) { testNoLossAcrossClose(t, f) })
 	t.Run("CloseReportsInflight", func(t *testing.T) { testCloseReportsInflight(t, f) })
@@ -522,6 +523,40 @@ func testSpoofedHeaders(t *testing.T, f Factory) {
 		CheckOneEach(t, m, r)
 		if r.Headers["tenant"] != "acme" {
 			t.Errorf("message %s: row header tenant = %q, want acme", m.ID, r.Headers["tenant"])
+		}
+	}
+}
+
+// testInvalidUTF8: a message whose aggregate_id (a record key or a header,
+// by broker), event_type or row header is not valid UTF-8 fails
+// permanently and is never delivered; the messages around it are.
+func testInvalidUTF8(t *testing.T, f Factory) {
+	ctx, at, c, s := open(t, f, "utf8")
+
+	msgs := Messages(at, 5, 5)
+	bad := []*relay.Message{msgs[1], msgs[2], msgs[3]}
+	msgs[1].AggregateID = "caf\xe9"
+	msgs[2].EventType = at + ".cr\xe9ated"
+	msgs[3].Headers = append(msgs[3].Headers, envelope.Header{Key: "tenant", Value: "\xff"})
+	tr := NewTracker(msgs)
+	for _, m := range msgs {
+		s.Publish(ctx, m, tr.Done)
+	}
+	tr.Wait(ctx, t)
+	for i, m := range msgs {
+		err := tr.Err(i)
+		isBad := m == bad[0] || m == bad[1] || m == bad[2]
+		switch {
+		case isBad && (err == nil || relay.Retryable(err) || !strings.Contains(err.Error(), "is not valid UTF-8")):
+			t.Errorf("message %s: %v, want a permanent error saying what is not valid UTF-8", m.ID, err)
+		case !isBad && err != nil:
+			t.Errorf("message %s: %v", m.ID, err)
+		}
+	}
+	good := []*relay.Message{msgs[0], msgs[4]}
+	for _, r := range ReceiveAll(ctx, t, c, good) {
+		if r.ID != good[0].ID && r.ID != good[1].ID {
+			t.Errorf("received %s, which is not valid UTF-8", r.ID)
 		}
 	}
 }

@@ -3,9 +3,9 @@ package webhook
 import (
 	"fmt"
 	"strings"
-	"unicode/utf8"
 
 	"github.com/outboxrelay/outboxrelay/envelope"
+	"github.com/outboxrelay/outboxrelay/sinks"
 )
 
 // owned are the header names a row cannot set on a webhook request: those
@@ -19,20 +19,19 @@ var owned = []string{
 
 var ownedPrefixes = []string{"webhook-"}
 
-// contained checks the headers hs, whose first own entries are the relay's,
-// as the containment rule asks of every sink: a header's name and value
-// must be valid UTF-8 that HTTP can carry (a token name; a value without
-// control characters but tab), and a row header must not use a name the
-// sink or HTTP owns. The error names the header and the reason; it is
-// meant as a permanent failure of the message. It is the one function that
-// decides, kept small so that a shared rule can replace it.
+// contained checks the headers hs, whose first own entries are the relay's:
+// the rule of every sink (sinks.CheckHeaders: valid UTF-8), then what HTTP
+// can carry (a token name; a value without control characters but tab),
+// and that a row header does not use a name the sink or HTTP owns. The
+// error names the header and the reason; it is meant as a permanent
+// failure of the message.
 func contained(hs []envelope.Header, own int) error {
+	if err := sinks.CheckHeaders(hs); err != nil {
+		return err
+	}
 	for i, h := range hs {
 		if !validName(h.Key) {
 			return fmt.Errorf("header %q is not a valid HTTP header name (letters, digits and !#$%%&'*+-.^_`|~ only)", h.Key)
-		}
-		if !utf8.ValidString(h.Value) {
-			return fmt.Errorf("header %q has a value that is not valid UTF-8", h.Key)
 		}
 		for j := 0; j < len(h.Value); j++ {
 			if c := h.Value[j]; (c < 0x20 && c != '\t') || c == 0x7f {

@@ -26,7 +26,7 @@
 // Any other answer (other 4xx, and 3xx unless [Config.FollowRedirects])
 // is a relay.Permanent error carrying the status and the first 512 bytes of
 // the response, which the relay dead-letters. A row whose header cannot be
-// sent over HTTP (an invalid name or value, a name the sink or HTTP owns
+// sent over HTTP (not valid UTF-8, an invalid name or value, a name the sink or HTTP owns
 // such as webhook-signature, Authorization or Host) or whose rendered URL
 // would leave its place (a "." or ".." path segment) is refused
 // permanently too, with the reason.

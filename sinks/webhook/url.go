@@ -8,6 +8,7 @@ import (
 
 	"github.com/outboxrelay/outboxrelay/internal/redact"
 	"github.com/outboxrelay/outboxrelay/relay"
+	"github.com/outboxrelay/outboxrelay/sinks"
 	"github.com/outboxrelay/outboxrelay/sinks/route"
 )
 
@@ -79,6 +80,11 @@ func parseURL(s string) (endpoint, error) {
 // not address the configured host or would hold a dot segment ("." or
 // ".." between slashes), which a server may resolve to another path.
 func (e endpoint) render(m *relay.Message) (*url.URL, error) {
+	// The rule of every sink (valid UTF-8, no name of the relay's own),
+	// on the values as the row holds them: escaped, any bytes would pass.
+	if err := sinks.CheckDestination("webhook URL", e.tmpl.Render(m, nil)); err != nil {
+		return nil, err
+	}
 	raw := e.tmpl.Render(m, escape)
 	u, err := url.Parse(raw)
 	if err != nil {

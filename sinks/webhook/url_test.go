@@ -53,9 +53,9 @@ func TestURLRenderContained(t *testing.T) {
 			t.Errorf("render(%q, %q) = %s, want %s", c.typ, c.event, u, c.want)
 		}
 	}
-	for _, typ := range []string{"..", "."} {
+	for _, typ := range []string{"..", ".", "caf\xe9"} {
 		if u, err := ep.render(&relay.Message{AggregateType: typ}); err == nil {
-			t.Errorf("render(%q) = %s, want an error for the dot segment", typ, u)
+			t.Errorf("render(%q) = %s, want an error for the dot segment or the invalid UTF-8", typ, u)
 		}
 	}
 }

@@ -1,0 +1,490 @@
+// Package kafka runs an inbox over a Kafka consumer group (franz-go).
+//
+// The Runner takes records from the group's partitions and processes each
+// through inbox.Inbox.Receive: one record of an aggregate (record key,
+// within its partition) at a time and in offset order, records of
+// different aggregates in parallel, at most Config.MaxInFlight taken and
+// not finished. A record is finished when Receive returned a durable
+// outcome (processed, duplicate, parked, dead-lettered). Offsets are
+// committed only up to the lowest unfinished record of each partition, so
+// a record that is committed to Kafka is always committed to the inbox;
+// the converse gap (inbox committed, offset not yet) is a redelivery the
+// inbox reports as a duplicate.
+//
+// When a rebalance revokes partitions, the Runner stops starting their
+// records, waits up to Config.DrainTimeout for the running ones, abandons
+// the rest (their transactions roll back; their offsets are not
+// committed), commits the finished offsets and only then lets the
+// partitions go. When partitions are lost (the session expired), their
+// work is abandoned at once and nothing is committed.
+//
+// This package is a module of its own so that a Kafka consumer's module
+// graph holds no AMQP, NATS or Redis client.
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/outboxrelay/outboxrelay/inbox"
+)
+
+// Config configures a Runner.
+type Config struct {
+	// Brokers are the seed brokers, host:port.
+	Brokers []string
+	// Group is the consumer group; Topics the topics it consumes.
+	Group  string
+	Topics []string
+	// MaxInFlight bounds the records taken from Kafka and not finished;
+	// 256 by default.
+	MaxInFlight int
+	// DrainTimeout is how long a stop or a revoke waits for running
+	// handlers before it abandons them; 10s by default. Keep it below the
+	// group's rebalance timeout.
+	DrainTimeout time.Duration
+	// CommitInterval is how often finished offsets are committed; 1s by
+	// default. A stop and a revoke always commit.
+	CommitInterval time.Duration
+	// Opts are further franz-go options (TLS, SASL, session timeout,
+	// client id). The Runner sets the seed brokers, the group, the topics,
+	// manual commits and its rebalance callbacks itself.
+	Opts []kgo.Opt
+	// Logger, nil for none.
+	Logger *slog.Logger
+}
+
+// Runner consumes one group into one Inbox.
+type Runner struct {
+	cfg Config
+	in  *inbox.Inbox
+	h   inbox.Handler
+	log *slog.Logger
+}
+
+// New returns a Runner that processes the records of cfg.Topics with h
+// through in. It starts nothing; Run does.
+func New(in *inbox.Inbox, h inbox.Handler, cfg Config) (*Runner, error) {
+	switch {
+	case len(cfg.Brokers) == 0:
+		return nil, errors.New("kafka inbox: no brokers; set Config.Brokers")
+	case cfg.Group == "":
+		return nil, errors.New("kafka inbox: no consumer group; set Config.Group")
+	case len(cfg.Topics) == 0:
+		return nil, errors.New("kafka inbox: no topics; set Config.Topics")
+	}
+	if cfg.MaxInFlight <= 0 {
+		cfg.MaxInFlight = 256
+	}
+	if cfg.DrainTimeout <= 0 {
+		cfg.DrainTimeout = 10 * time.Second
+	}
+	if cfg.CommitInterval <= 0 {
+		cfg.CommitInterval = time.Second
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Runner{cfg: cfg, in: in, h: h, log: log}, nil
+}
+
+type tp struct {
+	topic     string
+	partition int32
+}
+
+// aggKey is an aggregate within one assignment of a partition: a
+// partition assigned again gets new queues, whatever the old ones hold.
+type aggKey struct {
+	p   *part
+	key string
+}
+
+// part is one assigned partition.
+type part struct {
+	ctx    context.Context // cancelled when its work is abandoned
+	cancel context.CancelFunc
+	// taken are the offsets taken and not yet trimmed, ascending; done
+	// those of them finished. mark is the offset to commit: after the
+	// last of a finished prefix; -1 while there is none.
+	taken     []int64
+	done      map[int64]bool
+	mark      int64
+	committed int64
+	stopping  bool // revoked, lost or shutting down: start nothing more
+	inflight  int  // taken and not finished or dropped
+}
+
+// finish records that offset o is done and trims the finished prefix.
+func (p *part) finish(o int64) {
+	p.done[o] = true
+	for len(p.taken) > 0 && p.done[p.taken[0]] {
+		delete(p.done, p.taken[0])
+		p.mark = p.taken[0] + 1
+		p.taken = p.taken[1:]
+	}
+}
+
+// session is the state of one Run.
+type session struct {
+	r        *Runner
+	cl       *kgo.Client
+	workCtx  context.Context // outlives Run's ctx by the drain
+	mu       sync.Mutex
+	cond     *sync.Cond // signalled when inflight falls
+	parts    map[tp]*part
+	queues   map[aggKey][]*kgo.Record
+	inflight int
+	closing  bool
+	workers  sync.WaitGroup
+	commitMu sync.Mutex // one commit at a time, the revoke's last
+}
+
+// Run consumes until ctx is cancelled, then stops fetching, waits up to
+// DrainTimeout for running handlers, commits what finished, leaves the
+// group and returns nil. It returns an error when the client cannot be
+// created or the group fails for good.
+func (r *Runner) Run(ctx context.Context) error {
+	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelWork()
+	s := &session{r: r, workCtx: workCtx, parts: map[tp]*part{}, queues: map[aggKey][]*kgo.Record{}}
+	s.cond = sync.NewCond(&s.mu)
+	opts := append(slices.Clone(r.cfg.Opts),
+		kgo.SeedBrokers(r.cfg.Brokers...),
+		kgo.ConsumerGroup(r.cfg.Group),
+		kgo.ConsumeTopics(r.cfg.Topics...),
+		kgo.DisableAutoCommit(),
+		kgo.BlockRebalanceOnPoll(),
+		kgo.OnPartitionsAssigned(s.assigned),
+		kgo.OnPartitionsRevoked(s.revoked),
+		kgo.OnPartitionsLost(s.lost),
+	)
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return fmt.Errorf("kafka inbox: create the client: %w", err)
+	}
+	s.cl = cl
+
+	commitDone := make(chan struct{})
+	go func() {
+		defer close(commitDone)
+		t := time.NewTicker(r.cfg.CommitInterval)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				s.commit(ctx, nil)
+			}
+		}
+	}()
+
+	err = s.poll(ctx)
+
+	// Stop: start nothing more, let the running handlers finish within the
+	// drain, abandon the rest, commit what finished, leave.
+	s.mu.Lock()
+	s.closing = true
+	all := make([]tp, 0, len(s.parts))
+	for k, p := range s.parts {
+		p.stopping = true
+		all = append(all, k)
+	}
+	s.cond.Broadcast()
+	s.mu.Unlock()
+	<-commitDone
+	s.drain(all)
+	cctx, cancel := context.WithTimeout(workCtx, r.cfg.DrainTimeout)
+	s.commit(cctx, all)
+	cancel()
+	cl.Close()
+	cancelWork()
+	s.workers.Wait()
+	return err
+}
+
+func (s *session) poll(ctx context.Context) error {
+	for {
+		s.mu.Lock()
+		for s.inflight >= s.r.cfg.MaxInFlight && ctx.Err() == nil {
+			s.cond.Wait()
+		}
+		free := s.r.cfg.MaxInFlight - s.inflight
+		s.mu.Unlock()
+		if ctx.Err() != nil {
+			return nil
+		}
+		fs := s.cl.PollRecords(ctx, free)
+		if fs.IsClientClosed() {
+			s.cl.AllowRebalance()
+			return nil
+		}
+		for _, fe := range fs.Errors() {
+			if errors.Is(fe.Err, context.Canceled) || errors.Is(fe.Err, context.DeadlineExceeded) {
+				continue
+			}
+			s.r.log.Warn("kafka inbox: fetch failed", "topic", fe.Topic, "partition", fe.Partition, "error", fe.Err)
+		}
+		s.mu.Lock()
+		fs.EachRecord(s.takeLocked)
+		s.mu.Unlock()
+		s.cl.AllowRebalance()
+	}
+}
+
+// takeLocked queues rec behind its aggregate and starts a worker for the
+// aggregate if none runs.
+func (s *session) takeLocked(rec *kgo.Record) {
+	k := tp{rec.Topic, rec.Partition}
+	p := s.parts[k]
+	if p == nil || p.stopping {
+		return // not ours any more: the next owner fetches it
+	}
+	p.taken = append(p.taken, rec.Offset)
+	p.inflight++
+	s.inflight++
+	ak := aggKey{p, string(rec.Key)}
+	q, running := s.queues[ak]
+	s.queues[ak] = append(q, rec)
+	if !running {
+		s.workers.Add(1)
+		go s.work(ak, p)
+	}
+}
+
+// work processes the queue of one aggregate until it is empty.
+func (s *session) work(ak aggKey, p *part) {
+	defer s.workers.Done()
+	for {
+		s.mu.Lock()
+		q := s.queues[ak]
+		if len(q) == 0 {
+			delete(s.queues, ak)
+			s.mu.Unlock()
+			return
+		}
+		if p.stopping {
+			// Drop what has not started: it is not committed, the next
+			// owner of the partition gets it again.
+			delete(s.queues, ak)
+			s.releaseLocked(p, len(q))
+			s.mu.Unlock()
+			return
+		}
+		rec := q[0]
+		s.mu.Unlock()
+
+		ok := s.process(p.ctx, rec)
+
+		s.mu.Lock()
+		s.queues[ak] = s.queues[ak][1:]
+		if ok {
+			p.finish(rec.Offset)
+		}
+		s.releaseLocked(p, 1)
+		if !ok {
+			// Abandoned: nothing after it of this aggregate may run.
+			s.releaseLocked(p, len(s.queues[ak]))
+			delete(s.queues, ak)
+			s.mu.Unlock()
+			return
+		}
+		s.mu.Unlock()
+	}
+}
+
+func (s *session) releaseLocked(p *part, n int) {
+	p.inflight -= n
+	s.inflight -= n
+	s.cond.Broadcast()
+}
+
+// process runs rec through the inbox until it has a durable outcome
+// (true) or ctx ends (false: abandoned). An inbox error means the database
+// failed; Receive is idempotent, so it is retried.
+func (s *session) process(ctx context.Context, rec *kgo.Record) bool {
+	raw := inbox.Raw{Key: rec.Key, Value: rec.Value, Headers: make(map[string]string, len(rec.Headers))}
+	for _, h := range rec.Headers {
+		raw.Headers[h.Key] = string(h.Value)
+	}
+	wait := 100 * time.Millisecond
+	for {
+		res, err := s.r.in.Receive(ctx, raw, s.r.h)
+		if err == nil {
+			if res.Outcome == inbox.DeadLettered {
+				s.r.log.Warn("kafka inbox: message dead-lettered", "topic", rec.Topic, "partition", rec.Partition,
+					"offset", rec.Offset, "message_id", res.Message.ID, "error", res.Err)
+			}
+			return true
+		}
+		if ctx.Err() != nil {
+			return false
+		}
+		s.r.log.Warn("kafka inbox: processing failed, retrying", "topic", rec.Topic, "partition", rec.Partition,
+			"offset", rec.Offset, "error", err)
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 10*time.Second)
+	}
+}
+
+func (s *session) assigned(_ context.Context, _ *kgo.Client, assigned map[string][]int32) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for topic, ps := range assigned {
+		for _, n := range ps {
+			ctx, cancel := context.WithCancel(s.workCtx)
+			s.parts[tp{topic, n}] = &part{ctx: ctx, cancel: cancel, done: map[int64]bool{}, mark: -1, committed: -1}
+		}
+	}
+}
+
+// revoked finishes or abandons the partitions' work and commits what
+// finished before the group hands them to another member.
+func (s *session) revoked(ctx context.Context, _ *kgo.Client, revoked map[string][]int32) {
+	ks := s.stop(revoked)
+	s.drain(ks)
+	s.mu.Lock()
+	closing := s.closing
+	s.mu.Unlock()
+	if !closing { // Run commits itself before it closes the client
+		s.commit(ctx, ks)
+	}
+	s.forget(ks)
+}
+
+// lost abandons the partitions' work at once: another member may own them
+// already, so nothing is committed.
+func (s *session) lost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
+	ks := s.stop(lost)
+	s.mu.Lock()
+	for _, k := range ks {
+		s.parts[k].cancel()
+	}
+	s.mu.Unlock()
+	s.forget(ks)
+}
+
+func (s *session) stop(m map[string][]int32) []tp {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var ks []tp
+	for topic, ps := range m {
+		for _, n := range ps {
+			k := tp{topic, n}
+			if p := s.parts[k]; p != nil {
+				p.stopping = true
+				ks = append(ks, k)
+			}
+		}
+	}
+	return ks
+}
+
+// drain waits up to DrainTimeout for the partitions' running handlers,
+// then cancels the rest and waits for them to return.
+func (s *session) drain(ks []tp) {
+	deadline := time.Now().Add(s.r.cfg.DrainTimeout)
+	timer := time.AfterFunc(s.r.cfg.DrainTimeout, func() {
+		s.mu.Lock()
+		s.cond.Broadcast()
+		s.mu.Unlock()
+	})
+	defer timer.Stop()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	busy := func() bool {
+		for _, k := range ks {
+			if p := s.parts[k]; p != nil && p.inflight > 0 {
+				return true
+			}
+		}
+		return false
+	}
+	for busy() && time.Now().Before(deadline) {
+		s.cond.Wait()
+	}
+	if !busy() {
+		return
+	}
+	s.r.log.Warn("kafka inbox: drain timeout; abandoning the handlers still running")
+	for _, k := range ks {
+		if p := s.parts[k]; p != nil {
+			p.cancel()
+		}
+	}
+	for busy() {
+		s.cond.Wait()
+	}
+}
+
+func (s *session) forget(ks []tp) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, k := range ks {
+		if p := s.parts[k]; p != nil {
+			p.cancel()
+			delete(s.parts, k)
+		}
+	}
+}
+
+// commit commits the finished offsets of ks (nil: every partition) that
+// moved since their last commit.
+func (s *session) commit(ctx context.Context, ks []tp) {
+	s.commitMu.Lock()
+	defer s.commitMu.Unlock()
+	offs := map[string]map[int32]kgo.EpochOffset{}
+	s.mu.Lock()
+	if ks == nil {
+		for k := range s.parts {
+			ks = append(ks, k)
+		}
+	}
+	for _, k := range ks {
+		p := s.parts[k]
+		if p == nil || p.mark < 0 || p.mark == p.committed {
+			continue
+		}
+		if offs[k.topic] == nil {
+			offs[k.topic] = map[int32]kgo.EpochOffset{}
+		}
+		offs[k.topic][k.partition] = kgo.EpochOffset{Epoch: -1, Offset: p.mark}
+	}
+	s.mu.Unlock()
+	if len(offs) == 0 {
+		return
+	}
+	s.cl.CommitOffsetsSync(ctx, offs, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
+		if err != nil {
+			s.r.log.Warn("kafka inbox: offset commit failed", "error", err)
+			return
+		}
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		for _, t := range resp.Topics {
+			for _, rp := range t.Partitions {
+				if rp.ErrorCode != 0 {
+					s.r.log.Warn("kafka inbox: offset commit refused", "topic", t.Topic, "partition", rp.Partition, "code", rp.ErrorCode)
+					continue
+				}
+				if p := s.parts[tp{t.Topic, rp.Partition}]; p != nil {
+					p.committed = offs[t.Topic][rp.Partition].Offset
+				}
+			}
+		}
+	})
+}

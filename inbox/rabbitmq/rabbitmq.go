@@ -1,0 +1,309 @@
+// Package rabbitmq runs an inbox over a RabbitMQ queue (amqp091-go).
+//
+// The Runner consumes one queue with manual acknowledgements and a
+// prefetch of Config.Prefetch, processes each delivery through
+// inbox.Inbox.Receive, and acknowledges it only when Receive returned a
+// durable outcome (processed, duplicate, parked, dead-lettered). Deliveries
+// of one aggregate (the aggregate_type and aggregate_id headers the relay
+// sets) run one at a time in delivery order; different aggregates run in
+// parallel, at most Prefetch at once.
+//
+// Order across consumers: RabbitMQ hands a queue's messages round-robin to
+// its consumers, so two consumers of one queue can each hold a message of
+// the same aggregate. Declare the queue with x-single-active-consumer (one
+// consumer active, the others standing by) or split aggregates over queues
+// (a consistent-hash exchange) when per-aggregate order matters.
+//
+// A lost connection requeues the unacknowledged deliveries (RabbitMQ does
+// that); the Runner stops starting work, drains what runs, and connects
+// again. This package is a module of its own so that a RabbitMQ consumer's
+// module graph holds no Kafka, NATS or Redis client.
+package rabbitmq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/outboxrelay/outboxrelay/inbox"
+)
+
+// Config configures a Runner.
+type Config struct {
+	// URL is the AMQP URL, amqp://user:pass@host:5672/vhost.
+	URL string
+	// Queue is the queue to consume; it must exist.
+	Queue string
+	// Prefetch is the channel's prefetch count: deliveries held and not
+	// acknowledged; 64 by default.
+	Prefetch int
+	// DrainTimeout is how long a stop or a lost connection waits for
+	// running handlers before abandoning them (not acknowledged: RabbitMQ
+	// delivers them again); 10s by default.
+	DrainTimeout time.Duration
+	// Logger, nil for none.
+	Logger *slog.Logger
+}
+
+// Runner consumes one queue into one Inbox.
+type Runner struct {
+	cfg Config
+	in  *inbox.Inbox
+	h   inbox.Handler
+	log *slog.Logger
+}
+
+// New returns a Runner; it starts nothing, Run does.
+func New(in *inbox.Inbox, h inbox.Handler, cfg Config) (*Runner, error) {
+	switch {
+	case cfg.URL == "":
+		return nil, errors.New("rabbitmq inbox: no URL; set Config.URL")
+	case cfg.Queue == "":
+		return nil, errors.New("rabbitmq inbox: no queue; set Config.Queue")
+	}
+	if cfg.Prefetch <= 0 {
+		cfg.Prefetch = 64
+	}
+	if cfg.DrainTimeout <= 0 {
+		cfg.DrainTimeout = 10 * time.Second
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Runner{cfg: cfg, in: in, h: h, log: log}, nil
+}
+
+// Run consumes until ctx is cancelled, then cancels the consumer, waits up
+// to DrainTimeout for running handlers, acknowledges what finished and
+// returns nil. A lost connection is retried with a growing wait; a queue
+// that does not exist is an error.
+func (r *Runner) Run(ctx context.Context) error {
+	wait := 100 * time.Millisecond
+	for {
+		started, err := r.session(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		var ae *amqp.Error
+		if errors.As(err, &ae) && ae.Code == amqp.NotFound {
+			return fmt.Errorf("rabbitmq inbox: queue %q does not exist; declare it before starting the consumer: %w", r.cfg.Queue, err)
+		}
+		if started {
+			wait = 100 * time.Millisecond
+		}
+		r.log.Warn("rabbitmq inbox: connection lost; connecting again", "error", err, "wait", wait)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 10*time.Second)
+	}
+}
+
+// session consumes over one connection until ctx ends or the connection
+// fails, then drains.
+func (r *Runner) session(ctx context.Context) (started bool, err error) {
+	conn, err := amqp.Dial(r.cfg.URL)
+	if err != nil {
+		return false, err
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return false, err
+	}
+	if err := ch.Qos(r.cfg.Prefetch, 0, false); err != nil {
+		return false, err
+	}
+	const tag = "outboxrelay-inbox"
+	deliveries, err := ch.Consume(r.cfg.Queue, tag, false, false, false, false, nil)
+	if err != nil {
+		return false, err
+	}
+	closed := ch.NotifyClose(make(chan *amqp.Error, 1))
+
+	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelWork()
+	s := &session{r: r, ch: ch, ctx: workCtx, queues: map[string][]amqp.Delivery{}}
+	s.cond = sync.NewCond(&s.mu)
+
+	var cause error
+loop:
+	for {
+		select {
+		case <-ctx.Done():
+			_ = ch.Cancel(tag, false) // stop deliveries; those in the prefetch are dropped below
+			break loop
+		case e := <-closed:
+			if e != nil {
+				cause = e
+			} else {
+				cause = errors.New("channel closed")
+			}
+			break loop
+		case d, ok := <-deliveries:
+			if !ok {
+				cause = errors.New("delivery channel closed")
+				break loop
+			}
+			s.take(d)
+		}
+	}
+	s.drain()
+	cancelWork()
+	s.workers.Wait()
+	return true, cause
+}
+
+type session struct {
+	r        *Runner
+	ch       *amqp.Channel
+	ctx      context.Context
+	mu       sync.Mutex
+	cond     *sync.Cond
+	queues   map[string][]amqp.Delivery
+	inflight int
+	stopping bool
+	workers  sync.WaitGroup
+}
+
+func aggregate(d amqp.Delivery) string {
+	t, _ := d.Headers["aggregate_type"].(string)
+	id, _ := d.Headers["aggregate_id"].(string)
+	return t + "\x00" + id
+}
+
+func (s *session) take(d amqp.Delivery) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	k := aggregate(d)
+	q, running := s.queues[k]
+	s.queues[k] = append(q, d)
+	s.inflight++
+	if !running {
+		s.workers.Add(1)
+		go s.work(k)
+	}
+}
+
+func (s *session) work(k string) {
+	defer s.workers.Done()
+	for {
+		s.mu.Lock()
+		q := s.queues[k]
+		if len(q) == 0 || s.stopping {
+			// What has not started stays unacknowledged: RabbitMQ delivers
+			// it again when the channel closes.
+			delete(s.queues, k)
+			s.inflight -= len(q)
+			s.cond.Broadcast()
+			s.mu.Unlock()
+			return
+		}
+		d := q[0]
+		s.mu.Unlock()
+
+		ok := s.process(d)
+
+		s.mu.Lock()
+		s.queues[k] = s.queues[k][1:]
+		s.inflight--
+		s.cond.Broadcast()
+		if !ok {
+			s.inflight -= len(s.queues[k])
+			delete(s.queues, k)
+			s.mu.Unlock()
+			return
+		}
+		s.mu.Unlock()
+	}
+}
+
+// process runs d through the inbox and acknowledges it once the outcome is
+// durable; false means abandoned (not acknowledged).
+func (s *session) process(d amqp.Delivery) bool {
+	raw := Raw(d)
+	wait := 100 * time.Millisecond
+	for {
+		res, err := s.r.in.Receive(s.ctx, raw, s.r.h)
+		if err == nil {
+			if res.Outcome == inbox.DeadLettered {
+				s.r.log.Warn("rabbitmq inbox: message dead-lettered", "message_id", res.Message.ID, "error", res.Err)
+			}
+			if err := d.Ack(false); err != nil {
+				// The channel is gone: RabbitMQ delivers it again, and the
+				// inbox reports that delivery as a duplicate.
+				s.r.log.Warn("rabbitmq inbox: ack failed", "message_id", res.Message.ID, "error", err)
+				return false
+			}
+			return true
+		}
+		if s.ctx.Err() != nil {
+			return false
+		}
+		s.r.log.Warn("rabbitmq inbox: processing failed, retrying", "error", err)
+		select {
+		case <-s.ctx.Done():
+			return false
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 10*time.Second)
+	}
+}
+
+// drain stops starting work, waits up to DrainTimeout for the running
+// handlers, then abandons the rest.
+func (s *session) drain() {
+	timer := time.AfterFunc(s.r.cfg.DrainTimeout, func() {
+		s.mu.Lock()
+		s.cond.Broadcast()
+		s.mu.Unlock()
+	})
+	defer timer.Stop()
+	deadline := time.Now().Add(s.r.cfg.DrainTimeout)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stopping = true
+	s.cond.Broadcast()
+	for s.inflight > 0 && time.Now().Before(deadline) {
+		s.cond.Wait()
+	}
+	if s.inflight > 0 {
+		s.r.log.Warn("rabbitmq inbox: drain timeout; abandoning the handlers still running")
+	}
+}
+
+// Raw maps a delivery onto the inbox's broker-independent input: the
+// headers as strings, and the AMQP properties that carry the relay's
+// values under the relay's header names (message-id as message_id, type as
+// event_type, content-type as content-type).
+func Raw(d amqp.Delivery) inbox.Raw {
+	h := make(map[string]string, len(d.Headers)+3)
+	for k, v := range d.Headers {
+		switch v := v.(type) {
+		case string:
+			h[k] = v
+		case []byte:
+			h[k] = string(v)
+		default:
+			h[k] = fmt.Sprint(v)
+		}
+	}
+	if d.MessageId != "" {
+		h["message_id"] = d.MessageId
+	}
+	if d.Type != "" {
+		h["event_type"] = d.Type
+	}
+	if d.ContentType != "" {
+		h["content-type"] = d.ContentType
+	}
+	return inbox.Raw{Value: d.Body, Headers: h}
+}

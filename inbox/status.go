@@ -1,0 +1,108 @@
+package inbox
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// Prune deletes this consumer's processed records older than
+// Config.Retention, batch rows per statement (1000 if batch <= 0), until
+// none is left, and returns how many it deleted. Each statement is short
+// and locks only its batch, so Prune can run beside the consumer; call it
+// from a ticker. Cancelling ctx stops it between batches, keeping what was
+// deleted.
+func (in *Inbox) Prune(ctx context.Context, batch int) (int64, error) {
+	if batch <= 0 {
+		batch = 1000
+	}
+	q := fmt.Sprintf(`DELETE FROM %[1]s.processed WHERE ctid IN (
+	SELECT ctid FROM %[1]s.processed
+	WHERE consumer = $1 AND processed_at < now() - make_interval(secs => $2)
+	LIMIT $3)`, in.q.schema)
+	var total int64
+	for {
+		tag, err := in.db.Exec(ctx, q, in.consumer, in.cfg.Retention.Seconds(), batch)
+		if err != nil {
+			return total, fmt.Errorf("prune inbox records of consumer %s: %w", in.consumer, err)
+		}
+		total += tag.RowsAffected()
+		if tag.RowsAffected() < int64(batch) {
+			return total, nil
+		}
+	}
+}
+
+// Status is what an operator needs to know about one consumer's inbox.
+type Status struct {
+	Consumer string
+	// LastMessageID and LastProcessedAt are the newest processed record;
+	// empty and zero when there is none in the window.
+	LastMessageID   string
+	LastProcessedAt time.Time
+	// DeadLetters are the dead letters not yet released, oldest first.
+	DeadLetters []DeadLetter
+	// Parked are the aggregates held behind a dead letter.
+	Parked []ParkedAggregate
+}
+
+// DeadLetter is one stored dead letter.
+type DeadLetter struct {
+	ID            int64
+	MessageID     string
+	AggregateType string
+	AggregateID   string
+	Error         string
+	Attempts      int
+	// State is parked (its aggregate waits), dead (no aggregate to hold)
+	// or released.
+	State     string
+	CreatedAt time.Time
+}
+
+// ParkedAggregate is an aggregate held behind dead letter DeadLetterID,
+// with Waiting messages parked behind it.
+type ParkedAggregate struct {
+	AggregateType string
+	AggregateID   string
+	DeadLetterID  int64
+	Waiting       int
+}
+
+// Status reads the consumer's status. It reads only indexed rows: the
+// newest processed record, the unreleased dead letters and the parked
+// messages.
+func (in *Inbox) Status(ctx context.Context) (Status, error) {
+	st := Status{Consumer: in.consumer}
+	err := in.db.QueryRow(ctx, fmt.Sprintf(`SELECT coalesce(max(message_id), ''), coalesce(max(processed_at), 'epoch')
+FROM (SELECT message_id, processed_at FROM %s.processed WHERE consumer = $1 ORDER BY processed_at DESC LIMIT 1) AS newest`, in.q.schema),
+		in.consumer).Scan(&st.LastMessageID, &st.LastProcessedAt)
+	if err != nil {
+		return st, fmt.Errorf("inbox status of consumer %s: %w", in.consumer, err)
+	}
+	if st.LastMessageID == "" {
+		st.LastProcessedAt = time.Time{}
+	}
+	rows, err := in.db.Query(ctx, fmt.Sprintf(`SELECT d.id, d.message_id, d.aggregate_type, d.aggregate_id, d.error, d.attempts, d.state, d.created_at,
+	(SELECT count(*) FROM %[1]s.parked p WHERE p.consumer = d.consumer AND p.aggregate_type = d.aggregate_type AND p.aggregate_id = d.aggregate_id)
+FROM %[1]s.dead_letters d WHERE d.consumer = $1 AND d.state <> 'released' ORDER BY d.id`, in.q.schema), in.consumer)
+	if err != nil {
+		return st, fmt.Errorf("inbox status of consumer %s: %w", in.consumer, err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var d DeadLetter
+		var waiting int
+		if err := rows.Scan(&d.ID, &d.MessageID, &d.AggregateType, &d.AggregateID, &d.Error, &d.Attempts, &d.State, &d.CreatedAt, &waiting); err != nil {
+			return st, fmt.Errorf("inbox status of consumer %s: %w", in.consumer, err)
+		}
+		st.DeadLetters = append(st.DeadLetters, d)
+		if d.State == "parked" {
+			st.Parked = append(st.Parked, ParkedAggregate{AggregateType: d.AggregateType, AggregateID: d.AggregateID, DeadLetterID: d.ID, Waiting: waiting})
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return st, fmt.Errorf("inbox status of consumer %s: %w", in.consumer, err)
+	}
+	return st, nil
+}
