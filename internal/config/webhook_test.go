@@ -61,3 +61,12 @@ func TestWebhookSecrets(t *testing.T) {
 		t.Errorf("a malformed secret: %v, want an error naming it by position only", err)
 	}
 }
+
+// TestWebhookSecretFileMissing: a secret_file that cannot be read is one
+// error, not that and an empty secret besides.
+func TestWebhookSecretFileMissing(t *testing.T) {
+	_, err := Load(writeTemp(t, "c.yaml", webhookYAML+"    secret_file: /nonexistent/whsec\n"), env(nil))
+	if err == nil || len(Problems(err)) != 1 || !strings.Contains(err.Error(), "sink.webhook.secret_file: stat /nonexistent/whsec") {
+		t.Errorf("secret_file missing: %v, want exactly one error naming sink.webhook.secret_file", err)
+	}
+}

@@ -92,10 +92,12 @@ func (c Config) withDefaults() Config {
 func (c Config) Validate() error {
 	c = c.withDefaults()
 	var errs []error
-	if _, err := parseURL(c.URL); err != nil {
+	// An empty value with its _file set is a file the loader could not
+	// read and has reported: one problem, one error.
+	if _, err := parseURL(c.URL); err != nil && (c.URL != "" || c.URLFile == "") {
 		errs = append(errs, fmt.Errorf("sink.webhook.url: %w", err))
 	}
-	if _, err := parseSecrets(c.Secret); err != nil {
+	if _, err := parseSecrets(c.Secret); err != nil && (c.Secret != "" || c.SecretFile == "") {
 		errs = append(errs, err)
 	}
 	if c.Password != "" && c.Username == "" {

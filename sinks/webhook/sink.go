@@ -84,7 +84,7 @@ func New(cfg Config, log *zap.Logger) (*Sink, error) {
 	cfg = cfg.withDefaults()
 	ep, err := parseURL(cfg.URL)
 	if err != nil {
-		return nil, err // Validate has checked it
+		return nil, fmt.Errorf("sink.webhook.url: %w", err) // empty, and url_file is set: New does not read files
 	}
 	sg, err := parseSecrets(cfg.Secret)
 	if err != nil {
