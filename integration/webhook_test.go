@@ -326,6 +326,15 @@ func TestWebhookBadInput(t *testing.T) {
 			if code != 2 || !strings.Contains(last, c.want) {
 				t.Errorf("exit %d, last line %q; want exit 2 and %q\n%s", code, last, c.want, out)
 			}
+			var plain []string
+			for _, l := range lines {
+				if !strings.HasPrefix(l, "{") { // the relay's log lines are JSON
+					plain = append(plain, l)
+				}
+			}
+			if len(plain) != 1 {
+				t.Errorf("%d lines of error, want one:\n%s", len(plain), strings.Join(plain, "\n"))
+			}
 			if strings.Contains(out, "goroutine ") || strings.Contains(out, "panic") {
 				t.Errorf("output has a stack trace:\n%s", out)
 			}
