@@ -243,9 +243,10 @@ func (s *Sink) Run(ctx context.Context) error {
 // none overtakes it.
 func (s *Sink) deliver(ctx context.Context, it *item) {
 	err := s.send(ctx, it.m)
-	it.done(it.m, err)
-	<-s.slots
 
+	// The aggregate's chain is settled before done reports it: a message
+	// of the aggregate published from done (a caller's own retry) then
+	// starts a chain of its own instead of being failed as one behind it.
 	var behind []*item
 	s.mu.Lock()
 	waiting := s.chains[it.key]
@@ -262,6 +263,8 @@ func (s *Sink) deliver(ctx context.Context, it *item) {
 		s.queue <- next // never blocks: next holds a slot
 	}
 	s.mu.Unlock()
+	it.done(it.m, err)
+	<-s.slots
 	for _, b := range behind {
 		b.done(b.m, fmt.Errorf("not sent: message %s of aggregate %s/%s before it failed: %w", it.m.ID, it.key.typ, it.key.id, err))
 		<-s.slots

@@ -458,3 +458,46 @@ func TestClosedPublish(t *testing.T) {
 		t.Fatalf("Publish after Close: %v, want retryable ErrClosed", err)
 	}
 }
+
+// TestRepublishFromDone: a message published again from its own done
+// callback, after a retryable failure, is sent again rather than failed as
+// one queued behind itself.
+func TestRepublishFromDone(t *testing.T) {
+	sinktest.VerifyNoLeaks(t)
+	var mu sync.Mutex
+	n := 0
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		n++
+		first := n == 1
+		mu.Unlock()
+		if first {
+			w.WriteHeader(http.StatusBadGateway)
+		}
+	}))
+	defer srv.Close()
+	s := newSink(t, Config{URL: srv.URL})
+	sinktest.RunSink(t, s)
+	m := message("m1")
+	outcomes := make(chan error, 10)
+	var done func(*relay.Message, error)
+	calls := 0
+	done = func(m *relay.Message, err error) {
+		outcomes <- err
+		if calls++; err != nil && calls < 3 {
+			s.Publish(context.Background(), m, done) // from done itself: the chain must be settled already
+		}
+	}
+	s.Publish(context.Background(), m, done)
+	if err := <-outcomes; err == nil || !relay.Retryable(err) {
+		t.Fatalf("first attempt: %v, want the retryable 502", err)
+	}
+	select {
+	case err := <-outcomes:
+		if err != nil {
+			t.Fatalf("second attempt: %v, want delivered", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("no outcome for the second attempt")
+	}
+}
