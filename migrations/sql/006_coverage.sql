@@ -37,8 +37,8 @@ INSERT INTO outboxrelay.coverage VALUES ({{$.PublicationLiteral}}, {{.Schema}}, 
 --   * any other command on a guarded table or on the publication that
 --     leaves a guarded table out of the publication, or the publication
 --     without inserts or publish_via_partition_root, or drops the
---     publication, fails with an error naming the fix. DDL on other tables
---     is never refused.
+--     publication, or leaves a partition UNLOGGED or a foreign table, fails
+--     with an error naming the fix. DDL on other tables is never refused.
 -- Event triggers need a superuser; without one the relay's periodic check
 -- (postgres.coverage_interval) is the only guard, and it detects a gap
 -- after the fact instead of preventing it.
