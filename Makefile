@@ -86,12 +86,12 @@ test-outbox:
 	cd outbox && $(GO) vet ./... && $(GO) test -count=1 ./... && $(GO) test -race -count=1 ./...
 
 # The consumer inbox (inbox/go.mod) and each of its broker runners
-# (inbox/kafka, inbox/rabbitmq, inbox/nats) are modules of their own, so that a Kafka
+# (inbox/kafka, inbox/rabbitmq, inbox/nats, inbox/redis) are modules of their own, so that a Kafka
 # consumer's module graph holds no other broker's client. Their tests start
 # a PostgreSQL of their own (inbox/internal/pgtest); the Kafka runner's run
-# consumers as child processes (against kfake over TCP, or the RabbitMQ and
-# NATS on 127.0.0.1 with a queue or stream of their own) and kill them.
-INBOX_MODULES := inbox inbox/kafka inbox/rabbitmq inbox/nats inbox/inboxprom
+# consumers as child processes (against kfake over TCP, or the RabbitMQ,
+# NATS and Redis on 127.0.0.1 with a queue or stream of their own) and kill them.
+INBOX_MODULES := inbox inbox/kafka inbox/rabbitmq inbox/nats inbox/redis inbox/inboxprom
 test-inbox:
 	@set -e; for m in $(INBOX_MODULES); do \
 		echo "test-inbox: $$m"; \
