@@ -124,8 +124,13 @@ tidy-check:
 	cd outbox && $(GO) mod tidy -diff
 	@set -e; for m in $(INBOX_MODULES); do (cd $$m && $(GO) mod tidy -diff); done
 
+# The inbox's bench (inbox/internal/bench, in the inbox's module so the
+# relay's module stays free of it) runs after the relay's: the inbox
+# against a bare consumer running the same handler transaction, and its
+# batch mode; INBOX_BENCHFLAGS for its flags.
 bench:
 	$(GO) run ./cmd/outboxrelay-bench $(BENCHFLAGS)
+	cd inbox && $(GO) run ./internal/bench $(INBOX_BENCHFLAGS)
 
 demo:
 	$(GO) run ./cmd/outboxrelay-demo

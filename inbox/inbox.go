@@ -464,8 +464,8 @@ func nullTime(t time.Time) *time.Time {
 }
 
 type queries struct {
-	claim, claimReplay, known, park, deadLetter string
-	schema                                      string
+	claim, claimAll, claimReplay, known, park, deadLetter string
+	schema                                                string
 }
 
 func newQueries(s string) queries {
@@ -484,6 +484,23 @@ func newQueries(s string) queries {
 INSERT INTO {s}.processed (consumer, message_id, aggregate_type, aggregate_id, event_type, occurred_at)
 SELECT $1, $2, $3, $4, $5, $6 WHERE NOT EXISTS (SELECT 1 FROM held)
 ON CONFLICT (consumer, message_id) DO NOTHING`)
+	// claimAll is claim for a batch: the arrays are the messages' ids,
+	// aggregate types and ids, event types and times. A message listed
+	// twice is inserted once.
+	q.claimAll = r.Replace(`WITH batch AS (
+	SELECT * FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::timestamptz[])
+		AS b (message_id, aggregate_type, aggregate_id, event_type, occurred_at)
+), held AS (
+	SELECT aggregate_type, aggregate_id FROM {s}.dead_letters
+	WHERE consumer = $1 AND state = 'parked'
+	AND (aggregate_type, aggregate_id) IN (SELECT aggregate_type, aggregate_id FROM batch)
+	FOR SHARE
+)
+INSERT INTO {s}.processed (consumer, message_id, aggregate_type, aggregate_id, event_type, occurred_at)
+SELECT $1, b.message_id, b.aggregate_type, b.aggregate_id, b.event_type, b.occurred_at FROM batch b
+WHERE NOT EXISTS (SELECT 1 FROM held h WHERE h.aggregate_type = b.aggregate_type AND h.aggregate_id = b.aggregate_id)
+ON CONFLICT (consumer, message_id) DO NOTHING
+RETURNING message_id`)
 	q.claimReplay = r.Replace(`INSERT INTO {s}.processed (consumer, message_id, aggregate_type, aggregate_id, event_type, occurred_at)
 VALUES ($1, $2, $3, $4, $5, $6)
 ON CONFLICT (consumer, message_id) DO NOTHING`)
