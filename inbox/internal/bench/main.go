@@ -310,8 +310,10 @@ func summarize(runs []measurement) []measurement {
 		}
 		slices.SortFunc(rs, func(a, b measurement) int { return cmp.Compare(a.MessagesPerSec, b.MessagesPerSec) })
 		m := rs[len(rs)/2]
-		slices.SortFunc(rs, func(a, b measurement) int { return cmp.Compare(a.CPUus, b.CPUus) })
-		m.CPUus = rs[len(rs)/2].CPUus // the median of CPU per message, as of the rate
+		// The medians of CPU per message, each on its own, as of the rate.
+		m.CPUus = median(rs, func(r measurement) float64 { return r.CPUus })
+		m.ClientCPUus = median(rs, func(r measurement) float64 { return r.ClientCPUus })
+		m.ServerCPUus = median(rs, func(r measurement) float64 { return r.ServerCPUus })
 		m.Rep = 0
 		med[mode] = m
 		out = append(out, m)
@@ -327,6 +329,15 @@ func summarize(runs []measurement) []measurement {
 	ratio(&extra, mBareBatch)
 	extra.Mode = mInboxBatch + " / " + mBareBatch
 	return append(out, extra)
+}
+
+func median(rs []measurement, f func(measurement) float64) float64 {
+	vs := make([]float64, len(rs))
+	for i, r := range rs {
+		vs[i] = f(r)
+	}
+	slices.Sort(vs)
+	return vs[len(vs)/2]
 }
 
 func targets(sum []measurement, o options) []string {
