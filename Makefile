@@ -136,12 +136,21 @@ demo:
 	$(GO) run ./cmd/outboxrelay-demo
 
 # Runs every fuzz target for FUZZTIME; go test fuzzes one target at a time.
+# The inbox modules' targets (in their top packages) run from their own
+# module.
 fuzz:
-	@set -e; for dir in $$(grep -rl --include='*_test.go' '^func Fuzz' . | xargs -n1 dirname | sort -u); do \
+	@set -e; for dir in $$(grep -rl --include='*_test.go' --exclude-dir=inbox '^func Fuzz' . | xargs -n1 dirname | sort -u); do \
 		targets=$$($(GO) test -list '^Fuzz' $$dir); \
 		for target in $$(printf '%s\n' "$$targets" | grep '^Fuzz'); do \
 			echo "fuzz $$dir $$target ($(FUZZTIME))"; \
 			$(GO) test -run='^$$' -fuzz="^$$target$$" -fuzztime=$(FUZZTIME) $$dir; \
+		done; \
+	done
+	@set -e; for m in $(INBOX_MODULES); do \
+		targets=$$(cd $$m && $(GO) test -list '^Fuzz' .); \
+		for target in $$(printf '%s\n' "$$targets" | grep '^Fuzz'); do \
+			echo "fuzz $$m $$target ($(FUZZTIME))"; \
+			(cd $$m && $(GO) test -run='^$$' -fuzz="^$$target$$" -fuzztime=$(FUZZTIME) .); \
 		done; \
 	done
 
