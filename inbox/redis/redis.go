@@ -67,8 +67,9 @@ type Config struct {
 	// MaxInFlight bounds the entries read and not finished; 64 by default.
 	MaxInFlight int
 	// MinIdle is how long an entry stays pending with another consumer
-	// before this one claims it (XAUTOCLAIM); 30s by default. Keep it well
-	// above the longest handler run.
+	// before this one claims it (XAUTOCLAIM); 30s by default. A running
+	// handler's entries are kept fresh every MinIdle/3, so it bounds how
+	// long a dead consumer's entries wait, not how long a handler may run.
 	MinIdle time.Duration
 	// ClaimInterval is how often a running Runner claims entries idle for
 	// MinIdle; MinIdle by default.
