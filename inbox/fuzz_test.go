@@ -80,6 +80,9 @@ func FuzzDecode(f *testing.F) {
 			if m.ID == "" {
 				t.Fatalf("%v: a message without an id", format)
 			}
+			if err := storableText(m); err != nil {
+				t.Fatalf("%v: decoded a message the inbox cannot record: %v", format, err)
+			}
 			if m.Format == FormatAuto || format != FormatAuto && m.Format != format {
 				t.Fatalf("decoded in %v, reports format %v", format, m.Format)
 			}
