@@ -87,12 +87,12 @@ test-outbox:
 	cd outbox && $(GO) vet ./... && $(GO) test -count=1 ./... && $(GO) test -race -count=1 ./...
 
 # The consumer inbox (inbox/go.mod) and each of its broker runners
-# (inbox/kafka, inbox/rabbitmq, inbox/nats) are modules of their own, so that a Kafka
+# (inbox/kafka, inbox/rabbitmq, inbox/nats, inbox/redis) are modules of their own, so that a Kafka
 # consumer's module graph holds no other broker's client. Their tests start
 # a PostgreSQL of their own (inbox/internal/pgtest); the Kafka runner's run
-# consumers as child processes (against kfake over TCP, or the RabbitMQ and
-# NATS on 127.0.0.1 with a queue or stream of their own) and kill them.
-INBOX_MODULES := inbox inbox/kafka inbox/rabbitmq inbox/nats inbox/inboxprom
+# consumers as child processes (against kfake over TCP, or the RabbitMQ,
+# NATS and Redis on 127.0.0.1 with a queue or stream of their own) and kill them.
+INBOX_MODULES := inbox inbox/kafka inbox/rabbitmq inbox/nats inbox/redis inbox/inboxprom
 test-inbox:
 	@set -e; for m in $(INBOX_MODULES); do \
 		echo "test-inbox: $$m"; \
@@ -125,19 +125,33 @@ tidy-check:
 	cd outbox && $(GO) mod tidy -diff
 	@set -e; for m in $(INBOX_MODULES); do (cd $$m && $(GO) mod tidy -diff); done
 
+# The inbox's bench (inbox/internal/bench, in the inbox's module so the
+# relay's module stays free of it) runs after the relay's: the inbox
+# against a bare consumer running the same handler transaction, and its
+# batch mode; INBOX_BENCHFLAGS for its flags.
 bench:
 	$(GO) run ./cmd/outboxrelay-bench $(BENCHFLAGS)
+	cd inbox && $(GO) run ./internal/bench $(INBOX_BENCHFLAGS)
 
 demo:
 	$(GO) run ./cmd/outboxrelay-demo
 
 # Runs every fuzz target for FUZZTIME; go test fuzzes one target at a time.
+# The inbox modules' targets (in their top packages) run from their own
+# module.
 fuzz:
-	@set -e; for dir in $$(grep -rl --include='*_test.go' '^func Fuzz' . | xargs -n1 dirname | sort -u); do \
+	@set -e; for dir in $$(grep -rl --include='*_test.go' --exclude-dir=inbox '^func Fuzz' . | xargs -n1 dirname | sort -u); do \
 		targets=$$($(GO) test -list '^Fuzz' $$dir); \
 		for target in $$(printf '%s\n' "$$targets" | grep '^Fuzz'); do \
 			echo "fuzz $$dir $$target ($(FUZZTIME))"; \
 			$(GO) test -run='^$$' -fuzz="^$$target$$" -fuzztime=$(FUZZTIME) $$dir; \
+		done; \
+	done
+	@set -e; for m in $(INBOX_MODULES); do \
+		targets=$$(cd $$m && $(GO) test -list '^Fuzz' .); \
+		for target in $$(printf '%s\n' "$$targets" | grep '^Fuzz'); do \
+			echo "fuzz $$m $$target ($(FUZZTIME))"; \
+			(cd $$m && $(GO) test -run='^$$' -fuzz="^$$target$$" -fuzztime=$(FUZZTIME) .); \
 		done; \
 	done
 

@@ -57,6 +57,9 @@ type CoverageState struct {
 	// Unlogged maps each configured table to its UNLOGGED partitions (or to
 	// itself when it is UNLOGGED): inserts into them never reach the WAL.
 	Unlogged map[string][]string
+	// Foreign maps each configured table to its partitions that are
+	// foreign tables: their rows are stored on another server.
+	Foreign map[string][]string
 	// Guarded reports whether the coverage event trigger is installed and
 	// enabled.
 	Guarded bool
@@ -81,7 +84,7 @@ type Querier interface {
 // ReadCoverage reads the state of publication pub for tables (schema.name).
 func ReadCoverage(ctx context.Context, q CatalogReader, pub string, tables []string) (CoverageState, error) {
 	s := CoverageState{Publication: pub, Tables: map[string]TableState{}, Published: map[string]bool{},
-		Filtered: map[string]string{}, Unlogged: map[string][]string{}}
+		Filtered: map[string]string{}, Unlogged: map[string][]string{}, Foreign: map[string][]string{}}
 	var version int
 	if err := q.QueryRow(ctx, `SELECT current_setting('server_version_num')::int`).Scan(&version); err != nil {
 		return s, fmt.Errorf("read server_version_num: %w", err)
@@ -152,6 +155,16 @@ func ReadCoverage(ctx context.Context, q CatalogReader, pub string, tables []str
 		if len(unlogged) > 0 {
 			s.Unlogged[key] = unlogged
 		}
+		var foreign []string
+		err = q.QueryRow(ctx, `SELECT coalesce(array_agg(n.nspname || '.' || c.relname ORDER BY 1), '{}')
+			FROM pg_partition_tree($1::oid::regclass) t JOIN pg_class c ON c.oid = t.relid JOIN pg_namespace n ON n.oid = c.relnamespace
+			WHERE c.relkind = 'f'`, st.OID).Scan(&foreign)
+		if err != nil {
+			return s, fmt.Errorf("read the partitions of %s that are foreign tables: %w", key, err)
+		}
+		if len(foreign) > 0 {
+			s.Foreign[key] = foreign
+		}
 	}
 	if s.Exists && !s.AllTables {
 		rows, err := q.Query(ctx, `
@@ -216,6 +229,9 @@ func (s CoverageState) Problems() []string {
 		for _, u := range s.Unlogged[t] {
 			p = append(p, UnloggedProblem(t, u))
 		}
+		for _, f := range s.Foreign[t] {
+			p = append(p, ForeignProblem(t, f))
+		}
 	}
 	return p
 }
@@ -231,6 +247,16 @@ func FilteredProblem(table, pub, filter string) string {
 // UNLOGGED.
 func UnloggedProblem(table, rel string) string {
 	return fmt.Sprintf("%s (fix: ALTER TABLE %s SET LOGGED)", unlogged(table, rel), sanitizeTable(rel))
+}
+
+// ForeignProblem says that rel, a partition of table, is a foreign table.
+func ForeignProblem(table, rel string) string {
+	return fmt.Sprintf("%s (fix: ALTER TABLE %s DETACH PARTITION %s, and keep outbox partitions on this server)",
+		foreign(table, rel), sanitizeTable(table), sanitizeTable(rel))
+}
+
+func foreign(table, rel string) string {
+	return "partition " + rel + " of outbox table " + table + " is a foreign table, so its rows are stored on another server and never reach the relay"
 }
 
 func unlogged(table, rel string) string {

@@ -205,6 +205,10 @@ func EnsurePublication(ctx context.Context, conn *pgx.Conn, pub string, tables, 
 			return nil, &SetupError{Msg: fmt.Sprintf("%s; run ALTER TABLE %s SET LOGGED, then republish the rows inserted into it from the outbox table",
 				unlogged(t, u[0]), sanitizeTable(u[0]))}
 		}
+		if f := s.Foreign[t]; len(f) > 0 {
+			return nil, &SetupError{Msg: fmt.Sprintf("%s; run ALTER TABLE %s DETACH PARTITION %s, then republish the rows inserted into it from the outbox table",
+				foreign(t, f[0]), sanitizeTable(t), sanitizeTable(f[0]))}
+		}
 	}
 	if !s.Exists {
 		_, err := conn.Exec(ctx, fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert', publish_via_partition_root = true)",

@@ -44,13 +44,16 @@ package inbox
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -420,7 +423,7 @@ func (in *Inbox) deadLetter(ctx context.Context, m Message, herr error, attempts
 func (in *Inbox) insertDeadLetter(ctx context.Context, m Message, reason error, attempts int, state string) (bool, error) {
 	key, body, headers := stored(m)
 	tag, err := in.db.Exec(ctx, in.q.deadLetter, in.consumer, m.ID, m.AggregateType, m.AggregateID,
-		key, body, headers, reason.Error(), attempts, state)
+		key, body, headers, storableReason(reason), attempts, state)
 	if err != nil {
 		return false, fmt.Errorf("store message %s as a dead letter: %w", m.ID, err)
 	}
@@ -439,9 +442,64 @@ func stored(m Message) (key, body []byte, headers map[string]string) {
 		if v == nil {
 			v = []byte{}
 		}
-		return m.Raw.Key, v, h
+		return m.Raw.Key, v, storableHeaders(h)
 	}
 	return []byte(m.AggregateID), envelopeOf(m), map[string]string{storedEnvelopeHeader: "1"}
+}
+
+// storedHeadersHeader holds, in place of the headers, headers that jsonb
+// cannot hold (not UTF-8, or with a NUL byte): each name and value in
+// base64, "name:value" pairs joined by commas.
+const storedHeadersHeader = "x-outboxrelay-inbox-headers-base64"
+
+// storableHeaders returns h as the jsonb column can hold it, losslessly:
+// as it is, or, if any name or value is not UTF-8 text without NUL bytes,
+// encoded under storedHeadersHeader. restoreHeaders reverses it.
+func storableHeaders(h map[string]string) map[string]string {
+	ok := func(s string) bool { return utf8.ValidString(s) && strings.IndexByte(s, 0) < 0 }
+	clean := true
+	for k, v := range h {
+		clean = clean && ok(k) && ok(v)
+	}
+	if clean {
+		return h
+	}
+	pairs := make([]string, 0, len(h))
+	for k, v := range h {
+		pairs = append(pairs, base64.StdEncoding.EncodeToString([]byte(k))+":"+base64.StdEncoding.EncodeToString([]byte(v)))
+	}
+	slices.Sort(pairs)
+	return map[string]string{storedHeadersHeader: strings.Join(pairs, ",")}
+}
+
+// restoreHeaders reverses storableHeaders.
+func restoreHeaders(h map[string]string) (map[string]string, error) {
+	enc, ok := h[storedHeadersHeader]
+	if !ok {
+		return h, nil
+	}
+	out := map[string]string{}
+	for _, pair := range strings.Split(enc, ",") {
+		if pair == "" {
+			continue
+		}
+		k, v, _ := strings.Cut(pair, ":")
+		kb, err := base64.StdEncoding.DecodeString(k)
+		if err != nil {
+			return nil, fmt.Errorf("stored headers: %w", err)
+		}
+		vb, err := base64.StdEncoding.DecodeString(v)
+		if err != nil {
+			return nil, fmt.Errorf("stored headers: %w", err)
+		}
+		out[string(kb)] = string(vb)
+	}
+	return out, nil
+}
+
+// storableReason is err's text as a text column holds it.
+func storableReason(err error) string {
+	return strings.ReplaceAll(strings.ToValidUTF8(err.Error(), "\uFFFD"), "\x00", `\x00`)
 }
 
 // storedEnvelopeHeader marks a stored body that the inbox encoded itself,
@@ -450,6 +508,11 @@ const storedEnvelopeHeader = "x-outboxrelay-inbox-envelope"
 
 // decodeStored decodes a dead letter's or a parked message's body.
 func (in *Inbox) decodeStored(raw Raw) (Message, error) {
+	h, err := restoreHeaders(raw.Headers)
+	if err != nil {
+		return Message{}, err
+	}
+	raw.Headers = h
 	if raw.Headers[storedEnvelopeHeader] != "" {
 		return Decode(FormatEnvelope, raw)
 	}
@@ -464,8 +527,8 @@ func nullTime(t time.Time) *time.Time {
 }
 
 type queries struct {
-	claim, claimReplay, known, park, deadLetter string
-	schema                                      string
+	claim, claimAll, claimReplay, known, park, deadLetter string
+	schema                                                string
 }
 
 func newQueries(s string) queries {
@@ -484,6 +547,23 @@ func newQueries(s string) queries {
 INSERT INTO {s}.processed (consumer, message_id, aggregate_type, aggregate_id, event_type, occurred_at)
 SELECT $1, $2, $3, $4, $5, $6 WHERE NOT EXISTS (SELECT 1 FROM held)
 ON CONFLICT (consumer, message_id) DO NOTHING`)
+	// claimAll is claim for a batch: the arrays are the messages' ids,
+	// aggregate types and ids, event types and times. A message listed
+	// twice is inserted once.
+	q.claimAll = r.Replace(`WITH batch AS (
+	SELECT * FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::timestamptz[])
+		AS b (message_id, aggregate_type, aggregate_id, event_type, occurred_at)
+), held AS (
+	SELECT aggregate_type, aggregate_id FROM {s}.dead_letters
+	WHERE consumer = $1 AND state = 'parked'
+	AND (aggregate_type, aggregate_id) IN (SELECT aggregate_type, aggregate_id FROM batch)
+	FOR SHARE
+)
+INSERT INTO {s}.processed (consumer, message_id, aggregate_type, aggregate_id, event_type, occurred_at)
+SELECT $1, b.message_id, b.aggregate_type, b.aggregate_id, b.event_type, b.occurred_at FROM batch b
+WHERE NOT EXISTS (SELECT 1 FROM held h WHERE h.aggregate_type = b.aggregate_type AND h.aggregate_id = b.aggregate_id)
+ON CONFLICT (consumer, message_id) DO NOTHING
+RETURNING message_id`)
 	q.claimReplay = r.Replace(`INSERT INTO {s}.processed (consumer, message_id, aggregate_type, aggregate_id, event_type, occurred_at)
 VALUES ($1, $2, $3, $4, $5, $6)
 ON CONFLICT (consumer, message_id) DO NOTHING`)

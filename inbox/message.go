@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // Format is the envelope format of the relay that publishes the messages
@@ -139,12 +140,29 @@ func Decode(f Format, raw Raw) (Message, error) {
 	if err == nil && m.ID == "" {
 		err = errors.New("no message id")
 	}
+	if err == nil {
+		err = storableText(m)
+	}
 	if err != nil {
 		return Message{}, fmt.Errorf("%w (%v): %v", ErrUndecodable, f, err)
 	}
 	m.Format = f
 	m.Raw = raw
 	return m, nil
+}
+
+// storableText checks the fields the inbox keeps in text columns:
+// PostgreSQL's text holds valid UTF-8 without NUL bytes, and a message
+// whose id it cannot store could be neither recorded nor dead-lettered
+// under that id.
+func storableText(m Message) error {
+	for _, f := range []struct{ name, v string }{{"message id", m.ID}, {"aggregate type", m.AggregateType},
+		{"aggregate id", m.AggregateID}, {"event type", m.EventType}} {
+		if !utf8.ValidString(f.v) || strings.IndexByte(f.v, 0) >= 0 {
+			return fmt.Errorf("%s %q is not UTF-8 text without NUL bytes", f.name, f.v)
+		}
+	}
+	return nil
 }
 
 // The prefixes of CloudEvents attributes in binary mode, per protocol

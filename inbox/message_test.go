@@ -151,15 +151,23 @@ func TestDecodeFormatsAgree(t *testing.T) {
 				checkMessage(t, binary, want, string(structured.Payload))
 			}
 			dbz, err := Decode(FormatAuto, debeziumRaw(t, name))
+			if name == "unicode" {
+				// Its id header is the id as the golden case stores it,
+				// invalid UTF-8 (which the JSON formats replace): no
+				// PostgreSQL text column holds it, so the inbox could not
+				// record it, and it is undecodable.
+				if !errors.Is(err, ErrUndecodable) || !strings.Contains(err.Error(), "message id") {
+					t.Fatalf("debezium with an id that is not UTF-8: %v, want undecodable for its message id", err)
+				}
+				return
+			}
 			if err != nil {
 				t.Fatal(err)
 			}
 			if dbz.Format != FormatDebezium {
 				t.Fatalf("debezium detected as %v", dbz.Format)
 			}
-			// Debezium carries no time, version, trace or source. Its id
-			// header is the id as stored: in the unicode case invalid UTF-8,
-			// which the JSON formats replace.
+			// Debezium carries no time, version, trace or source.
 			want := Message{ID: debeziumRaw(t, name).Headers["id"], AggregateID: structured.AggregateID, EventType: "order.created",
 				ContentType: structured.ContentType, Format: FormatDebezium}
 			checkMessage(t, dbz, want, string(structured.Payload))

@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"math/rand/v2"
 	"os/exec"
 	"strings"
@@ -233,4 +234,39 @@ func TestExactlyOnceTransactionLargerThanWindow(t *testing.T) {
 			p.stop()
 		})
 	}
+}
+
+// TestExactlyOnceWindowFullWhileBrokerDown: with the broker down, one
+// transaction in flight and the next one's rows filling the rest of the
+// window, the reader reads on and drops what it cannot hold. Those rows of
+// the open transaction are held back for its commit, which was dropped, so
+// they are never handed to the broker: once the broker is back and has
+// acknowledged what it was handed, the session must resume from the slot.
+// Before, it waited for the open transaction's rows to be acknowledged too,
+// and relayed nothing more, for good, with no error.
+func TestExactlyOnceWindowFullWhileBrokerDown(t *testing.T) {
+	e := newEnv(t)
+	newCluster := e.restartableKafka()
+	cluster := newCluster()
+	e.brokers = cluster.ListenAddrs()[0]
+	e.extra = "relay:\n  max_inflight: 50\n"
+	p := e.start(exactlyOnce)
+	p.waitLog(`"streaming"`, 30*time.Second)
+	// The first transaction reads the position back from the broker.
+	ids := e.insert("outbox", "order", "0", 30)
+	e.consumeCommitted("outbox.order").waitIDs(ids, 60*time.Second)
+	cluster.Close()
+	// One transaction in flight, the next fills the window, the rest is dropped.
+	for i := 1; i <= 4; i++ {
+		ids = append(ids, e.insert("outbox", "order", fmt.Sprint(i), 30)...)
+	}
+	p.waitLog("dropping the changes received from now on", 30*time.Second)
+	cluster = newCluster()
+	t.Cleanup(cluster.Close)
+	c := e.consumeCommitted("outbox.order")
+	checkExactlyOnce(t, c, ids, "window full while the broker was down")
+	if !strings.Contains(p.out.String(), `"msg":"resuming from the slot"`) {
+		t.Errorf("relay did not resume from the slot after dropping changes:\n%s", tail(p.out.String(), 20))
+	}
+	p.stop()
 }

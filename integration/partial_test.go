@@ -149,3 +149,26 @@ func TestUnloggedPartition(t *testing.T) {
 		t.Fatalf("run with an unlogged partition exited %d, want 2 naming it:\n%s", rc, out)
 	}
 }
+
+// TestForeignPartition: a foreign table attached as a partition of an outbox
+// table stores its rows on another server, so its inserts never reach this
+// server's WAL. PostgreSQL refuses foreign partitions only when the
+// partitioned table has a unique index, which an adopted table may lack.
+// The coverage trigger refuses them, and with the trigger disabled the relay
+// refuses to start, naming the partition.
+func TestForeignPartition(t *testing.T) {
+	e := newEnvWith(t, pg, "", "--partitioned")
+	e.exec(`ALTER TABLE public.outbox DROP CONSTRAINT outbox_pkey`)
+	e.exec(`CREATE EXTENSION IF NOT EXISTS postgres_fdw`)
+	e.exec(`CREATE SERVER outboxrelay_test_remote FOREIGN DATA WRAPPER postgres_fdw OPTIONS (dbname 'elsewhere')`)
+	foreign := `CREATE FOREIGN TABLE public.outbox_f PARTITION OF public.outbox FOR VALUES FROM ('2001-01-01') TO ('2001-01-02') SERVER outboxrelay_test_remote`
+	if _, err := e.db.Exec(t.Context(), foreign); err == nil || !strings.Contains(err.Error(), "foreign table") {
+		t.Fatalf("%s: %v, want it refused by the coverage trigger", foreign, err)
+	}
+	e.disableCoverageTrigger()
+	e.exec(foreign)
+	out, rc := e.cli("run", "--config", e.config(), "--accept-config-change")
+	if rc != 2 || !strings.Contains(out, "partition public.outbox_f of outbox table public.outbox is a foreign table") {
+		t.Fatalf("run with a foreign partition exited %d, want 2 naming it:\n%s", rc, out)
+	}
+}

@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -19,6 +20,9 @@ type txnBatch struct {
 	msgs []*Message
 	// bytes is the size of msgs' envelopes.
 	bytes int
+	// held is len(msgs), for Unacknowledged, which may be called from
+	// any goroutine: msgs are counted in flight but not handed over.
+	held atomic.Int64
 	// commitLSN is the open transaction's commit position.
 	commitLSN cdc.LSN
 	// skipTo is the position the broker holds; skipping says the open
@@ -32,6 +36,7 @@ type txnBatch struct {
 // end publishes the transaction's messages and ends it in the sink.
 func (t *txnBatch) end(ctx context.Context, p *publisher) {
 	if len(t.msgs) > 0 {
+		t.held.Store(0)
 		for _, m := range t.msgs {
 			p.publish(ctx, m)
 		}
@@ -48,6 +53,7 @@ func (t *txnBatch) end(ctx context.Context, p *publisher) {
 // drop abandons the open transaction, passing each of its messages to
 // complete.
 func (t *txnBatch) drop(complete func(*Message)) {
+	t.held.Store(0)
 	for _, m := range t.msgs {
 		complete(m)
 	}

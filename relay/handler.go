@@ -56,9 +56,16 @@ func (h *handler) Start(ctx context.Context, slotConfirmed cdc.LSN) error {
 // Confirmed implements cdc.Handler (see checkpointer.confirmed).
 func (h *handler) Confirmed() cdc.LSN { return h.cp.confirmed() }
 
-// Unacknowledged implements cdc.Handler.
+// Unacknowledged implements cdc.Handler: the messages in flight, less those
+// of an exactly-once transaction still being received, which are handed to
+// the broker only with its commit. A reader that dropped that commit while
+// the window was full waits for this to reach 0 before resuming from the
+// slot; counting them, it waited for good.
 func (h *handler) Unacknowledged() int {
 	n, _ := h.tracker.inflight()
+	if h.batch != nil {
+		n -= int(h.batch.held.Load())
+	}
 	return n
 }
 
@@ -221,6 +228,7 @@ func (h *handler) dispatch(ctx context.Context, m *Message, buildErr error) erro
 	if h.batch != nil {
 		h.batch.msgs = append(h.batch.msgs, m)
 		h.batch.bytes += len(m.Envelope)
+		h.batch.held.Add(1)
 		return nil
 	}
 	h.pub.submit(ctx, m)

@@ -37,8 +37,8 @@ INSERT INTO outboxrelay.coverage VALUES ({{$.PublicationLiteral}}, {{.Schema}}, 
 --   * any other command on a guarded table or on the publication that
 --     leaves a guarded table out of the publication, or the publication
 --     without inserts or publish_via_partition_root, or drops the
---     publication, fails with an error naming the fix. DDL on other tables
---     is never refused.
+--     publication, or leaves a partition UNLOGGED or a foreign table, fails
+--     with an error naming the fix. DDL on other tables is never refused.
 -- Event triggers need a superuser; without one the relay's periodic check
 -- (postgres.coverage_interval) is the only guard, and it detects a gap
 -- after the fact instead of preventing it.
@@ -56,6 +56,7 @@ BEGIN
         rel regclass;
         member oid;
         unlogged text;
+        remote text;
     BEGIN
         IF current_setting('outboxrelay.migrating', true) = 'on' THEN
             RETURN; -- outboxrelay migrate verifies and repairs coverage itself
@@ -77,6 +78,17 @@ BEGIN
                      WHERE c.classid = 'pg_class'::regclass AND c.objid = t.relid) THEN
                     RAISE EXCEPTION 'outboxrelay: % would leave % of outbox table %.% UNLOGGED, so its inserts would not be written to the WAL and never relayed', tg_tag, unlogged, g.schema_name, g.table_name
                         USING HINT = 'Outbox tables and their partitions must be logged (ALTER TABLE ... SET LOGGED, or CREATE TABLE without UNLOGGED)';
+                END IF;
+                -- A foreign partition (CREATE FOREIGN TABLE ... PARTITION OF,
+                -- ATTACH PARTITION) stores its rows on another server.
+                SELECT string_agg(t.relid::regclass::text, ', ' ORDER BY 1) INTO remote
+                  FROM pg_partition_tree(rel) t JOIN pg_class c ON c.oid = t.relid
+                 WHERE c.relkind = 'f';
+                IF remote IS NOT NULL AND EXISTS (
+                    SELECT 1 FROM pg_event_trigger_ddl_commands() c, pg_partition_tree(rel) t
+                     WHERE c.classid = 'pg_class'::regclass AND c.objid = t.relid) THEN
+                    RAISE EXCEPTION 'outboxrelay: % would make % a partition of outbox table %.% that is a foreign table, whose rows are stored on another server and never relayed', tg_tag, remote, g.schema_name, g.table_name
+                        USING HINT = 'Outbox partitions must be tables of this server';
                 END IF;
                 CONTINUE WHEN rel NOT IN (SELECT c.objid FROM pg_event_trigger_ddl_commands() c);
             END IF;
@@ -119,9 +131,11 @@ BEGIN
         END LOOP;
     END
     $guard$;
-    IF NOT EXISTS (SELECT 1 FROM pg_event_trigger WHERE evtname = 'outboxrelay_coverage') THEN
+    -- A trigger from before CREATE FOREIGN TABLE was guarded is replaced.
+    IF NOT EXISTS (SELECT 1 FROM pg_event_trigger WHERE evtname = 'outboxrelay_coverage' AND 'CREATE FOREIGN TABLE' = ANY (evttags)) THEN
+        DROP EVENT TRIGGER IF EXISTS outboxrelay_coverage;
         CREATE EVENT TRIGGER outboxrelay_coverage ON ddl_command_end
-            WHEN TAG IN ('CREATE TABLE', 'CREATE TABLE AS', 'SELECT INTO', 'ALTER TABLE', 'DROP TABLE',
+            WHEN TAG IN ('CREATE TABLE', 'CREATE TABLE AS', 'SELECT INTO', 'CREATE FOREIGN TABLE', 'ALTER TABLE', 'DROP TABLE',
                          'ALTER PUBLICATION', 'DROP PUBLICATION')
             EXECUTE FUNCTION outboxrelay.guard_coverage();
     END IF;

@@ -157,7 +157,7 @@ func TestInvalidTopic(t *testing.T) {
 	defer produces.Remove()
 
 	for _, at := range []string{"", ".", "..", "order/eu", "ordér", "a b", strings.Repeat("x", 250),
-		"caf\xe9", DefaultPositionsTopic, "__consumer_offsets", "__transaction_state"} {
+		"caf\xe9", DefaultPositionsTopic, "__consumer_offsets", "__transaction_state", "_schemas"} {
 		m := &relay.Message{ID: "id-" + at, AggregateType: at, AggregateID: "1", Envelope: []byte("{}")}
 		err := publishOne(t, s, m)
 		if !isPermanent(err) {

@@ -86,8 +86,11 @@ func checkTopic(topic, positions string) error {
 
 // internalTopic says whose topic is topic when no row may produce to it:
 // the exactly-once positions topic (positions), the relay's own names
-// (sinks.InternalPrefix) and Kafka's internal topics, whose names start
-// with "__" (__consumer_offsets, __transaction_state, __cluster_metadata).
+// (sinks.InternalPrefix), Kafka's internal topics, whose names start
+// with "__" (__consumer_offsets, __transaction_state, __cluster_metadata),
+// and _schemas, where a Schema Registry keeps its schemas (its default
+// kafkastore.topic): a record there, whose key and value a row can choose
+// in the debezium format, would register or replace a schema.
 // It returns "" for any other topic.
 func internalTopic(topic, positions string) string {
 	switch {
@@ -97,9 +100,14 @@ func internalTopic(topic, positions string) string {
 		return "the relay's own use (names starting with " + sinks.InternalPrefix + ")"
 	case strings.HasPrefix(topic, "__"):
 		return "Kafka's internal topics (names starting with __)"
+	case topic == schemasTopic:
+		return "the Schema Registry's store of schemas"
 	}
 	return ""
 }
+
+// schemasTopic is the topic a Schema Registry keeps its schemas in by default.
+const schemasTopic = "_schemas"
 
 // maxCachedTopics bounds the topic cache: topics normally follow the handful
 // of aggregate types, but a template with {event_type} over free-form event

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/textproto"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -381,6 +382,13 @@ func (s *Sink) header(m *relay.Message) (natsgo.Header, error) {
 	}
 	if err := sinks.CheckHeaders(hs); err != nil {
 		return nil, err
+	}
+	for _, x := range hs {
+		// nats.go would send another value: it trims the whitespace around
+		// a value and turns CR and LF into spaces.
+		if strings.ContainsAny(x.Value, "\r\n") || textproto.TrimString(x.Value) != x.Value {
+			return nil, fmt.Errorf("header %q value %q starts or ends with whitespace or holds a line break, which NATS headers cannot carry unchanged; remove them from the row's value", x.Key, x.Value)
+		}
 	}
 	h[HeaderMsgID] = []string{m.ID}
 	h[HeaderExpectedStream] = []string{s.cfg.Stream}

@@ -459,3 +459,47 @@ func TestReadyAfterClose(t *testing.T) {
 		t.Fatalf("Publish after Close: %v, want retryable ErrClosed", err)
 	}
 }
+
+// TestHeaderValueNATSWouldAlter: nats.go trims the whitespace around a
+// header value and turns CR and LF into spaces, so a consumer would read an
+// aggregate_id of "42 " as "42", merging two aggregates, and a row header
+// other than what the database holds. Such a message fails with the reason
+// instead, and the messages around it arrive.
+func TestHeaderValueNATSWouldAlter(t *testing.T) {
+	needServer(t)
+	sinktest.VerifyNoLeaks(t)
+	f := newFixture(t, nil)
+	s := startSink(t, f.config())
+
+	msgs := sinktest.Messages("alter", 4, 4)
+	msgs[1].AggregateID = "42 "
+	msgs[2].Headers = append(msgs[2].Headers, envelope.Header{Key: "note", Value: "line\r\nNats-Rollup: all"})
+	bad := map[*relay.Message]string{msgs[1]: `"aggregate_id"`, msgs[2]: `"note"`}
+	r := sinktest.NewRecorder()
+	for _, m := range msgs {
+		s.Publish(t.Context(), m, r.Done)
+	}
+	errs := r.Wait(t, len(msgs), 30*time.Second)
+	for _, m := range msgs {
+		err := errs[m]
+		want, isBad := bad[m]
+		switch {
+		case isBad && (err == nil || relay.Retryable(err) || !strings.Contains(err.Error(), want)):
+			t.Errorf("message %s: err %v, want a permanent error naming the header %s", m.ID, err, want)
+		case !isBad && err != nil:
+			t.Errorf("message %s: %v", m.ID, err)
+		}
+	}
+	c := f.consumer(t, f.prefix+".>")
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	for range 2 {
+		got, err := c.Next(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.ID != msgs[0].ID && got.ID != msgs[3].ID {
+			t.Errorf("received %s, whose header values NATS would have changed", got.ID)
+		}
+	}
+}

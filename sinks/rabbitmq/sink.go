@@ -381,6 +381,12 @@ func (s *Sink) prepare(m *relay.Message, done func(*relay.Message, error)) (*pen
 		if len(h.Key) > maxShortstr {
 			return nil, fmt.Errorf("header name of message %s is %d bytes, over the AMQP limit of 255; it starts %.64q", m.ID, len(h.Key), h.Key)
 		}
+		if h.Key == "CC" || h.Key == "BCC" {
+			// RabbitMQ routes a message again by these headers
+			// (sender-selected distribution) and closes the channel
+			// when one is not an array, as a row's header never is.
+			return nil, fmt.Errorf("message %s has a header named %s, which RabbitMQ takes for extra routing keys; rename the row's header", m.ID, h.Key)
+		}
 		headers[h.Key] = h.Value
 	}
 	// Sized here for the widest tag; send writes the tag of each publish.

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"regexp"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -623,5 +624,45 @@ func TestExchangeDeletedWhileRunning(t *testing.T) {
 	}
 	if got := consume(t, f.queue, 1, 200*time.Millisecond, 5*time.Second); len(got) != 1 {
 		t.Errorf("queue got %d messages, want 1", len(got))
+	}
+}
+
+// TestRoutingHeaderIsPermanent: RabbitMQ reads the headers CC and BCC as
+// extra routing keys (sender-selected distribution) and closes the channel
+// when one is not an array, which a row's string header never is. Such a
+// row must be failed with the reason, not retried on channel after channel,
+// and the messages around it delivered.
+func TestRoutingHeaderIsPermanent(t *testing.T) {
+	needBroker(t)
+	verifyNoLeaks(t)
+	f := newFixture(t, "routed.*")
+	s := startSink(t, Config{Exchange: f.exchange})
+
+	run := uniqueName(t)
+	rec := newRecorder()
+	var msgs []*relay.Message
+	for i, h := range []string{"", "CC", "", "BCC", ""} {
+		m := testMessage(run, i, i, "routed")
+		if h != "" {
+			m.Headers = append(m.Headers, envelope.Header{Key: h, Value: "routed.elsewhere"})
+		}
+		msgs = append(msgs, m)
+		s.Publish(context.Background(), m, rec.done)
+	}
+	rec.wait(t, len(msgs), 30*time.Second)
+	for i, m := range msgs {
+		err := rec.errs[m.ID]
+		if i%2 == 0 {
+			if err != nil {
+				t.Errorf("message %s: %v", m.ID, err)
+			}
+			continue
+		}
+		if err == nil || relay.Retryable(err) || !strings.Contains(err.Error(), "CC") {
+			t.Errorf("message %s with a routing header: done(%v), want a permanent error naming the header", m.ID, err)
+		}
+	}
+	if got := consume(t, f.queue, 3, 300*time.Millisecond, 20*time.Second); len(got) != 3 {
+		t.Errorf("queue got %d messages, want 3", len(got))
 	}
 }

@@ -22,6 +22,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -79,6 +80,51 @@ func Database(t testing.TB) string {
 	}
 	return srv.url(name)
 }
+
+// Server is a PostgreSQL server of its own, outside a test (the inbox
+// bench); Standalone starts it.
+type Server struct {
+	// URL connects to the database Standalone created.
+	URL string
+	s   *server
+}
+
+// Standalone starts a server with the tests' settings and creates database
+// name on it.
+func Standalone(name string) (*Server, error) {
+	s, err := start()
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, s.url("postgres"))
+	if err == nil {
+		_, err = conn.Exec(ctx, "CREATE DATABASE "+name)
+		conn.Close(ctx)
+	}
+	if err != nil {
+		_ = s.stop()
+		return nil, fmt.Errorf("create database %s: %w", name, err)
+	}
+	return &Server{URL: s.url(name), s: s}, nil
+}
+
+// PID returns the postmaster's process id, from its data directory.
+func (srv *Server) PID() (int, error) {
+	b, err := os.ReadFile(filepath.Join(srv.s.data, "postmaster.pid"))
+	if err != nil {
+		return 0, err
+	}
+	first, _, _ := strings.Cut(string(b), "\n")
+	return strconv.Atoi(strings.TrimSpace(first))
+}
+
+// Settings are the server's settings that bear on a measurement.
+const Settings = "fsync=off, synchronous_commit=off, full_page_writes=off"
+
+// Stop stops the server and removes its files.
+func (srv *Server) Stop() error { return srv.s.stop() }
 
 func (s *server) url(db string) string {
 	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=disable", s.port, db)

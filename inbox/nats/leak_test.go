@@ -1,0 +1,112 @@
+package nats
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/goleak"
+
+	"github.com/outboxrelay/outboxrelay/inbox"
+	"github.com/outboxrelay/outboxrelay/inbox/internal/ledger"
+	"github.com/outboxrelay/outboxrelay/inbox/internal/pgtest"
+)
+
+// TestRunReturnsAndLeavesNoGoroutine: a Runner in this process consumes a
+// backlog, is stopped by its context while messages still arrive, returns
+// within its drain bound and leaves no goroutine behind (its workers, the
+// in-progress tickers, the NATS connection's).
+func TestRunReturnsAndLeavesNoGoroutine(t *testing.T) {
+	ctx := context.Background()
+	nc, err := nats.Connect(natsURL())
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("NATS: %v", err)
+		}
+		t.Skipf("NATS not reachable (CI=true makes this a failure): %v", err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream := fmt.Sprintf("INBOXLEAK_%d_%d", os.Getpid(), time.Now().UnixNano())
+	subject := strings.ToLower(stream)
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: stream, Subjects: []string{subject + ".>"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateOrUpdateConsumer(ctx, stream, jetstream.ConsumerConfig{Durable: "billing",
+		AckPolicy: jetstream.AckExplicitPolicy, AckWait: 3 * time.Second, MaxAckPending: 256}); err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgxpool.New(ctx, pgtest.Database(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs := ledger.Generate(400, 16)
+	if err := ledger.Setup(ctx, pool, msgs); err != nil {
+		t.Fatal(err)
+	}
+	if err := inbox.Migrate(ctx, pool, ""); err != nil {
+		t.Fatal(err)
+	}
+	in, err := inbox.New(pool, "billing", inbox.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	publish := func(ms []ledger.Msg) error {
+		for _, m := range ms {
+			msg := nats.NewMsg(subject + ".account")
+			msg.Header.Set("message_id", m.ID)
+			msg.Header.Set("aggregate_type", "account")
+			msg.Header.Set("aggregate_id", m.Account)
+			msg.Data = m.Envelope()
+			if _, err := js.PublishMsg(ctx, msg); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if err := publish(msgs[:300]); err != nil {
+		t.Fatal(err)
+	}
+	before := goleak.IgnoreCurrent()
+	r, err := New(in, func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
+		return ledger.Apply(ctx, tx, m.ID, m.Payload, false)
+	}, Config{URL: natsURL(), Stream: stream, Consumer: "billing", DrainTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(runCtx) }()
+	waitFor(t, "200 messages", 60*time.Second, func() bool { return runs(ctx, t, pool) >= 200 })
+	published := make(chan error, 1)
+	go func() { published <- publish(msgs[300:]) }() // still arriving when the stop comes
+	stop()
+	stopped := time.Now()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return within 10s of its context's end (drain 5s)")
+	}
+	t.Logf("stopped after %d of 400 messages in %v", runs(ctx, t, pool), time.Since(stopped))
+	if err := <-published; err != nil {
+		t.Fatal(err)
+	}
+	if err := js.DeleteStream(ctx, stream); err != nil {
+		t.Error(err)
+	}
+	nc.Close()
+	pool.Close()
+	goleak.VerifyNone(t, before)
+}
