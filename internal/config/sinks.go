@@ -5,6 +5,7 @@ package config
 import (
 	_ "github.com/outboxrelay/outboxrelay/sinks/kafka"
 	_ "github.com/outboxrelay/outboxrelay/sinks/nats"
+	_ "github.com/outboxrelay/outboxrelay/sinks/pubsub"
 	_ "github.com/outboxrelay/outboxrelay/sinks/rabbitmq"
 	_ "github.com/outboxrelay/outboxrelay/sinks/redis"
 	_ "github.com/outboxrelay/outboxrelay/sinks/webhook"
