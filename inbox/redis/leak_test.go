@@ -13,6 +13,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/outboxrelay/outboxrelay/inbox"
+	"github.com/outboxrelay/outboxrelay/inbox/internal/consumertest"
 	"github.com/outboxrelay/outboxrelay/inbox/internal/ledger"
 	"github.com/outboxrelay/outboxrelay/inbox/internal/pgtest"
 )
@@ -76,7 +77,7 @@ func TestRunReturnsAndLeavesNoGoroutine(t *testing.T) {
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- r.Run(runCtx) }()
-	waitFor(t, "200 messages", 60*time.Second, func() bool { return runs(ctx, t, pool) >= 200 })
+	consumertest.WaitFor(t, "200 messages", 60*time.Second, func() bool { return consumertest.Runs(ctx, t, pool) >= 200 })
 	added := make(chan error, 1)
 	go func() { added <- add(msgs[300:]) }() // still arriving when the stop comes
 	stop()
@@ -93,7 +94,7 @@ func TestRunReturnsAndLeavesNoGoroutine(t *testing.T) {
 	if err := <-added; err != nil {
 		t.Fatal(err)
 	}
-	done2 := runs(ctx, t, pool)
+	done2 := consumertest.Runs(ctx, t, pool)
 	// Every committed message is acknowledged: what is still pending for
 	// this consumer was never processed.
 	pend, err := rdb.XPendingExt(ctx, &goredis.XPendingExtArgs{Stream: stream, Group: "billing", Start: "-", End: "+", Count: 1000}).Result()
