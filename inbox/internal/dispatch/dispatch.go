@@ -35,6 +35,10 @@ type Config[T any] struct {
 	// ProcessBatch runs ms (an aggregate's messages in order) and reports,
 	// per message, what Process would. Required in batch mode.
 	ProcessBatch func(ms []T) []bool
+	// Group, optional, splits batches: one batch holds only messages
+	// whose Group is the same (Kafka: one partition, so that a revoke
+	// abandons only the revoked partition's batch).
+	Group func(m T) string
 	// Skip, optional, reports that m must not start (its work was given
 	// up: a revoked partition); it is dropped with its aggregate's rest.
 	Skip func(m T) bool
@@ -209,9 +213,17 @@ func (d *Dispatcher[T]) batches() {
 		}
 		var batch []T
 		var keys []string // of batch's messages
-		for len(d.order) > 0 && len(batch) < d.cfg.Batch {
-			k := d.order[0]
+		group := ""
+		if d.cfg.Group != nil {
+			group = d.cfg.Group(d.queues[d.order[0]][0])
+		}
+		left := d.order[:0:0]
+		for i, k := range d.order {
 			q := d.queues[k]
+			if len(batch) == d.cfg.Batch || (d.cfg.Group != nil && d.cfg.Group(q[0]) != group) {
+				left = append(left, d.order[i])
+				continue
+			}
 			n := min(len(q), d.cfg.Batch-len(batch))
 			batch = append(batch, q[:n]...)
 			for range n {
@@ -219,12 +231,12 @@ func (d *Dispatcher[T]) batches() {
 			}
 			if n == len(q) {
 				delete(d.queues, k)
-				d.order = d.order[1:]
 			} else {
-				d.queues[k] = q[n:]
-				break // the aggregate's rest goes in the next batch
+				d.queues[k] = q[n:] // the aggregate's rest goes in a next batch
+				left = append(left, k)
 			}
 		}
+		d.order = left
 		d.mu.Unlock()
 
 		var skipped []T
