@@ -64,6 +64,12 @@ type Config struct {
 	// dead letter) without failing the others. Keep it at or below
 	// MaxInFlight; 0 or 1: one transaction per record.
 	Batch int
+	// LagInterval is how often the consumer lag of each assigned
+	// partition, its high watermark minus the group's committed offset
+	// (the log start offset while the group has none), as of the last
+	// fetch, goes to the inbox's Observer.Lag, source topic/partition;
+	// 10s by default.
+	LagInterval time.Duration
 	// Opts are further franz-go options (TLS, SASL, session timeout,
 	// client id). The Runner sets the seed brokers, the group, the topics,
 	// manual commits and its rebalance callbacks itself.
@@ -100,6 +106,9 @@ func New(in *inbox.Inbox, h inbox.Handler, cfg Config) (*Runner, error) {
 	if cfg.CommitInterval <= 0 {
 		cfg.CommitInterval = time.Second
 	}
+	if cfg.LagInterval <= 0 {
+		cfg.LagInterval = 10 * time.Second
+	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -130,8 +139,9 @@ type part struct {
 	done      map[int64]bool
 	mark      int64
 	committed int64
-	stopping  bool // revoked, lost or shutting down: start nothing more
-	inflight  int  // taken and not finished or dropped
+	hw, start int64 // high watermark and log start offset, as of the last fetch; -1: none yet
+	stopping  bool  // revoked, lost or shutting down: start nothing more
+	inflight  int   // taken and not finished or dropped
 }
 
 // finish records that offset o is done and trims the finished prefix.
@@ -189,12 +199,16 @@ func (r *Runner) Run(ctx context.Context) error {
 		defer close(commitDone)
 		t := time.NewTicker(r.cfg.CommitInterval)
 		defer t.Stop()
+		lag := time.NewTicker(r.cfg.LagInterval)
+		defer lag.Stop()
 		for {
 			select {
 			case <-ctx.Done():
 				return
 			case <-t.C:
 				s.commit(ctx, nil)
+			case <-lag.C:
+				s.reportLag()
 			}
 		}
 	}()
@@ -242,6 +256,11 @@ func (s *session) poll(ctx context.Context) error {
 		}
 		var items []item
 		s.mu.Lock()
+		fs.EachPartition(func(fp kgo.FetchTopicPartition) {
+			if p := s.parts[tp{fp.Topic, fp.Partition}]; p != nil && fp.Err == nil {
+				p.hw, p.start = fp.HighWatermark, fp.LogStartOffset
+			}
+		})
 		fs.EachRecord(func(rec *kgo.Record) {
 			if it, ok := s.takeLocked(rec); ok {
 				items = append(items, it)
@@ -330,6 +349,36 @@ func raw(rec *kgo.Record) inbox.Raw {
 	return raw
 }
 
+// reportLag reports each assigned partition's lag to the inbox's
+// Observer: its high watermark minus the group's committed offset, or
+// minus the log start offset while the group has committed none.
+func (s *session) reportLag() {
+	committed := s.cl.CommittedOffsets()
+	type reading struct {
+		source string
+		lag    int64
+	}
+	var rs []reading
+	s.mu.Lock()
+	for k, p := range s.parts {
+		if p.hw < 0 {
+			continue // not fetched yet: unknown, not 0
+		}
+		from := p.start
+		if eo, ok := committed[k.topic][k.partition]; ok && eo.Offset >= 0 {
+			from = eo.Offset
+		}
+		if from < 0 {
+			continue
+		}
+		rs = append(rs, reading{k.topic + "/" + strconv.Itoa(int(k.partition)), max(p.hw-from, 0)})
+	}
+	s.mu.Unlock()
+	for _, r := range rs {
+		s.r.in.ReportLag(r.source, r.lag)
+	}
+}
+
 func (s *session) assigned(_ context.Context, _ *kgo.Client, assigned map[string][]int32) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -337,7 +386,7 @@ func (s *session) assigned(_ context.Context, _ *kgo.Client, assigned map[string
 		for _, n := range ps {
 			ctx, cancel := context.WithCancel(s.workCtx)
 			s.assignments++
-			s.parts[tp{topic, n}] = &part{id: strconv.Itoa(s.assignments), ctx: ctx, cancel: cancel, done: map[int64]bool{}, mark: -1, committed: -1}
+			s.parts[tp{topic, n}] = &part{id: strconv.Itoa(s.assignments), ctx: ctx, cancel: cancel, done: map[int64]bool{}, mark: -1, committed: -1, hw: -1, start: -1}
 		}
 	}
 }
