@@ -58,6 +58,11 @@ type Config struct {
 	// others. Keep it at or below MaxInFlight; 0 or 1: one transaction per
 	// message.
 	Batch int
+	// LagInterval is how often the consumer's lag, the messages JetStream
+	// holds for it (num_pending, not yet delivered, plus num_ack_pending,
+	// delivered and not acknowledged), goes to the inbox's Observer.Lag,
+	// source stream/consumer; 10s by default.
+	LagInterval time.Duration
 	// Options are further nats.Connect options (credentials, TLS).
 	Options []nats.Option
 	// Logger, nil for none.
@@ -85,6 +90,9 @@ func New(in *inbox.Inbox, h inbox.Handler, cfg Config) (*Runner, error) {
 	}
 	if cfg.DrainTimeout <= 0 {
 		cfg.DrainTimeout = 10 * time.Second
+	}
+	if cfg.LagInterval <= 0 {
+		cfg.LagInterval = 10 * time.Second
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -140,6 +148,10 @@ func (r *Runner) Run(ctx context.Context) error {
 	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWork()
 	d := r.dispatcher(workCtx, ackWait)
+	lagCtx, stopLag := context.WithCancel(ctx)
+	lagDone := make(chan struct{})
+	go func() { defer close(lagDone); r.reportLag(lagCtx, cons) }()
+	defer func() { stopLag(); <-lagDone }()
 	for d.Wait(ctx) > 0 {
 		msg, err := it.Next()
 		if err != nil {
@@ -163,6 +175,27 @@ func (r *Runner) Run(ctx context.Context) error {
 }
 
 const what = "nats inbox"
+
+// reportLag reports the consumer's lag every LagInterval until ctx ends.
+func (r *Runner) reportLag(ctx context.Context, cons jetstream.Consumer) {
+	t := time.NewTicker(r.cfg.LagInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		info, err := cons.Info(ctx)
+		if err != nil {
+			if ctx.Err() == nil {
+				r.log.Warn("nats inbox: consumer info for its lag", "error", err)
+			}
+			continue
+		}
+		r.in.ReportLag(r.cfg.Stream+"/"+r.cfg.Consumer, int64(info.NumPending)+int64(info.NumAckPending))
+	}
+}
 
 // dispatcher runs messages through the inbox, one at a time per aggregate
 // or in batches, and acknowledges each once its outcome is durable.

@@ -46,6 +46,11 @@ type Config struct {
 	// running handlers before abandoning them (not acknowledged: RabbitMQ
 	// delivers them again); 10s by default.
 	DrainTimeout time.Duration
+	// LagInterval is how often the queue's lag, its messages ready (a
+	// passive declare's count: not yet delivered; AMQP does not report
+	// the unacknowledged ones), goes to the inbox's Observer.Lag, source
+	// the queue's name; 10s by default.
+	LagInterval time.Duration
 	// Batch > 1 turns on batch mode: up to Batch deliveries, of any
 	// aggregates, are processed in one transaction (inbox.ReceiveBatch),
 	// each aggregate's in delivery order, and acknowledged only after the
@@ -79,6 +84,9 @@ func New(in *inbox.Inbox, h inbox.Handler, cfg Config) (*Runner, error) {
 	}
 	if cfg.DrainTimeout <= 0 {
 		cfg.DrainTimeout = 10 * time.Second
+	}
+	if cfg.LagInterval <= 0 {
+		cfg.LagInterval = 10 * time.Second
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -140,6 +148,10 @@ func (r *Runner) session(ctx context.Context) (started bool, err error) {
 	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWork()
 	d := r.dispatcher(workCtx)
+	lagCtx, stopLag := context.WithCancel(ctx)
+	lagDone := make(chan struct{})
+	go func() { defer close(lagDone); r.reportLag(lagCtx, conn) }()
+	defer func() { stopLag(); <-lagDone }()
 
 	var cause error
 loop:
@@ -174,6 +186,40 @@ loop:
 }
 
 const what = "rabbitmq inbox"
+
+// reportLag reports the queue's ready messages every LagInterval until ctx
+// ends, over a channel of its own (a failed passive declare closes its
+// channel; the next tick opens another).
+func (r *Runner) reportLag(ctx context.Context, conn *amqp.Connection) {
+	t := time.NewTicker(r.cfg.LagInterval)
+	defer t.Stop()
+	var ch *amqp.Channel
+	defer func() {
+		if ch != nil {
+			_ = ch.Close()
+		}
+	}()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if ch == nil || ch.IsClosed() {
+			var err error
+			if ch, err = conn.Channel(); err != nil {
+				ch = nil
+				continue // the connection is gone; the session ends too
+			}
+		}
+		q, err := ch.QueueDeclarePassive(r.cfg.Queue, false, false, false, false, nil)
+		if err != nil {
+			r.log.Warn("rabbitmq inbox: passive declare for the lag", "queue", r.cfg.Queue, "error", err)
+			continue
+		}
+		r.in.ReportLag(r.cfg.Queue, int64(q.Messages))
+	}
+}
 
 // dispatcher runs deliveries through the inbox, one at a time per
 // aggregate or in batches, and acknowledges each once its outcome is

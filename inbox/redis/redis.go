@@ -86,6 +86,12 @@ type Config struct {
 	// others. Keep it at or below MaxInFlight; 0 or 1: one transaction per
 	// entry.
 	Batch int
+	// LagInterval is how often the group's lag, the entries it has not
+	// finished (XINFO GROUPS: lag, not yet read by the group, plus
+	// pending, read and not acknowledged), goes to the inbox's
+	// Observer.Lag, source stream/group; 10s by default. A reading Redis
+	// cannot give (lag unknown after an XDEL or XSETID) is skipped.
+	LagInterval time.Duration
 	// DrainTimeout is how long a stop waits for running handlers before
 	// abandoning them (not acknowledged: they stay pending, and come back
 	// to this consumer name at once, to others after MinIdle); 10s by
@@ -135,6 +141,9 @@ func New(in *inbox.Inbox, h inbox.Handler, cfg Config) (*Runner, error) {
 	if cfg.DrainTimeout <= 0 {
 		cfg.DrainTimeout = 10 * time.Second
 	}
+	if cfg.LagInterval <= 0 {
+		cfg.LagInterval = 10 * time.Second
+	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -158,6 +167,8 @@ func (r *Runner) Run(ctx context.Context) error {
 	s.d = r.dispatcher(s)
 	touched := make(chan struct{})
 	go func() { defer close(touched); s.touch() }()
+	lagged := make(chan struct{})
+	go func() { defer close(lagged); s.reportLag() }()
 
 	err := s.recover(ctx)
 	if err == nil {
@@ -169,6 +180,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	cancelWork()
 	s.d.Close()
 	<-touched
+	<-lagged
 	return err
 }
 
@@ -475,6 +487,33 @@ func (s *session) touch() {
 			Consumer: s.r.cfg.Consumer, Messages: ids}).Err()
 		if err != nil && s.ctx.Err() == nil {
 			s.r.log.Warn("redis inbox: resetting the idle time of running entries failed", "error", err)
+		}
+	}
+}
+
+// reportLag reports the group's lag every LagInterval until the session's
+// work ends.
+func (s *session) reportLag() {
+	cfg := s.r.cfg
+	t := time.NewTicker(cfg.LagInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-t.C:
+		}
+		groups, err := s.rdb.XInfoGroups(s.ctx, cfg.Stream).Result()
+		if err != nil {
+			if s.ctx.Err() == nil {
+				s.r.log.Warn("redis inbox: groups of the stream, for the lag", "error", err)
+			}
+			continue
+		}
+		for _, g := range groups {
+			if g.Name == cfg.Group && g.Lag >= 0 {
+				s.r.in.ReportLag(cfg.Stream+"/"+cfg.Group, g.Lag+g.Pending)
+			}
 		}
 	}
 }
