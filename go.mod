@@ -55,6 +55,7 @@ require (
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
 	github.com/nats-io/nkeys v0.4.16 // indirect
 	github.com/nats-io/nuid v1.0.1 // indirect
+	github.com/outboxrelay/outboxrelay/inbox/kafka v0.0.0-00010101000000-000000000000
 	github.com/prometheus/common v0.72.0 // indirect
 	github.com/prometheus/procfs v0.22.0 // indirect
 	go.opentelemetry.io/auto/sdk v1.2.1 // indirect
@@ -79,3 +80,5 @@ replace github.com/outboxrelay/outboxrelay/outbox => ./outbox
 // The inbox core (inbox/, pgx only) is a module of its own for the same
 // reason; the CLI's migrate --inbox and inbox status use it.
 replace github.com/outboxrelay/outboxrelay/inbox => ./inbox
+
+replace github.com/outboxrelay/outboxrelay/inbox/kafka => ./inbox/kafka
