@@ -312,11 +312,8 @@ func (s *session) dispatcher() *dispatch.Dispatcher[item] {
 			return ok
 		},
 		ProcessBatch: func(its []item) []bool {
-			raws := make([]inbox.Raw, len(its))
-			for i, it := range its {
-				raws[i] = raw(it.rec)
-			}
-			rs := dispatch.ReceiveBatch(its[0].p.ctx, r.in, r.h, r.log, what, raws) // one partition's
+			rs := dispatch.ReceiveBatch(its[0].p.ctx, r.in, r.h, r.log, what, its, // one partition's
+				func(it item) inbox.Raw { return raw(it.rec) })
 			oks := make([]bool, len(its))
 			for i := range its {
 				oks[i] = rs[i].Outcome != 0

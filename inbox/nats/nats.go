@@ -222,11 +222,7 @@ func (r *Runner) dispatcher(ctx context.Context, ackWait time.Duration) *dispatc
 		},
 		ProcessBatch: func(ms []jetstream.Msg) []bool {
 			defer inProgress(ackWait, ms...)()
-			raws := make([]inbox.Raw, len(ms))
-			for i, m := range ms {
-				raws[i] = Raw(m)
-			}
-			rs := dispatch.ReceiveBatch(ctx, r.in, r.h, r.log, what, raws)
+			rs := dispatch.ReceiveBatch(ctx, r.in, r.h, r.log, what, ms, Raw)
 			oks := make([]bool, len(ms))
 			for i, m := range ms {
 				if oks[i] = rs[i].Outcome != 0; oks[i] {

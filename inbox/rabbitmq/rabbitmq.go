@@ -244,11 +244,7 @@ func (r *Runner) dispatcher(ctx context.Context) *dispatch.Dispatcher[amqp.Deliv
 			return ok && ack(dl, res)
 		},
 		ProcessBatch: func(dls []amqp.Delivery) []bool {
-			raws := make([]inbox.Raw, len(dls))
-			for i, dl := range dls {
-				raws[i] = Raw(dl)
-			}
-			rs := dispatch.ReceiveBatch(ctx, r.in, r.h, r.log, what, raws)
+			rs := dispatch.ReceiveBatch(ctx, r.in, r.h, r.log, what, dls, Raw)
 			oks := make([]bool, len(dls))
 			for i, dl := range dls {
 				oks[i] = rs[i].Outcome != 0 && ack(dl, rs[i])

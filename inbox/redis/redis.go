@@ -442,11 +442,7 @@ func (r *Runner) dispatcher(s *session) *dispatch.Dispatcher[goredis.XMessage] {
 			return ok
 		},
 		ProcessBatch: func(ms []goredis.XMessage) []bool {
-			raws := make([]inbox.Raw, len(ms))
-			for i, m := range ms {
-				raws[i] = Raw(m)
-			}
-			rs := dispatch.ReceiveBatch(s.ctx, r.in, r.h, r.log, what, raws)
+			rs := dispatch.ReceiveBatch(s.ctx, r.in, r.h, r.log, what, ms, Raw)
 			oks := make([]bool, len(ms))
 			var done []goredis.XMessage
 			for i, m := range ms {

@@ -22,13 +22,17 @@ func Receive(ctx context.Context, in *inbox.Inbox, h inbox.Handler, log *slog.Lo
 	return res, ok
 }
 
-// ReceiveBatch runs raws through in.ReceiveBatch, in one transaction,
-// until each has a durable outcome or ctx ends. The Results are aligned
-// with raws; a zero Outcome means abandoned (do not acknowledge). The
+// ReceiveBatch runs ms, as raw maps them, through in.ReceiveBatch, in one
+// transaction, until each has a durable outcome or ctx ends. The Results
+// are aligned with ms; a zero Outcome means abandoned (do not acknowledge). The
 // undecided messages of a failed call go again, in order, so a message
 // whose handler fails falls back to Process (retries, then a dead letter)
 // inside ReceiveBatch and never holds the batch back for good.
-func ReceiveBatch(ctx context.Context, in *inbox.Inbox, h inbox.Handler, log *slog.Logger, what string, raws []inbox.Raw) []inbox.Result {
+func ReceiveBatch[T any](ctx context.Context, in *inbox.Inbox, h inbox.Handler, log *slog.Logger, what string, ms []T, raw func(T) inbox.Raw) []inbox.Result {
+	raws := make([]inbox.Raw, len(ms))
+	for i, m := range ms {
+		raws[i] = raw(m)
+	}
 	results := make([]inbox.Result, len(raws))
 	todo := make([]int, len(raws))
 	for i := range todo {
