@@ -5,12 +5,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"os/signal"
 	"slices"
-	"syscall"
 	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/outboxrelay/outboxrelay/inbox"
 )
 
@@ -39,32 +38,21 @@ func cmdInbox(args []string, stdout, stderr io.Writer) error {
 	if err := parseFlags(fs, args[1:]); err != nil {
 		return err
 	}
-	dbURL, err := databaseURL(*url)
-	if err != nil {
-		return err
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	conn, err := connect(ctx, dbURL)
-	if err != nil {
-		return err
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	sts, err := inbox.StatusAll(ctx, conn, *schema)
-	if err != nil {
-		return usageErr("inbox status: %v; create it with outboxrelay migrate --inbox", err)
-	}
-	if err := printInboxStatus(stdout, sts, *asJSON); err != nil {
-		return err
-	}
-	for _, st := range sts {
-		if st.DeadLetters > 0 {
-			return &exitError{code: exitUnhealthy, err: fmt.Errorf("inbox status: consumer %s has %d dead letters waiting", st.Consumer, st.DeadLetters)}
+	return withConn(*url, 30*time.Second, func(ctx context.Context, conn *pgx.Conn) error {
+		sts, err := inbox.StatusAll(ctx, conn, *schema)
+		if err != nil {
+			return usageErr("inbox status: %v; create it with outboxrelay migrate --inbox", err)
 		}
-	}
-	return nil
+		if err := printInboxStatus(stdout, sts, *asJSON); err != nil {
+			return err
+		}
+		for _, st := range sts {
+			if st.DeadLetters > 0 {
+				return &exitError{code: exitUnhealthy, err: fmt.Errorf("inbox status: consumer %s has %d dead letters waiting", st.Consumer, st.DeadLetters)}
+			}
+		}
+		return nil
+	})
 }
 
 // inboxStatusJSON is one consumer's line of inbox status --json.

@@ -170,22 +170,36 @@ func migrateInbox(fs *flag.FlagSet, url, schema string, print bool, stdout io.Wr
 		fmt.Fprint(stdout, inbox.SQL(schema))
 		return nil
 	}
-	dbURL, err := databaseURL(url)
+	return withConn(url, 0, func(ctx context.Context, conn *pgx.Conn) error {
+		if err := inbox.Migrate(ctx, conn, schema); err != nil {
+			return usageErr("migrate: %v", err)
+		}
+		fmt.Fprintf(stdout, "migrated: inbox tables and status view in schema %s\n", schema)
+		return nil
+	})
+}
+
+// withConn runs f on a connection to the database flagURL (or the
+// environment, as databaseURL says) names, until SIGINT or SIGTERM, or
+// timeout if above 0.
+func withConn(flagURL string, timeout time.Duration, f func(context.Context, *pgx.Conn) error) error {
+	dbURL, err := databaseURL(flagURL)
 	if err != nil {
 		return err
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	if timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, timeout)
+		defer cancel()
+	}
 	conn, err := connect(ctx, dbURL)
 	if err != nil {
 		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	if err := inbox.Migrate(ctx, conn, schema); err != nil {
-		return usageErr("migrate: %v", err)
-	}
-	fmt.Fprintf(stdout, "migrated: inbox tables and status view in schema %s\n", schema)
-	return nil
+	return f(ctx, conn)
 }
 
 // distinctTables returns tables as schema.name, each once, in order.

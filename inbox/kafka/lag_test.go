@@ -38,14 +38,5 @@ func TestLagReported(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- r.Run(runCtx) }()
-	l.WaitTotal(t, int64(len(l.Msgs)), 30*time.Second)
-	l.Release()
-	l.WaitTotal(t, 0, 30*time.Second)
-	stop()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	l.Check(t, int64(len(l.Msgs)), r.Run)
 }

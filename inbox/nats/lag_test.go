@@ -2,9 +2,6 @@ package nats
 
 import (
 	"context"
-	"fmt"
-	"os"
-	"strings"
 	"testing"
 	"time"
 
@@ -19,23 +16,8 @@ import (
 // acknowledged); once they are processed and acknowledged, it is 0.
 func TestLagReported(t *testing.T) {
 	ctx := context.Background()
-	nc, err := nats.Connect(natsURL())
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("NATS: %v", err)
-		}
-		t.Skipf("NATS not reachable (CI=true makes this a failure): %v", err)
-	}
+	nc, js, stream, subject := newStream(ctx, t, "INBOXLAG")
 	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stream := fmt.Sprintf("INBOXLAG_%d_%d", os.Getpid(), time.Now().UnixNano())
-	subject := strings.ToLower(stream)
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: stream, Subjects: []string{subject + ".>"}}); err != nil {
-		t.Fatal(err)
-	}
 	defer func() { _ = js.DeleteStream(ctx, stream) }()
 	if _, err := js.CreateOrUpdateConsumer(ctx, stream, jetstream.ConsumerConfig{Durable: "billing",
 		AckPolicy: jetstream.AckExplicitPolicy, AckWait: 30 * time.Second}); err != nil {
@@ -56,14 +38,5 @@ func TestLagReported(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- r.Run(runCtx) }()
-	l.WaitTotal(t, int64(len(l.Msgs)), 30*time.Second)
-	l.Release()
-	l.WaitTotal(t, 0, 30*time.Second)
-	stop()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	l.Check(t, int64(len(l.Msgs)), r.Run)
 }

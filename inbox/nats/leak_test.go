@@ -2,9 +2,6 @@ package nats
 
 import (
 	"context"
-	"fmt"
-	"os"
-	"strings"
 	"testing"
 	"time"
 
@@ -26,22 +23,7 @@ import (
 // in-progress tickers, the NATS connection's).
 func TestRunReturnsAndLeavesNoGoroutine(t *testing.T) {
 	ctx := context.Background()
-	nc, err := nats.Connect(natsURL())
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("NATS: %v", err)
-		}
-		t.Skipf("NATS not reachable (CI=true makes this a failure): %v", err)
-	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stream := fmt.Sprintf("INBOXLEAK_%d_%d", os.Getpid(), time.Now().UnixNano())
-	subject := strings.ToLower(stream)
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: stream, Subjects: []string{subject + ".>"}}); err != nil {
-		t.Fatal(err)
-	}
+	nc, js, stream, subject := newStream(ctx, t, "INBOXLEAK")
 	if _, err := js.CreateOrUpdateConsumer(ctx, stream, jetstream.ConsumerConfig{Durable: "billing",
 		AckPolicy: jetstream.AckExplicitPolicy, AckWait: 3 * time.Second, MaxAckPending: 256}); err != nil {
 		t.Fatal(err)

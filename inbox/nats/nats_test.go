@@ -2,9 +2,7 @@ package nats
 
 import (
 	"context"
-	"fmt"
 	"os"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -56,23 +54,8 @@ func TestConsumersKilledExactlyOnce(t *testing.T) {
 
 func testKilled(t *testing.T, batch int) {
 	ctx := context.Background()
-	nc, err := nats.Connect(natsURL())
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("NATS: %v", err)
-		}
-		t.Skipf("NATS not reachable (CI=true makes this a failure): %v", err)
-	}
+	nc, js, stream, subject := newStream(ctx, t, "INBOXTEST")
 	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stream := fmt.Sprintf("INBOXTEST_%d_%d", os.Getpid(), time.Now().UnixNano())
-	subject := strings.ToLower(stream)
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: stream, Subjects: []string{subject + ".>"}}); err != nil {
-		t.Fatal(err)
-	}
 	defer func() { _ = js.DeleteStream(context.Background(), stream) }()
 	cons, err := js.CreateOrUpdateConsumer(ctx, stream, jetstream.ConsumerConfig{Durable: "billing",
 		AckPolicy: jetstream.AckExplicitPolicy, AckWait: 3 * time.Second, MaxAckPending: 256})

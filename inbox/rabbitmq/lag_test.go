@@ -2,8 +2,6 @@ package rabbitmq
 
 import (
 	"context"
-	"fmt"
-	"os"
 	"testing"
 	"time"
 
@@ -18,22 +16,8 @@ import (
 // is 0.
 func TestLagReported(t *testing.T) {
 	ctx := context.Background()
-	conn, err := amqp.Dial(amqpURL())
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("RabbitMQ: %v", err)
-		}
-		t.Skipf("RabbitMQ not reachable (CI=true makes this a failure): %v", err)
-	}
+	conn, ch, queue := newQueue(t, "inbox-lag", nil)
 	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	queue := fmt.Sprintf("inbox-lag-%d-%d", os.Getpid(), time.Now().UnixNano())
-	if _, err := ch.QueueDeclare(queue, true, false, false, false, nil); err != nil {
-		t.Fatal(err)
-	}
 	defer func() { _, _ = ch.QueueDelete(queue, false, false, false) }()
 	l := consumertest.NewLag(t, 40)
 	for _, m := range l.Msgs {
@@ -49,14 +33,5 @@ func TestLagReported(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- r.Run(runCtx) }()
-	l.WaitTotal(t, int64(len(l.Msgs)-prefetch), 30*time.Second)
-	l.Release()
-	l.WaitTotal(t, 0, 30*time.Second)
-	stop()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	l.Check(t, int64(len(l.Msgs)-prefetch), r.Run)
 }

@@ -2,8 +2,6 @@ package rabbitmq
 
 import (
 	"context"
-	"fmt"
-	"os"
 	"testing"
 	"time"
 
@@ -24,21 +22,7 @@ import (
 // AMQP connection's).
 func TestRunReturnsAndLeavesNoGoroutine(t *testing.T) {
 	ctx := context.Background()
-	conn, err := amqp.Dial(amqpURL())
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("RabbitMQ: %v", err)
-		}
-		t.Skipf("RabbitMQ not reachable (CI=true makes this a failure): %v", err)
-	}
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	queue := fmt.Sprintf("inbox-leak-%d-%d", os.Getpid(), time.Now().UnixNano())
-	if _, err := ch.QueueDeclare(queue, true, false, false, false, nil); err != nil {
-		t.Fatal(err)
-	}
+	conn, ch, queue := newQueue(t, "inbox-leak", nil)
 	pool, err := pgxpool.New(ctx, pgtest.Database(t))
 	if err != nil {
 		t.Fatal(err)

@@ -2,7 +2,6 @@ package rabbitmq
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"syscall"
 	"testing"
@@ -52,22 +51,8 @@ func TestConsumersKilledExactlyOnce(t *testing.T) {
 
 func testKilled(t *testing.T, batch int) {
 	ctx := context.Background()
-	conn, err := amqp.Dial(amqpURL())
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("RabbitMQ: %v", err)
-		}
-		t.Skipf("RabbitMQ not reachable (CI=true makes this a failure): %v", err)
-	}
+	conn, ch, queue := newQueue(t, "inbox-test", amqp.Table{"x-single-active-consumer": true})
 	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	queue := fmt.Sprintf("inbox-test-%d-%d", os.Getpid(), time.Now().UnixNano())
-	if _, err := ch.QueueDeclare(queue, true, false, false, false, amqp.Table{"x-single-active-consumer": true}); err != nil {
-		t.Fatal(err)
-	}
 	defer func() { _, _ = ch.QueueDelete(queue, false, false, false) }()
 	if err := ch.Confirm(false); err != nil {
 		t.Fatal(err)

@@ -2,45 +2,21 @@ package redis_test
 
 import (
 	"context"
-	"encoding/json"
-	"os"
-	"os/signal"
-	"syscall"
-
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxrelay/outboxrelay/inbox"
 	"github.com/outboxrelay/outboxrelay/inbox/redis"
 )
 
-// The consumer guide's complete redis consumer: compiled here, so that it
-// stays true to the API.
+// The consumer guide's redis consumer is the Kafka one
+// (inbox/kafka/example_test.go) with this runner in place of kafka.New:
+// ctx ends on SIGTERM, in is the inbox over the consumer's database,
+// deposit the handler. Compiled here, so that it stays true to the API.
 func Example() {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
-	defer stop()
-	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
-	if err != nil {
-		panic(err)
-	}
-	if err := inbox.Migrate(ctx, pool, ""); err != nil { // or: outboxrelay migrate --inbox
-		panic(err)
-	}
-	in, err := inbox.New(pool, "billing", inbox.Config{})
-	if err != nil {
-		panic(err)
-	}
-	deposit := func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
-		var d struct {
-			Account string `json:"account"`
-			Amount  int64  `json:"amount"`
-		}
-		if err := json.Unmarshal(m.Payload, &d); err != nil {
-			return inbox.Permanent(err) // no retry: dead-letter it
-		}
-		_, err := tx.Exec(ctx, "UPDATE accounts SET balance = balance + $1 WHERE id = $2", d.Amount, d.Account)
-		return err
-	}
+	var (
+		ctx     context.Context
+		in      *inbox.Inbox
+		deposit inbox.Handler
+	)
 	r, err := redis.New(in, deposit, redis.Config{URL: "redis://localhost:6379", Stream: "outbox", Group: "billing"})
 	if err != nil {
 		panic(err)

@@ -2,8 +2,6 @@ package redis
 
 import (
 	"context"
-	"fmt"
-	"os"
 	"testing"
 	"time"
 
@@ -17,22 +15,8 @@ import (
 // the entries are processed and acknowledged, it is 0.
 func TestLagReported(t *testing.T) {
 	ctx := context.Background()
-	opt, err := goredis.ParseURL(redisURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	rdb := goredis.NewClient(opt)
+	rdb, stream := newGroup(ctx, t, "inboxtest:lag")
 	defer rdb.Close()
-	if err := rdb.Ping(ctx).Err(); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("Redis: %v", err)
-		}
-		t.Skipf("Redis not reachable (CI=true makes this a failure): %v", err)
-	}
-	stream := fmt.Sprintf("inboxtest:lag:%d:%d", os.Getpid(), time.Now().UnixNano())
-	if err := rdb.XGroupCreateMkStream(ctx, stream, "billing", "0").Err(); err != nil {
-		t.Fatal(err)
-	}
 	defer rdb.Del(ctx, stream)
 	l := consumertest.NewLag(t, 40)
 	for _, m := range l.Msgs {
@@ -45,14 +29,5 @@ func TestLagReported(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- r.Run(runCtx) }()
-	l.WaitTotal(t, int64(len(l.Msgs)), 30*time.Second)
-	l.Release()
-	l.WaitTotal(t, 0, 30*time.Second)
-	stop()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	l.Check(t, int64(len(l.Msgs)), r.Run)
 }

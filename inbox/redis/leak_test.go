@@ -2,8 +2,6 @@ package redis
 
 import (
 	"context"
-	"fmt"
-	"os"
 	"testing"
 	"time"
 
@@ -25,21 +23,7 @@ import (
 // refresher, go-redis's pool).
 func TestRunReturnsAndLeavesNoGoroutine(t *testing.T) {
 	ctx := context.Background()
-	opt, err := goredis.ParseURL(redisURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	rdb := goredis.NewClient(opt)
-	if err := rdb.Ping(ctx).Err(); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("Redis: %v", err)
-		}
-		t.Skipf("Redis not reachable (CI=true makes this a failure): %v", err)
-	}
-	stream := fmt.Sprintf("inboxtest:leak:%d:%d", os.Getpid(), time.Now().UnixNano())
-	if err := rdb.XGroupCreateMkStream(ctx, stream, "billing", "0").Err(); err != nil {
-		t.Fatal(err)
-	}
+	rdb, stream := newGroup(ctx, t, "inboxtest:leak")
 	pool, err := pgxpool.New(ctx, pgtest.Database(t))
 	if err != nil {
 		t.Fatal(err)

@@ -2,7 +2,6 @@ package redis
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"syscall"
 	"testing"
@@ -55,22 +54,8 @@ func TestConsumersKilledExactlyOnce(t *testing.T) {
 
 func testKilled(t *testing.T, batch int) {
 	ctx := context.Background()
-	opt, err := goredis.ParseURL(redisURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	rdb := goredis.NewClient(opt)
+	rdb, stream := newGroup(ctx, t, "inboxtest")
 	defer rdb.Close()
-	if err := rdb.Ping(ctx).Err(); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("Redis: %v", err)
-		}
-		t.Skipf("Redis not reachable (CI=true makes this a failure): %v", err)
-	}
-	stream := fmt.Sprintf("inboxtest:%d:%d", os.Getpid(), time.Now().UnixNano())
-	if err := rdb.XGroupCreateMkStream(ctx, stream, "billing", "0").Err(); err != nil {
-		t.Fatal(err)
-	}
 	defer func() { _ = rdb.Del(context.Background(), stream).Err() }()
 
 	pg := pgtest.Database(t)

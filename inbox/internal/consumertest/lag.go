@@ -61,8 +61,22 @@ func NewLag(t *testing.T, n int) *Lag {
 	return l
 }
 
-// Release lets the handler run.
-func (l *Lag) Release() { close(l.release) }
+// Check runs run (a Runner's Run over l.In and l.Handler) and checks the
+// lag it reports: blocked while the handler holds the messages, then 0
+// once they are released and acknowledged; then it stops run.
+func (l *Lag) Check(t *testing.T, blocked int64, run func(context.Context) error) {
+	t.Helper()
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx) }()
+	l.WaitTotal(t, blocked, 30*time.Second)
+	close(l.release)
+	l.WaitTotal(t, 0, 30*time.Second)
+	stop()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
 
 // WaitTotal waits until the last readings of every source add up to want.
 func (l *Lag) WaitTotal(t *testing.T, want int64, within time.Duration) {
