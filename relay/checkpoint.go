@@ -24,7 +24,7 @@ import (
 // serialised with the ticker by mu. The stream reads confirmed from its
 // status goroutine. Safe for concurrent use.
 type checkpointer struct {
-	cfg     *Config
+	cfg     *settings
 	log     *zap.Logger
 	tracker *tracker
 	mu      sync.Mutex // held while recording
@@ -34,7 +34,7 @@ type checkpointer struct {
 	unrecorded atomic.Bool
 }
 
-func newCheckpointer(cfg *Config, log *zap.Logger, t *tracker) *checkpointer {
+func newCheckpointer(cfg *settings, log *zap.Logger, t *tracker) *checkpointer {
 	return &checkpointer{cfg: cfg, log: log, tracker: t}
 }
 
@@ -110,7 +110,7 @@ func (c *checkpointer) record(ctx context.Context) error {
 // tells whether PostgreSQL itself is going away. It stops when ctx ends.
 func (c *checkpointer) save(ctx context.Context, lsn cdc.LSN) error {
 	for logged := false; ; {
-		err := c.cfg.Checkpoint(ctx, lsn)
+		err := c.cfg.Checkpoint.Confirm(ctx, lsn)
 		if err == nil || !connectionLost(err) {
 			return err
 		}
@@ -148,8 +148,8 @@ func (c *checkpointer) resume(ctx context.Context, slotConfirmed cdc.LSN) error 
 			return fmt.Errorf("record checkpoint before resuming: %w", err)
 		}
 	}
-	if c.cfg.Verify != nil {
-		if err := c.cfg.Verify(ctx, slotConfirmed); err != nil {
+	if c.cfg.Checkpoint != nil {
+		if err := c.cfg.Checkpoint.Verify(ctx, slotConfirmed); err != nil {
 			return err
 		}
 	}

@@ -93,14 +93,14 @@ func BenchmarkValidateCost(b *testing.B) {
 			var elapsed, cpu time.Duration
 			for range b.N {
 				b.StopTimer()
-				cfg := relay.Config{}
+				var opts relay.Options
 				if validate {
-					cfg.Validate = func(em *envelope.Message) error {
+					opts.Validator = relay.ValidateFunc(func(em *envelope.Message) error {
 						return set.Validate(em.EventType, em.SchemaVersion, em.Payload)
-					}
+					})
 				}
 				s := &rttSink{queue: make(chan rttAttempt, n)}
-				r := relay.New(cfg, s, nil)
+				r := relay.New(relay.Config{}, s, nil, opts)
 				b.StartTimer()
 				start, cpu0 := time.Now(), processCPU(b)
 				if err := r.Run(context.Background(), src); err != nil {
