@@ -18,7 +18,7 @@ import (
 )
 
 // checkpointer decides the position confirmed to PostgreSQL: the tracker's
-// watermark (every message before it acknowledged), once Config.Checkpoint
+// watermark (every message before it acknowledged), once Options.Checkpoint
 // has recorded it. The checkpoint ticker (run, started by Relay.Run) owns
 // the recording; the stream goroutine also records, in Start and Drain,
 // serialised with the ticker by mu. The stream reads confirmed from its
@@ -28,7 +28,7 @@ type checkpointer struct {
 	log     *zap.Logger
 	tracker *tracker
 	mu      sync.Mutex // held while recording
-	// recorded is the newest position saved by Config.Checkpoint: the one
+	// recorded is the newest position saved by Options.Checkpoint: the one
 	// reported to PostgreSQL.
 	recorded   atomic.Uint64
 	unrecorded atomic.Bool
@@ -39,7 +39,7 @@ func newCheckpointer(cfg *settings, log *zap.Logger, t *tracker) *checkpointer {
 }
 
 // confirmed is the newest position that every message before it was
-// acknowledged and that has been recorded by Config.Checkpoint.
+// acknowledged and that has been recorded by Options.Checkpoint.
 //
 // When recording fails because PostgreSQL is shutting down (serverStopping),
 // the relay confirms the acknowledged position unrecorded: a shutting-down
@@ -104,7 +104,7 @@ func (c *checkpointer) record(ctx context.Context) error {
 	return nil
 }
 
-// save records lsn with Config.Checkpoint, again at once while the
+// save records lsn with Options.Checkpoint, again at once while the
 // connection it was given turns out to be gone: the next attempt gets
 // another one (a pool drops a connection that failed so), and its answer
 // tells whether PostgreSQL itself is going away. It stops when ctx ends.
@@ -128,7 +128,7 @@ func (c *checkpointer) save(ctx context.Context, lsn cdc.LSN) error {
 
 // resume prepares a session's start: what this process confirmed
 // unrecorded is recorded, then the slot's position is checked against the
-// record (Config.Verify).
+// record (Options.Checkpoint.Verify).
 func (c *checkpointer) resume(ctx context.Context, slotConfirmed cdc.LSN) error {
 	if c.unrecorded.Load() {
 		// What this process confirmed unrecorded must be on record before the

@@ -102,7 +102,7 @@ type Hooks struct {
 	// Parked is called once m is stored behind its aggregate's dead letter.
 	Parked func(m *Message)
 	// Skipped is called for every insert into a table the operator chose
-	// not to relay (Config.Resolve returned "").
+	// not to relay (Options.Resolver returned "").
 	Skipped func(table string)
 	// ReservedHeaderDropped is called once for every row header the relay
 	// drops from m because its name is reserved; reserved is the reserved

@@ -60,7 +60,7 @@ func (s *rowSource) Run(ctx context.Context, h cdc.Handler) error {
 // the 1 KB rows of make bench's relay->kafka+schemas workload: 20,000 rows
 // of 1,000 aggregates through a sink that acknowledges at once, without
 // ("schemas=off", the reference, run just before in the same process) and
-// with every payload validated through relay.Config.Validate as
+// with every payload validated through relay.Options.Validator as
 // internal/app wires it. "x-off" is throughput with validation as a
 // fraction of the reference, "cpu-x-off" the same for the process's CPU
 // time per row. Run with -benchtime=3x and -count.
