@@ -82,7 +82,7 @@ func (a *App) Started() <-chan struct{} { return a.started }
 // it found it. Whatever phase stops, the cleanup stack undoes the ones
 // before it.
 func (a *App) Run(ctx context.Context) error {
-	r := &run{App: a, ctx: ctx}
+	r := &run{App: a}
 	defer r.undo()
 	// A cancellation during startup is a request to stop, not a failure.
 	startErr := func(err error) error {
@@ -94,10 +94,14 @@ func (a *App) Run(ctx context.Context) error {
 	}
 	setupCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	for _, phase := range []func(context.Context) error{r.prepare, r.open, r.wire} {
-		if err := phase(setupCtx); err != nil {
-			return startErr(err)
-		}
+	if err := r.prepare(setupCtx); err != nil {
+		return startErr(err)
+	}
+	if err := r.open(setupCtx); err != nil {
+		return startErr(err)
+	}
+	if err := r.wire(ctx); err != nil {
+		return startErr(err)
 	}
 	// Not setupCtx: a first start may publish many rows from the tables.
 	if err := r.createSlot(ctx); err != nil {
@@ -109,8 +113,7 @@ func (a *App) Run(ctx context.Context) error {
 // run is the state of one App.Run, filled in phase by phase.
 type run struct {
 	*App
-	ctx     context.Context // Run's: cleanups outlive its cancellation
-	cleanup []func()        // undo runs them last first
+	cleanup []func() // undo runs them last first
 
 	// prepare
 	conn     *pgx.Conn // closed once the slot exists
@@ -127,7 +130,7 @@ type run struct {
 	metrics   *metrics.Metrics
 	relay     *relay.Relay
 	srv       *admin.Server
-	relayCtx  context.Context
+	relayCtx  context.Context // /readyz and serve read whether it ended
 	stopRelay context.CancelFunc
 }
 
@@ -150,7 +153,7 @@ func (r *run) prepare(ctx context.Context) error {
 		return err
 	}
 	r.conn = conn
-	r.push(func() { conn.Close(context.WithoutCancel(r.ctx)) })
+	r.push(func() { conn.Close(context.WithoutCancel(ctx)) })
 	// The URL may name no database: ask the server.
 	if err := conn.QueryRow(ctx, "SELECT current_database()").Scan(&r.database); err != nil {
 		return fmt.Errorf("cannot query PostgreSQL: %v", err)
@@ -190,7 +193,7 @@ func (r *run) open(ctx context.Context) error {
 	r.traces = traces
 	r.push(func() {
 		// After the relay has drained: every span it will end has ended.
-		flushCtx, cancel := context.WithTimeout(context.WithoutCancel(r.ctx), 5*time.Second)
+		flushCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
 		if err := traces.Shutdown(flushCtx); err != nil {
 			r.log.Warn("OpenTelemetry spans not exported at shutdown", zap.Error(err))
@@ -223,8 +226,9 @@ func (r *run) open(ctx context.Context) error {
 }
 
 // wire builds the relay, its metrics and its HTTP endpoint, which starts
-// listening so that a taken address fails the start.
-func (r *run) wire(context.Context) error {
+// listening so that a taken address fails the start. The relay's context
+// derives from ctx, Run's.
+func (r *run) wire(ctx context.Context) error {
 	cfg, log := r.cfg, r.log
 	slot := cfg.Postgres.Slot
 	readStatus := func(ctx context.Context) (store.Status, error) { return store.ReadStatus(ctx, r.dur.pool, slot) }
@@ -256,7 +260,7 @@ func (r *run) wire(context.Context) error {
 	// relayCtx ends when Run's ctx does, or when the HTTP endpoint fails.
 	// The parts that report on the relay (progress, metrics, HTTP) outlive
 	// it until the relay has drained, so that they see its final state.
-	r.relayCtx, r.stopRelay = context.WithCancel(r.ctx)
+	r.relayCtx, r.stopRelay = context.WithCancel(ctx)
 	r.push(r.stopRelay)
 	if cfg.HTTP.Listen == "" {
 		return nil
