@@ -133,12 +133,12 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
-// Validate reports every problem with the relay section's keys of c, which
-// must have its defaults (WithDefaults; the configuration file starts from
-// them, so a key set to 0 there is a problem). Each is one sentence naming
-// the key to fix.
+// Validate reports every problem with c, which must have its defaults
+// (WithDefaults; the configuration file starts from them, so a key set to
+// 0 there is a problem): its Outbox's, its Envelope's and its own. Each is
+// one sentence naming the key to fix.
 func (c Config) Validate() error {
-	var errs []error
+	errs := []error{c.Outbox.Validate(), c.Envelope.Validate()}
 	if c.MaxInFlight < 1 {
 		errs = append(errs, errors.New("relay.max_inflight must be at least 1"))
 	}

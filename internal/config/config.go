@@ -750,7 +750,6 @@ func (c *Config) Validate() error {
 			}
 		}
 	}
-	errs = append(errs, Problems(c.Postgres.Outbox.Validate())...)
 	if c.Postgres.HeartbeatInterval < 0 {
 		errs = append(errs, fmt.Errorf("postgres.heartbeat_interval %s must not be negative", c.Postgres.HeartbeatInterval))
 	}
@@ -766,13 +765,11 @@ func (c *Config) Validate() error {
 			}
 		}
 	}
-	if err := c.Envelope.Validate(); err != nil {
-		errs = append(errs, err)
-	}
 	if c.Postgres.Retention < 0 {
 		errs = append(errs, fmt.Errorf("postgres.retention %s must not be negative", c.Postgres.Retention))
 	}
-	errs = append(errs, Problems(c.Relay.Config.Validate())...)
+	rc := c.RelayConfig()
+	errs = append(errs, Problems(rc.Validate())...)
 	switch c.Relay.Schemas.Missing {
 	case SchemasAllow, SchemasDeadLetter:
 	default:
