@@ -14,11 +14,11 @@ import (
 const (
 	// DefaultTimeout bounds one PutRecords call and the probe of Connect.
 	DefaultTimeout = 10 * time.Second
-	// DefaultMaxPending bounds the messages queued or in flight; Publish
+	// DefaultMaxInFlight bounds the messages queued or in flight; Publish
 	// blocks beyond it.
-	DefaultMaxPending = 10_000
-	// DefaultMaxInFlight is the most PutRecords calls at once.
-	DefaultMaxInFlight = 4
+	DefaultMaxInFlight = 10_000
+	// DefaultMaxRequests is the most PutRecords calls at once.
+	DefaultMaxRequests = 4
 	// DefaultRecordAttempts is how often the sink puts a record that
 	// Kinesis refused in a PutRecords answer (throughput exceeded, an
 	// internal failure) before it reports the failure to the relay.
@@ -44,12 +44,12 @@ type Config struct {
 	SecretAccessKeyFile string `yaml:"secret_access_key_file"`
 	// Timeout bounds one PutRecords call, default [DefaultTimeout].
 	Timeout time.Duration `yaml:"timeout"`
-	// MaxPending bounds the messages queued or in flight, default
-	// [DefaultMaxPending].
-	MaxPending int `yaml:"max_pending"`
-	// MaxInFlight is the most PutRecords calls at once, default
+	// MaxInFlight bounds the messages queued or in flight, default
 	// [DefaultMaxInFlight].
-	MaxInFlight int `yaml:"max_in_flight"`
+	MaxInFlight int `yaml:"max_inflight"`
+	// MaxRequests is the most PutRecords calls at once, default
+	// [DefaultMaxRequests].
+	MaxRequests int `yaml:"max_requests"`
 	// RecordAttempts is how often a record refused in a PutRecords answer
 	// is put before the relay is told, default [DefaultRecordAttempts].
 	RecordAttempts int `yaml:"record_attempts"`
@@ -57,8 +57,8 @@ type Config struct {
 
 func (c Config) withDefaults() Config {
 	c.Timeout = cmp.Or(c.Timeout, DefaultTimeout)
-	c.MaxPending = cmp.Or(c.MaxPending, DefaultMaxPending)
 	c.MaxInFlight = cmp.Or(c.MaxInFlight, DefaultMaxInFlight)
+	c.MaxRequests = cmp.Or(c.MaxRequests, DefaultMaxRequests)
 	c.RecordAttempts = cmp.Or(c.RecordAttempts, DefaultRecordAttempts)
 	return c
 }
@@ -88,7 +88,7 @@ func (c Config) Validate() error {
 	for _, n := range []struct {
 		key string
 		v   int
-	}{{"max_pending", c.MaxPending}, {"max_in_flight", c.MaxInFlight}, {"record_attempts", c.RecordAttempts}} {
+	}{{"max_inflight", c.MaxInFlight}, {"max_requests", c.MaxRequests}, {"record_attempts", c.RecordAttempts}} {
 		if n.v < 1 {
 			errs = append(errs, fmt.Errorf("sink.kinesis.%s is %d; set it to 1 or more", n.key, n.v))
 		}

@@ -2,14 +2,12 @@ package kinesis
 
 import (
 	"context"
-	"errors"
 	"strings"
 
 	"go.uber.org/zap"
 
 	"github.com/outboxrelay/outboxrelay/relay"
 	"github.com/outboxrelay/outboxrelay/sinks"
-	"github.com/outboxrelay/outboxrelay/verify"
 )
 
 var (
@@ -23,7 +21,7 @@ func init() {
 	sinks.Register(sinks.Type{
 		Name: "kinesis",
 		Defaults: func() sinks.Settings {
-			return &Config{Timeout: DefaultTimeout, MaxPending: DefaultMaxPending, MaxInFlight: DefaultMaxInFlight, RecordAttempts: DefaultRecordAttempts}
+			return &Config{Timeout: DefaultTimeout, MaxInFlight: DefaultMaxInFlight, MaxRequests: DefaultMaxRequests, RecordAttempts: DefaultRecordAttempts}
 		},
 		Docs: map[string]string{
 			"stream":                 "stream name template; `{aggregate_type}`, `{event_type}`, `{table}` (required)",
@@ -33,8 +31,8 @@ func init() {
 			"secret_access_key":      "AWS secret access key",
 			"secret_access_key_file": "file holding `sink.kinesis.secret_access_key`",
 			"timeout":                "bound of one PutRecords call",
-			"max_pending":            "queued messages before Publish waits",
-			"max_in_flight":          "PutRecords calls at once",
+			"max_inflight":           "messages published and not yet acknowledged; Publish blocks beyond it",
+			"max_requests":           "PutRecords calls at once",
 			"record_attempts":        "puts of a record Kinesis refused in a PutRecords answer before the relay is told",
 		},
 	})
@@ -58,9 +56,3 @@ func (c *Config) Warnings() []string {
 // StaticDestinations returns the stream name of a template without
 // placeholders, as metrics label it.
 func (c *Config) StaticDestinations() []string { return sinks.StaticDestination(c.Stream) }
-
-// VerifyReader refuses, for now: reading every shard of a stream back is
-// not written yet.
-func (c *Config) VerifyReader(sinks.VerifyOptions) (verify.Reader, func(*relay.Message) (string, error), error) {
-	return nil, nil, errors.New("verify does not read Kinesis streams yet; compare the message ids your consumers recorded with the outbox")
-}

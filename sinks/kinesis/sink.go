@@ -47,9 +47,9 @@ type Sink struct {
 	stream streamTemplate
 	client *kinesis.Client
 
-	slots    chan struct{} // one per message queued or in flight (MaxPending)
+	slots    chan struct{} // one per message queued or in flight (MaxInFlight)
 	queue    chan *item    // aggregates' heads, ready to put
-	inflight chan struct{} // one per PutRecords call (MaxInFlight)
+	requests chan struct{} // one per PutRecords call (MaxRequests)
 
 	mu       sync.Mutex            // guards chains and retrying; orders Publish against Close
 	chains   map[aggregate][]*item // an entry per aggregate with a message queued or in flight: the ones behind it
@@ -98,9 +98,9 @@ func New(cfg Config, log *zap.Logger) (*Sink, error) {
 	}
 	return &Sink{
 		cfg: cfg, log: log.Named("kinesis"), stream: st, client: client,
-		slots:    make(chan struct{}, cfg.MaxPending),
-		queue:    make(chan *item, cfg.MaxPending),
-		inflight: make(chan struct{}, cfg.MaxInFlight),
+		slots:    make(chan struct{}, cfg.MaxInFlight),
+		queue:    make(chan *item, cfg.MaxInFlight),
+		requests: make(chan struct{}, cfg.MaxRequests),
 		chains:   map[aggregate][]*item{},
 		retrying: map[*item]bool{},
 		run:      sinks.NewLifecycle("kinesis"),
@@ -142,7 +142,7 @@ func (s *Sink) Connect(ctx context.Context) error {
 // goroutines once Kinesis has answered m, or before Publish returns when m
 // cannot be put (a permanent error), ctx ends or the sink is closed first
 // (ctx.Err() or ErrClosed, both retryable). done must not block. Publish
-// blocks while Config.MaxPending messages are queued or in flight.
+// blocks while Config.MaxInFlight messages are queued or in flight.
 // Messages of one aggregate are put in the order of the Publish calls,
 // each once Kinesis has stored the one before: a PutRecords call never
 // holds two records of one aggregate, because Kinesis does not keep the
@@ -212,7 +212,7 @@ func checkRecord(m *relay.Message) error {
 }
 
 // Run puts the queued messages, in PutRecords calls of up to 500 records
-// of one stream, at most Config.MaxInFlight at once, until ctx is done or
+// of one stream, at most Config.MaxRequests at once, until ctx is done or
 // the sink is closed, then returns nil once its calls have been answered.
 // Messages still queued are reported by Close. Run may be called once.
 func (s *Sink) Run(ctx context.Context) error {
@@ -232,7 +232,7 @@ func (s *Sink) Run(ctx context.Context) error {
 			return nil
 		}
 		select {
-		case s.inflight <- struct{}{}:
+		case s.requests <- struct{}{}:
 		case <-ctx.Done():
 			s.queue <- first // never blocks: it holds a slot
 			return nil
@@ -243,12 +243,12 @@ func (s *Sink) Run(ctx context.Context) error {
 		batches := s.batch(first)
 		for i, b := range batches {
 			if i > 0 {
-				s.inflight <- struct{}{} // batches beyond the first wait for room
+				s.requests <- struct{}{} // batches beyond the first wait for room
 			}
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				defer func() { <-s.inflight }()
+				defer func() { <-s.requests }()
 				s.put(ctx, b)
 			}()
 		}

@@ -247,14 +247,14 @@ func TestConnect(t *testing.T) {
 }
 
 func TestValidate(t *testing.T) {
-	err := Config{Stream: "{aggregatetype}", AccessKeyID: "a", Endpoint: "ftp://x", MaxInFlight: -1}.Validate()
+	err := Config{Stream: "{aggregatetype}", AccessKeyID: "a", Endpoint: "ftp://x", MaxRequests: -1}.Validate()
 	for _, want := range []string{
 		"sink.kinesis.stream: stream template",
 		"unknown placeholder {aggregatetype}",
 		"sink.kinesis.region is empty",
 		"sink.kinesis.endpoint \"ftp://x\" is not an http:// or https:// URL",
 		"sink.kinesis.access_key_id and sink.kinesis.secret_access_key are set one without the other",
-		"sink.kinesis.max_in_flight is -1",
+		"sink.kinesis.max_requests is -1",
 	} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Validate: %v; want %q", err, want)

@@ -13,9 +13,9 @@ const (
 	// DefaultTimeout bounds one publish, retries by the client included,
 	// and the probe of Connect.
 	DefaultTimeout = 10 * time.Second
-	// DefaultMaxPending bounds the messages published and not yet
+	// DefaultMaxInFlight bounds the messages published and not yet
 	// answered; Publish blocks beyond it.
-	DefaultMaxPending = 10_000
+	DefaultMaxInFlight = 10_000
 )
 
 // Config configures a Pub/Sub [Sink]. The zero value of every field means
@@ -35,14 +35,14 @@ type Config struct {
 	Endpoint string `yaml:"endpoint"`
 	// Timeout bounds one publish, default [DefaultTimeout].
 	Timeout time.Duration `yaml:"timeout"`
-	// MaxPending bounds the messages published and not yet answered,
-	// default [DefaultMaxPending].
-	MaxPending int `yaml:"max_pending"`
+	// MaxInFlight bounds the messages published and not yet answered,
+	// default [DefaultMaxInFlight].
+	MaxInFlight int `yaml:"max_inflight"`
 }
 
 func (c Config) withDefaults() Config {
 	c.Timeout = cmp.Or(c.Timeout, DefaultTimeout)
-	c.MaxPending = cmp.Or(c.MaxPending, DefaultMaxPending)
+	c.MaxInFlight = cmp.Or(c.MaxInFlight, DefaultMaxInFlight)
 	return c
 }
 
@@ -65,8 +65,8 @@ func (c Config) Validate() error {
 	if c.Timeout < 0 {
 		errs = append(errs, fmt.Errorf("sink.pubsub.timeout is %v; set it above 0", c.Timeout))
 	}
-	if c.MaxPending < 1 {
-		errs = append(errs, fmt.Errorf("sink.pubsub.max_pending is %d; set it to 1 or more", c.MaxPending))
+	if c.MaxInFlight < 1 {
+		errs = append(errs, fmt.Errorf("sink.pubsub.max_inflight is %d; set it to 1 or more", c.MaxInFlight))
 	}
 	return errors.Join(errs...)
 }

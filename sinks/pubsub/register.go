@@ -2,13 +2,11 @@ package pubsub
 
 import (
 	"context"
-	"errors"
 
 	"go.uber.org/zap"
 
 	"github.com/outboxrelay/outboxrelay/relay"
 	"github.com/outboxrelay/outboxrelay/sinks"
-	"github.com/outboxrelay/outboxrelay/verify"
 )
 
 var (
@@ -20,14 +18,14 @@ var (
 func init() {
 	sinks.Register(sinks.Type{
 		Name:     "pubsub",
-		Defaults: func() sinks.Settings { return &Config{Timeout: DefaultTimeout, MaxPending: DefaultMaxPending} },
+		Defaults: func() sinks.Settings { return &Config{Timeout: DefaultTimeout, MaxInFlight: DefaultMaxInFlight} },
 		Docs: map[string]string{
 			"project":          "Google Cloud project id that holds the topics (required)",
 			"topic":            "topic id template; `{aggregate_type}`, `{event_type}`, `{table}` (required)",
 			"credentials_file": "service account key file; empty: the application default credentials (none with `PUBSUB_EMULATOR_HOST`)",
 			"endpoint":         "Pub/Sub API address `host:port`, for a regional or private endpoint",
 			"timeout":          "bound of one publish, the client's retries included",
-			"max_pending":      "messages published and not yet answered before Publish waits",
+			"max_inflight":     "messages published and not yet acknowledged; Publish blocks beyond it",
 		},
 	})
 }
@@ -45,10 +43,3 @@ func (c *Config) Warnings() []string { return nil }
 // StaticDestinations returns the topic id of a template without
 // placeholders, as metrics label it.
 func (c *Config) StaticDestinations() []string { return sinks.StaticDestination(c.Topic) }
-
-// VerifyReader refuses: a Pub/Sub topic keeps no messages of its own, only
-// its subscriptions do, and reading one consumes it.
-func (c *Config) VerifyReader(sinks.VerifyOptions) (verify.Reader, func(*relay.Message) (string, error), error) {
-	return nil, nil, errors.New("a pubsub topic cannot be read back without consuming a subscription, so verify cannot see what reached it; " +
-		"compare the message_id attributes your subscribers recorded with the outbox, or use a sink whose broker verify reads")
-}

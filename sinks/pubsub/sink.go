@@ -99,7 +99,7 @@ func New(cfg Config, log *zap.Logger) (*Sink, error) {
 	}
 	return &Sink{
 		cfg: cfg, log: log.Named("pubsub"), topic: tt, client: client,
-		slots:  make(chan struct{}, cfg.MaxPending),
+		slots:  make(chan struct{}, cfg.MaxInFlight),
 		quit:   make(chan struct{}),
 		pubs:   map[string]*pubsub.Publisher{},
 		paused: map[orderingKey]bool{},
@@ -151,7 +151,7 @@ func noCredentials(err error) error {
 // sink once Pub/Sub has answered, or before Publish returns when m cannot
 // be published (a permanent error), ctx ends or the sink is closed first
 // (ctx.Err() or ErrClosed, both retryable). Publish blocks while
-// Config.MaxPending messages are unanswered. Messages of one aggregate
+// Config.MaxInFlight messages are unanswered. Messages of one aggregate
 // reach a topic in the order of the Publish calls.
 func (s *Sink) Publish(ctx context.Context, m *relay.Message, done func(*relay.Message, error)) {
 	if err := ctx.Err(); err != nil {

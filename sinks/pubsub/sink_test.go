@@ -270,13 +270,13 @@ func TestConnect(t *testing.T) {
 }
 
 func TestValidate(t *testing.T) {
-	err := Config{Topic: "{aggregatetype}", CredentialsFile: "/nonexistent/key.json", MaxPending: -1}.Validate()
+	err := Config{Topic: "{aggregatetype}", CredentialsFile: "/nonexistent/key.json", MaxInFlight: -1}.Validate()
 	for _, want := range []string{
 		"sink.pubsub.project is empty",
 		"sink.pubsub.topic: topic template",
 		"unknown placeholder {aggregatetype}",
 		"sink.pubsub.credentials_file: stat /nonexistent/key.json",
-		"sink.pubsub.max_pending is -1",
+		"sink.pubsub.max_inflight is -1",
 	} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Validate: %v; want %q", err, want)
