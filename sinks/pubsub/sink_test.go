@@ -29,7 +29,7 @@ type fixture struct {
 	client *pubsub.Client
 }
 
-func newFixture(t *testing.T, opts ...pstest.ServerReactorOption) *fixture {
+func newFixture(t testing.TB, opts ...pstest.ServerReactorOption) *fixture {
 	t.Helper()
 	srv := pstest.NewServerWithPort(0, opts...)
 	t.Setenv("PUBSUB_EMULATOR_HOST", srv.Addr)
