@@ -179,3 +179,14 @@ func TestRuntimeErrorFailsOneRow(t *testing.T) {
 		t.Errorf("array payload: %v", err)
 	}
 }
+
+// A condition on the dynamic payload that is not a bool on a row fails that
+// row, naming the rule.
+func TestWhenNotBoolAtRunTime(t *testing.T) {
+	s := mustCompile(t, Config{Routes: []Route{{Name: "flag", When: `payload.region`}}})
+	_, err := s.Decide(order("order.created", 1))
+	var re *RuleError
+	if !errors.As(err, &re) || re.Rule != "routes[0] (flag).when" || !strings.Contains(err.Error(), "not a bool") {
+		t.Errorf("string condition: %v", err)
+	}
+}
