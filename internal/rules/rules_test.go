@@ -71,7 +71,7 @@ func TestUnmatched(t *testing.T) {
 
 func TestTransform(t *testing.T) {
 	s := mustCompile(t, Config{
-		Routes:    []Route{{Name: "all", Destination: "all", Headers: map[string]string{"x-route": `"all"`}}},
+		Routes: []Route{{Name: "all", Destination: "all", Headers: map[string]string{"x-route": `"all"`}}},
 		Transform: Transform{Key: `headers["tenant"] + ":" + aggregate_id`, Headers: map[string]string{"x-event": `event_type`},
 			Payload: map[string]string{"total_cents": `int(payload.total * 100.0)`, "region": `payload.region + "-1"`}},
 	})
