@@ -3,10 +3,13 @@ package integration
 import (
 	"context"
 	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outboxrelay/outboxrelay/internal/store"
 )
 
 // TestRouterOptionsKafka: the outbox router's options by configuration,
@@ -112,5 +115,72 @@ func TestRouterOptionsKafka(t *testing.T) {
 	}
 	if dead != 0 {
 		t.Errorf("%d dead letters, want 0", dead)
+	}
+}
+
+// TestDeadLetterReplayKeepsRecordOptions: a dead letter and a message
+// parked behind it keep their record key (postgres.columns.key), record
+// timestamp (postgres.columns.timestamp) and tombstone, so that `dlq
+// replay` publishes the same Kafka records: before the store kept them, a
+// replayed record was keyed by its aggregate id, stamped with the produce
+// time and carried an empty value instead of a null one.
+func TestDeadLetterReplayKeepsRecordOptions(t *testing.T) {
+	e := newEnv(t)
+	ctx := t.Context()
+	dl := &store.DeadLetters{DB: e.db, Slot: "billing"}
+	at := time.Date(2024, 5, 6, 7, 8, 9, 123000000, time.UTC)
+	head := deadMessage("7", "order.created", 0x200)
+	head.Key, head.Timestamp = "tenant-a", at
+	if err := dl.AddHead(ctx, head); err != nil {
+		t.Fatal(err)
+	}
+	tomb := deadMessage("7", "order.deleted", 0x300)
+	tomb.Key, tomb.Timestamp, tomb.Tombstone, tomb.Envelope = "tenant-a", at.Add(time.Second), true, nil
+	if parked, err := dl.Park(ctx, tomb); err != nil || !parked {
+		t.Fatalf("park: %v, %v", parked, err)
+	}
+	plain := deadMessage("7", "order.paid", 0x400)
+	if parked, err := dl.Park(ctx, plain); err != nil || !parked {
+		t.Fatalf("park: %v, %v", parked, err)
+	}
+	cfg := e.writeConfig(strings.Replace(e.configText(), "  status_interval: 200ms\n", "  status_interval: 200ms\n  slot: billing\n", 1))
+	if out, code := e.cli("dlq", "replay", "--config", cfg, "--all"); code != 0 {
+		t.Fatalf("dlq replay --all exit %d: %s", code, out)
+	}
+
+	cl, err := kgo.NewClient(kgo.SeedBrokers(e.brokers), kgo.ConsumeTopics("outbox.order"),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	var recs []*kgo.Record
+	for len(recs) < 3 && cctx.Err() == nil {
+		cl.PollFetches(cctx).EachRecord(func(r *kgo.Record) { recs = append(recs, r) })
+	}
+	if len(recs) != 3 {
+		t.Fatalf("%d records replayed, want 3", len(recs))
+	}
+	for i, want := range []struct {
+		m    string
+		key  string
+		at   time.Time
+		null bool
+	}{{head.ID, "tenant-a", at, false}, {tomb.ID, "tenant-a", at.Add(time.Second), true}, {plain.ID, "7", time.Time{}, false}} {
+		r := recs[i]
+		var id string
+		for _, h := range r.Headers {
+			if h.Key == "message_id" {
+				id = string(h.Value)
+			}
+		}
+		if id != want.m || string(r.Key) != want.key || (r.Value == nil) != want.null {
+			t.Errorf("record %d: id %s key %q null value %v; want %s, %q, %v", i, id, r.Key, r.Value == nil, want.m, want.key, want.null)
+		}
+		if !want.at.IsZero() && !r.Timestamp.Equal(want.at) {
+			t.Errorf("record %d: timestamp %v, want %v", i, r.Timestamp, want.at)
+		}
 	}
 }
