@@ -2,7 +2,6 @@ package integration
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"errors"
 	"os"
@@ -13,7 +12,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 const emitTraceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -125,18 +123,7 @@ func TestEmitFunction(t *testing.T) {
 	}
 	want[node.ID] = "node-1"
 
-	cl, err := kgo.NewClient(kgo.SeedBrokers(e.brokers), kgo.ConsumeTopics("outbox.order"),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	var recs []*kgo.Record
-	for len(recs) < len(want) && cctx.Err() == nil {
-		cl.PollFetches(cctx).EachRecord(func(r *kgo.Record) { recs = append(recs, r) })
-	}
+	recs := e.rawRecords("outbox.order", len(want))
 	p.stop()
 	seen := map[string]int{}
 	for _, r := range recs {

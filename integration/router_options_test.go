@@ -60,18 +60,7 @@ func TestRouterOptionsKafka(t *testing.T) {
 		}
 	}
 
-	cl, err := kgo.NewClient(kgo.SeedBrokers(e.brokers), kgo.ConsumeTopics("outbox.event.order"),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer cancel()
-	var recs []*kgo.Record
-	for len(recs) < len(tomb) && ctx.Err() == nil {
-		cl.PollFetches(ctx).EachRecord(func(r *kgo.Record) { recs = append(recs, r) })
-	}
+	recs := e.rawRecords("outbox.event.order", len(tomb))
 	p.stop()
 
 	var got []delivered
@@ -148,18 +137,7 @@ func TestDeadLetterReplayKeepsRecordOptions(t *testing.T) {
 		t.Fatalf("dlq replay --all exit %d: %s", code, out)
 	}
 
-	cl, err := kgo.NewClient(kgo.SeedBrokers(e.brokers), kgo.ConsumeTopics("outbox.order"),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	var recs []*kgo.Record
-	for len(recs) < 3 && cctx.Err() == nil {
-		cl.PollFetches(cctx).EachRecord(func(r *kgo.Record) { recs = append(recs, r) })
-	}
+	recs := e.rawRecords("outbox.order", 3)
 	if len(recs) != 3 {
 		t.Fatalf("%d records replayed, want 3", len(recs))
 	}
@@ -183,4 +161,23 @@ func TestDeadLetterReplayKeepsRecordOptions(t *testing.T) {
 			t.Errorf("record %d: timestamp %v, want %v", i, r.Timestamp, want.at)
 		}
 	}
+}
+
+// rawRecords reads topic from the start until it has n records or 30
+// seconds passed, as franz-go returns them (timestamps, null values).
+func (e *env) rawRecords(topic string, n int) []*kgo.Record {
+	e.t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(e.brokers), kgo.ConsumeTopics(topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100*time.Millisecond))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(e.t.Context(), 30*time.Second)
+	defer cancel()
+	var recs []*kgo.Record
+	for len(recs) < n && ctx.Err() == nil {
+		cl.PollFetches(ctx).EachRecord(func(r *kgo.Record) { recs = append(recs, r) })
+	}
+	return recs
 }
