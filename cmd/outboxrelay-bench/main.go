@@ -57,6 +57,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -1156,7 +1157,7 @@ func printReport(out io.Writer, res *results) {
 		fmt.Fprintf(out, "  %d rows at %.0f rows/s (target %d), %d received, %d duplicates\n", l.Inserted, l.Achieved, l.Rate, l.Received, l.Duplicates)
 		fmt.Fprintf(out, "  commit -> consumer receipt: p50 %.2f ms  p99 %.2f ms  p99.9 %.2f ms  max %.2f ms\n", l.P50, l.P99, l.P999, l.Max)
 		if l.RelayBuckets != nil {
-			fmt.Fprintf(out, "  commit -> ack by the relay's own histogram (/metrics): p50 <= %g ms  p99 <= %g ms\n", l.RelayP50Le, l.RelayP99Le)
+			fmt.Fprintf(out, "  commit -> ack by the relay's own histogram (/metrics): p50 <= %s ms  p99 <= %s ms\n", orMissing(l.RelayP50Le), orMissing(l.RelayP99Le))
 		}
 		fmt.Fprintf(out, "  relay: %.2f CPU s over the run (%.0f µs, %.1f context switches, %.1f of them voluntary, per row), peak RSS %.0f MB; the rest of the machine used %.0f%% of its CPU meanwhile\n",
 			l.RelayCPUSeconds, l.RelayCPUPerRow, l.RelaySwitchesPerRow, l.RelayVoluntaryPerRow, l.PeakRSSMB, 100*l.OthersBusy)
@@ -1176,4 +1177,12 @@ func printReport(out io.Writer, res *results) {
 		fmt.Fprintln(out, "  note:", n)
 	}
 	fmt.Fprintf(out, "  total %.0fs\n", res.Seconds)
+}
+
+// orMissing formats a figure the bench may not have been able to compute.
+func orMissing(v *float64) string {
+	if v == nil {
+		return "(missing)"
+	}
+	return strconv.FormatFloat(*v, 'g', -1, 64)
 }
