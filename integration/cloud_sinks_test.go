@@ -331,3 +331,70 @@ func TestKinesisEndToEnd(t *testing.T) {
 		t.Errorf("faults injected: %d 500s, %d hangs, %d dropped answers; want at least 3, 1 and 1", ref, hung, drop)
 	}
 }
+
+// TestCloudSinksBadInput: for pubsub and kinesis, an unreachable service,
+// an invalid template and missing credentials are each one clear error at
+// start, exit 2, and no slot is created.
+func TestCloudSinksBadInput(t *testing.T) {
+	e := newEnv(t)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := l.Addr().String()
+	l.Close()
+	noAWS := []string{"AWS_ACCESS_KEY_ID=", "AWS_SECRET_ACCESS_KEY=", "AWS_PROFILE=", "AWS_EC2_METADATA_DISABLED=true",
+		"AWS_SHARED_CREDENTIALS_FILE=/nonexistent", "AWS_CONFIG_FILE=/nonexistent"}
+	for _, c := range []struct {
+		name, sink string
+		env        []string
+		want       string
+	}{
+		{"pubsub unreachable", "  type: pubsub\n  pubsub:\n    project: p\n    topic: orders\n    timeout: 1s",
+			[]string{"PUBSUB_EMULATOR_HOST=" + closed}, "cannot reach pubsub for projects/p/topics/orders"},
+		{"pubsub template", "  type: pubsub\n  pubsub:\n    project: p\n    topic: \"{aggregatetype}\"",
+			nil, "sink.pubsub.topic: topic template \"{aggregatetype}\" has unknown placeholder {aggregatetype}"},
+		{"pubsub credentials", "  type: pubsub\n  pubsub:\n    project: p\n    topic: orders",
+			[]string{"PUBSUB_EMULATOR_HOST=", "GOOGLE_APPLICATION_CREDENTIALS=", "HOME=" + t.TempDir()}, "no Google credentials to publish with"},
+		{"kinesis unreachable", "  type: kinesis\n  kinesis:\n    stream: orders\n    region: us-east-1\n    endpoint: http://" + closed + "\n    access_key_id: a\n    secret_access_key: b\n    timeout: 1s",
+			nil, "cannot reach kinesis for orders"},
+		{"kinesis template", "  type: kinesis\n  kinesis:\n    stream: \"{aggregatetype}\"\n    region: us-east-1",
+			nil, "sink.kinesis.stream: stream template \"{aggregatetype}\" has unknown placeholder {aggregatetype}"},
+		{"kinesis credentials", "  type: kinesis\n  kinesis:\n    stream: orders\n    region: us-east-1\n    endpoint: http://" + closed + "\n    timeout: 2s",
+			noAWS, "no AWS credentials to put records with"},
+		{"kinesis format", "  type: kinesis\n  kinesis:\n    stream: orders\n    region: us-east-1\nenvelope:\n  format: cloudevents-binary",
+			nil, "a Kinesis record carries none"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			for _, kv := range c.env {
+				k, v, _ := strings.Cut(kv, "=")
+				t.Setenv(k, v)
+			}
+			slot := "cloud_bad_" + strings.ReplaceAll(c.name, " ", "_")
+			cfg := fmt.Sprintf("postgres:\n  url: %s\n  slot: %s\nsink:\n%s\nhttp:\n  listen: 127.0.0.1:0\n", e.dbURL, slot, c.sink)
+			out, code := e.cliConfig(cfg)
+			lines := strings.Split(strings.TrimSpace(out), "\n")
+			last := lines[len(lines)-1]
+			t.Logf("exit %d: %s", code, last)
+			if code != 2 || !strings.Contains(last, c.want) {
+				t.Errorf("exit %d, last line %q; want exit 2 and %q\n%s", code, last, c.want, out)
+			}
+			var plain []string
+			for _, l := range lines {
+				if !strings.HasPrefix(l, "{") { // the relay's log lines are JSON
+					plain = append(plain, l)
+				}
+			}
+			if len(plain) != 1 {
+				t.Errorf("%d lines of error, want one:\n%s", len(plain), strings.Join(plain, "\n"))
+			}
+			var exists bool
+			if err := e.db.QueryRow(t.Context(), "SELECT EXISTS (SELECT FROM pg_replication_slots WHERE slot_name = $1)", slot).Scan(&exists); err != nil {
+				t.Fatal(err)
+			}
+			if exists {
+				t.Errorf("slot %s was created by a start that failed", slot)
+			}
+		})
+	}
+}
