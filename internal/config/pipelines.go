@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"net/url"
 	"reflect"
 	"regexp"
 	"strings"
@@ -191,14 +192,24 @@ func (c *Config) validatePipelines() []error {
 		for _, e := range pc.validatePipeline() {
 			errs = append(errs, fmt.Errorf("%s: %w", where, e))
 		}
-		key := p.Postgres.URL + "\x00" + p.Postgres.Slot
+		key := server(p.Postgres.URL) + "\x00" + p.Postgres.Slot
 		if j, dup := slots[key]; dup && p.Postgres.URL != "" {
-			errs = append(errs, fmt.Errorf("%s: postgres.slot %s of the same postgres.url is also pipelines[%d]'s; two pipelines cannot read one slot", where, p.Postgres.Slot, j))
+			errs = append(errs, fmt.Errorf("%s: postgres.slot %s on the same server is also pipelines[%d]'s; a slot's name is the server's, not the database's: give each pipeline its own", where, p.Postgres.Slot, j))
 		} else {
 			slots[key] = i
 		}
 	}
 	return errs
+}
+
+// server is the host and port of a PostgreSQL URL, or the whole setting
+// when it is not a URL: the scope of a slot's name.
+func server(setting string) string {
+	u, err := url.Parse(setting)
+	if err != nil || u.Host == "" {
+		return setting
+	}
+	return u.Host
 }
 
 // redactPipelines hides the secrets of every pipeline of c, in place.

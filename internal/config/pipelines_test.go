@@ -59,7 +59,7 @@ pipelines:
     postgres:
       password_placeholder: ""
 `
-	file = strings.Replace(file, "      password_placeholder: \"\"\n", "      url: postgres://t3@127.0.0.1/t3\n    sink:\n      kafka:\n        sasl:\n          mechanism: PLAIN\n          username: u\n          password_file: "+pw+"\n", 1)
+	file = strings.Replace(file, "      password_placeholder: \"\"\n", "      url: postgres://t3@127.0.0.1/t3\n      slot: t3\n    sink:\n      kafka:\n        sasl:\n          mechanism: PLAIN\n          username: u\n          password_file: "+pw+"\n", 1)
 	cfg, err := Load(writeTemp(t, "c.yaml", file), env(map[string]string{"OUTBOXRELAY_POSTGRES_STATUS_INTERVAL": "4s"}))
 	if err != nil {
 		t.Fatal(err)
@@ -123,7 +123,7 @@ pipelines:
       url: postgres://x@h/a
   - name: a
     postgres:
-      url: postgres://x@h/a
+      url: postgres://y@h/other
   - postgres:
       url: postgres://x@h/c
   - name: Bad Name
@@ -141,7 +141,7 @@ pipelines:
 	msg := err.Error()
 	for _, want := range []string{
 		"pipelines[1] (a): name is also pipelines[0]'s",
-		"pipelines[1] (a): postgres.slot outboxrelay of the same postgres.url is also pipelines[0]'s",
+		"pipelines[1] (a): postgres.slot outboxrelay on the same server is also pipelines[0]'s",
 		"pipelines[2]: name is required",
 		"pipelines[3] (Bad Name): name must be lower-case",
 		`pipelines[3] (Bad Name): postgres.backfill "sometimes" is not one of auto, all, none`,
