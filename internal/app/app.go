@@ -40,8 +40,9 @@ type Options struct {
 	// Version and Revision label the build_info metric, the start log
 	// line and the spans' service.version.
 	Version, Revision string
-	// Pipeline names the pipeline in its metrics (the pipeline label) and
-	// log lines (the pipeline field); empty: config.DefaultPipeline.
+	// Pipeline names the pipeline in its log lines (the pipeline field;
+	// empty: config.DefaultPipeline) and, under a Process, its metrics
+	// (the pipeline label).
 	Pipeline string
 	// PerPipeline is set by Process for each of its pipelines: the
 	// metrics leave out the process's series, which Process serves once.
@@ -292,7 +293,7 @@ func (r *run) wire(ctx context.Context) error {
 	r.metrics = metrics.New(metrics.Config{
 		Sink:          cfg.Sink.Type,
 		Slot:          slot,
-		Pipeline:      r.opts.Pipeline,
+		Pipeline:      pipelineLabel(r.opts),
 		PerPipeline:   r.opts.PerPipeline,
 		Version:       r.opts.Version,
 		Revision:      r.opts.Revision,
@@ -336,6 +337,16 @@ func (r *run) wire(ctx context.Context) error {
 		return fmt.Errorf("%v; choose a free address for http.listen", err)
 	}
 	return nil
+}
+
+// pipelineLabel is the pipeline label of the metrics: a single relay's
+// series keep the labels they had before pipelines, so that its
+// dashboards and alerts see the same series.
+func pipelineLabel(opts Options) string {
+	if !opts.PerPipeline {
+		return ""
+	}
+	return opts.Pipeline
 }
 
 // standby reports whether the relay waits as a healthy standby.
