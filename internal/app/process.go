@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
 	"net/url"
 	"strings"
 	"sync"
@@ -27,6 +26,7 @@ const (
 	StateRunning  = "running"  // its slot exists and it streams (or waits as a standby)
 	StateFailed   = "failed"   // its App stopped with an error; it restarts after a backoff
 	StateStopped  = "stopped"  // the process is stopping, or a fatal pipeline failed
+	StatePaused   = "paused"   // paused through the management API: drained, position confirmed, slot kept
 )
 
 // Restart waits of a failed pipeline: from RestartMin, doubling, up to
@@ -57,7 +57,10 @@ type unit struct {
 	state    string
 	err      error // the last failure, kept until it runs again
 	failures int
-	since    time.Time // when state was entered
+	since    time.Time          // when state was entered
+	paused   bool               // asked to pause, until resumed
+	cancel   context.CancelFunc // stops the current attempt
+	changed  chan struct{}      // closed and replaced on every change
 }
 
 // NewProcess checks what can be checked without connecting (each
@@ -146,12 +149,20 @@ func (p *Process) Run(ctx context.Context) error {
 }
 
 // supervise runs u's App until ctx ends, restarting it after each failure
-// unless u is fatal: then it returns the failure.
+// unless u is fatal: then it returns the failure. A paused pipeline's App
+// is stopped, as at shutdown (drained, its position confirmed, the slot
+// kept), and starts again when resumed.
 func (p *Process) supervise(ctx context.Context, u *unit) error {
 	b := backoff.Backoff{Min: RestartMin, Max: RestartMax}
 	opts := p.opts
 	opts.Pipeline, opts.PerPipeline = u.Name, true
 	for {
+		if !u.waitResumed(ctx) {
+			u.set(nil, StateStopped, nil)
+			return nil
+		}
+		attemptCtx, cancel := context.WithCancel(ctx)
+		u.setCancel(cancel)
 		u.set(nil, StateStarting, nil)
 		a, err := New(u.Config, p.log, opts)
 		started := time.Now()
@@ -165,12 +176,19 @@ func (p *Process) supervise(ctx context.Context, u *unit) error {
 				case <-ran:
 				}
 			}()
-			err = a.Run(ctx)
+			err = a.Run(attemptCtx)
 			close(ran)
 		}
+		cancel()
 		if ctx.Err() != nil {
 			u.set(nil, StateStopped, nil)
 			return nil
+		}
+		if u.isPaused() && attemptCtx.Err() != nil {
+			// Run drained and confirmed before it returned.
+			u.set(nil, StatePaused, nil)
+			p.log.Info("pipeline paused: drained, its position confirmed, the slot kept", zap.String("pipeline", u.Name))
+			continue
 		}
 		if err == nil {
 			err = errors.New("the relay stopped without an error")
@@ -192,12 +210,13 @@ func (p *Process) supervise(ctx context.Context, u *unit) error {
 			u.set(nil, StateStopped, err)
 			return nil
 		case <-time.After(wait):
+		case <-u.pauseRequested():
 		}
 	}
 }
 
 // set records u's App and state; err is kept as the last failure until
-// the pipeline runs again.
+// the pipeline runs again. Every change wakes the waiters of changed.
 func (u *unit) set(a *App, state string, err error) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
@@ -212,6 +231,95 @@ func (u *unit) set(a *App, state string, err error) {
 	case state == StateRunning:
 		u.err = nil
 	}
+	u.notify()
+}
+
+// notify wakes whoever waits for a change of u; u.mu is held.
+func (u *unit) notify() {
+	if u.changed != nil {
+		close(u.changed)
+	}
+	u.changed = make(chan struct{})
+}
+
+func (u *unit) setCancel(cancel context.CancelFunc) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.cancel = cancel
+}
+
+func (u *unit) isPaused() bool {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.paused
+}
+
+// pauseRequested is closed by the next change of u (a pause among them).
+func (u *unit) pauseRequested() <-chan struct{} {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.changed == nil {
+		u.changed = make(chan struct{})
+	}
+	return u.changed
+}
+
+// waitResumed waits while u is paused; false when ctx ended.
+func (u *unit) waitResumed(ctx context.Context) bool {
+	for {
+		u.mu.Lock()
+		paused := u.paused
+		if paused && u.state != StatePaused {
+			u.app, u.state, u.since = nil, StatePaused, time.Now()
+			u.notify()
+		}
+		if u.changed == nil {
+			u.changed = make(chan struct{})
+		}
+		changed := u.changed
+		u.mu.Unlock()
+		if !paused {
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-changed:
+		}
+	}
+}
+
+// pause asks u to stop reading and drain; resume to start again.
+func (u *unit) pause(on bool) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.paused = on
+	if on && u.cancel != nil {
+		u.cancel()
+	}
+	u.notify()
+}
+
+// waitState waits until u's state satisfies ok, or ctx ends; it returns
+// the last state seen.
+func (u *unit) waitState(ctx context.Context, ok func(string) bool) (string, error) {
+	for {
+		u.mu.Lock()
+		state := u.state
+		if u.changed == nil {
+			u.changed = make(chan struct{})
+		}
+		changed := u.changed
+		u.mu.Unlock()
+		if ok(state) {
+			return state, nil
+		}
+		select {
+		case <-ctx.Done():
+			return state, ctx.Err()
+		case <-changed:
+		}
+	}
 }
 
 // running records that a, if it is still u's App, streams.
@@ -220,6 +328,7 @@ func (u *unit) running(a *App) {
 	defer u.mu.Unlock()
 	if u.app == a && u.state == StateStarting {
 		u.state, u.since, u.err = StateRunning, time.Now(), nil
+		u.notify()
 	}
 }
 
@@ -236,6 +345,8 @@ func (u *unit) readiness(standbyOK bool) error {
 	switch {
 	case state == StateFailed || state == StateStopped && err != nil:
 		return fmt.Errorf("%s (failed %d times): %s", state, failures, redact.Text(err.Error()))
+	case state == StatePaused:
+		return errPaused
 	case a == nil:
 		return errors.New(state)
 	}
@@ -248,9 +359,13 @@ func (u *unit) readiness(standbyOK bool) error {
 	return nil
 }
 
+// errPaused is the readiness of a paused pipeline.
+var errPaused = errors.New("paused")
+
 // ready is /readyz: with pipeline=NAME that pipeline's readiness, else
 // nil only when every pipeline is ready, and otherwise each one that is
-// not, with its reason. standby=ok counts a healthy standby as ready.
+// not, with its reason; a paused pipeline is left out. standby=ok counts
+// a healthy standby as ready.
 func (p *Process) ready(q url.Values) error {
 	standbyOK := q.Get("standby") == "ok"
 	if name := q.Get("pipeline"); name != "" {
@@ -265,7 +380,8 @@ func (p *Process) ready(q url.Values) error {
 	}
 	var bad []string
 	for _, u := range p.units {
-		if err := u.readiness(standbyOK); err != nil {
+		// A pause is the operator's decision, not a fault of the process.
+		if err := u.readiness(standbyOK); err != nil && !errors.Is(err, errPaused) {
 			bad = append(bad, u.Name+": "+err.Error())
 		}
 	}
@@ -352,24 +468,3 @@ func (p *Process) Statuses(ctx context.Context) []PipelineStatus {
 	return out
 }
 
-// routes adds GET /status (every pipeline) and GET /api/v1/pipelines.
-func (p *Process) routes(mux *http.ServeMux, protect func(http.Handler) http.Handler) {
-	list := func(w http.ResponseWriter, r *http.Request) {
-		ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
-		defer cancel()
-		admin.WriteJSON(w, http.StatusOK, map[string]any{"pipelines": p.Statuses(ctx)})
-	}
-	mux.Handle("GET /status", protect(http.HandlerFunc(list)))
-	mux.Handle("GET /api/v1/pipelines", protect(http.HandlerFunc(list)))
-	mux.Handle("GET /api/v1/pipelines/{name}", protect(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
-		defer cancel()
-		for _, st := range p.Statuses(ctx) {
-			if st.Name == r.PathValue("name") {
-				admin.WriteJSON(w, http.StatusOK, st)
-				return
-			}
-		}
-		admin.WriteJSON(w, http.StatusNotFound, map[string]string{"error": fmt.Sprintf("no pipeline is named %q", r.PathValue("name"))})
-	})))
-}

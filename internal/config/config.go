@@ -289,6 +289,11 @@ type HTTP struct {
 	// /healthz and /readyz stay open for probes.
 	Token     string `yaml:"token" secret:"text"`
 	TokenFile string `yaml:"token_file"`
+	// ActionToken, when set, is the bearer token the management API's
+	// actions (pause, resume) require; without it they are off. Reads
+	// of the API take Token, as /status does.
+	ActionToken     string `yaml:"action_token" secret:"text"`
+	ActionTokenFile string `yaml:"action_token_file"`
 }
 
 // Log configures logging.
@@ -754,6 +759,12 @@ func (c *Config) Validate() error {
 	}
 	if t := c.HTTP.Token; t != "" && strings.IndexFunc(t, func(r rune) bool { return r <= ' ' || r >= 0x7f }) >= 0 {
 		errs = append(errs, errors.New("http.token must be printable ASCII without spaces"))
+	}
+	if t := c.HTTP.ActionToken; t != "" && strings.IndexFunc(t, func(r rune) bool { return r <= ' ' || r >= 0x7f }) >= 0 {
+		errs = append(errs, errors.New("http.action_token must be printable ASCII without spaces"))
+	}
+	if t := c.HTTP.ActionToken; t != "" && t == c.HTTP.Token {
+		errs = append(errs, errors.New("http.action_token must differ from http.token: whoever may read must not thereby act"))
 	}
 	switch c.Log.Level {
 	case "debug", "info", "warn", "error":
