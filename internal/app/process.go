@@ -332,16 +332,26 @@ func (u *unit) running(a *App) {
 	}
 }
 
-func (u *unit) snapshot() (a *App, state string, err error, failures int, since time.Time) {
+// unitState is a copy of a unit's changing fields.
+type unitState struct {
+	app      *App
+	state    string
+	err      error
+	failures int
+	since    time.Time
+}
+
+func (u *unit) snapshot() unitState {
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	return u.app, u.state, u.err, u.failures, u.since
+	return unitState{u.app, u.state, u.err, u.failures, u.since}
 }
 
 // readiness is nil when u does its work: running and ready, or, with
 // standbyOK, waiting as a healthy standby.
 func (u *unit) readiness(standbyOK bool) error {
-	a, state, err, failures, _ := u.snapshot()
+	s := u.snapshot()
+	a, state, err, failures := s.app, s.state, s.err, s.failures
 	switch {
 	case state == StateFailed || state == StateStopped && err != nil:
 		return fmt.Errorf("%s (failed %d times): %s", state, failures, redact.Text(err.Error()))
@@ -405,7 +415,7 @@ func (p *Process) unit(name string) *unit {
 func (p *Process) gatherers() []prometheus.Gatherer {
 	out := []prometheus.Gatherer{p.reg}
 	for _, u := range p.units {
-		if a, _, _, _, _ := u.snapshot(); a != nil {
+		if a := u.snapshot().app; a != nil {
 			if g := a.Gatherer(); g != nil {
 				out = append(out, g)
 			}
@@ -443,10 +453,11 @@ func (p *Process) Statuses(ctx context.Context) []PipelineStatus {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			a, state, err, failures, since := u.snapshot()
-			st := PipelineStatus{Name: u.Name, Fatal: u.Fatal, State: state, Since: since, Failures: failures}
-			if err != nil {
-				st.Error = redact.Text(err.Error())
+			s := u.snapshot()
+			a := s.app
+			st := PipelineStatus{Name: u.Name, Fatal: u.Fatal, State: s.state, Since: s.since, Failures: s.failures}
+			if s.err != nil {
+				st.Error = redact.Text(s.err.Error())
 			}
 			if r := u.readiness(false); r != nil {
 				st.NotReady = redact.Text(r.Error())
@@ -467,4 +478,3 @@ func (p *Process) Statuses(ctx context.Context) []PipelineStatus {
 	wg.Wait()
 	return out
 }
-
