@@ -7,12 +7,15 @@ import (
 	_ "embed"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
 	"go.uber.org/zap"
 
 	"github.com/outboxrelay/outboxrelay/internal/admin"
+	"github.com/outboxrelay/outboxrelay/internal/redact"
+	"github.com/outboxrelay/outboxrelay/internal/store"
 )
 
 // openAPI describes the management API; TestOpenAPIMatchesRoutes checks
@@ -38,6 +41,10 @@ var apiRoutes = []apiRoute{
 	{"GET", "/api/v1/pipelines/{name}", false, (*Process).showPipeline},
 	{"POST", "/api/v1/pipelines/{name}/pause", true, (*Process).pausePipeline},
 	{"POST", "/api/v1/pipelines/{name}/resume", true, (*Process).resumePipeline},
+	{"GET", "/api/v1/pipelines/{name}/dead-letters", false, (*Process).listDeadLetters},
+	{"GET", "/api/v1/pipelines/{name}/dead-letters/{id}", false, (*Process).showDeadLetter},
+	{"POST", "/api/v1/pipelines/{name}/dead-letters/{id}/replay", true, (*Process).replayDeadLetter},
+	{"POST", "/api/v1/pipelines/{name}/dead-letters/purge", true, (*Process).purgeDeadLetters},
 }
 
 // routes adds the management API to the HTTP endpoint. Reads take
@@ -154,4 +161,102 @@ func (p *Process) resumePipeline(_ http.ResponseWriter, r *http.Request) (int, a
 		return http.StatusAccepted, map[string]string{"state": state, "note": "resuming; GET the pipeline to follow it"}
 	}
 	return http.StatusOK, map[string]string{"state": state}
+}
+
+// deadLetters is the named pipeline's dead letters, or the answer to give
+// when there is no such pipeline or it is not connected.
+func (p *Process) deadLetters(r *http.Request) (*unit, *store.DeadLetters, int, any) {
+	u := p.unit(r.PathValue("name"))
+	if u == nil {
+		return nil, nil, http.StatusNotFound, apiError(fmt.Sprintf("no pipeline is named %q", r.PathValue("name")))
+	}
+	s := u.snapshot()
+	if s.app == nil || s.app.DeadLetters() == nil {
+		return nil, nil, http.StatusServiceUnavailable, apiError(fmt.Sprintf("pipeline %s is %s: its database is not connected", u.Name, s.state))
+	}
+	return u, s.app.DeadLetters(), 0, nil
+}
+
+// letterID is the {id} of the request, or the answer to give.
+func letterID(r *http.Request) (int64, int, any) {
+	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
+	if err != nil || id <= 0 {
+		return 0, http.StatusBadRequest, apiError(fmt.Sprintf("dead letter id %q is not a positive integer", r.PathValue("id")))
+	}
+	return id, 0, nil
+}
+
+// listDeadLetters lists the pipeline's dead letters not replayed yet (all
+// of them with ?all=true), each head with the chain parked behind it.
+func (p *Process) listDeadLetters(_ http.ResponseWriter, r *http.Request) (int, any) {
+	_, dead, code, body := p.deadLetters(r)
+	if dead == nil {
+		return code, body
+	}
+	letters, err := dead.List(r.Context(), store.DeadLetterFilter{IncludeReplayed: r.URL.Query().Get("all") == "true"})
+	if err != nil {
+		return http.StatusServiceUnavailable, apiError(redact.Text(err.Error()))
+	}
+	if letters == nil {
+		letters = []store.DeadLetter{}
+	}
+	return http.StatusOK, map[string]any{"dead_letters": letters}
+}
+
+// showDeadLetter is one dead letter, replayed or not, with its chain.
+func (p *Process) showDeadLetter(_ http.ResponseWriter, r *http.Request) (int, any) {
+	_, dead, code, body := p.deadLetters(r)
+	if dead == nil {
+		return code, body
+	}
+	id, code, body := letterID(r)
+	if id == 0 {
+		return code, body
+	}
+	letters, err := dead.List(r.Context(), store.DeadLetterFilter{ID: id, IncludeReplayed: true})
+	if err != nil {
+		return http.StatusServiceUnavailable, apiError(redact.Text(err.Error()))
+	}
+	if len(letters) == 0 {
+		return http.StatusNotFound, apiError(fmt.Sprintf("no dead letter %d in pipeline %s", id, r.PathValue("name")))
+	}
+	return http.StatusOK, letters[0]
+}
+
+// replayDeadLetter publishes one dead letter, and the chain parked behind
+// it, again, as dlq replay --id does.
+func (p *Process) replayDeadLetter(_ http.ResponseWriter, r *http.Request) (int, any) {
+	u, dead, code, body := p.deadLetters(r)
+	if dead == nil {
+		return code, body
+	}
+	id, code, body := letterID(r)
+	if id == 0 {
+		return code, body
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), time.Minute)
+	defer cancel()
+	n, err := ReplayDeadLetters(ctx, u.Config, dead, store.DeadLetterFilter{ID: id}, nil, p.log.With(zap.String("pipeline", u.Name)).Named("replay"))
+	if err != nil {
+		return http.StatusBadGateway, map[string]any{"error": redact.Text(err.Error()), "letters": n.Letters, "parked": n.Parked}
+	}
+	return http.StatusOK, map[string]any{"letters": n.Letters, "parked": n.Parked}
+}
+
+// purgeDeadLetters deletes the pipeline's dead letters created before
+// ?before= (RFC 3339), with the chains parked behind them, as dlq purge.
+func (p *Process) purgeDeadLetters(_ http.ResponseWriter, r *http.Request) (int, any) {
+	_, dead, code, body := p.deadLetters(r)
+	if dead == nil {
+		return code, body
+	}
+	before, err := time.Parse(time.RFC3339, r.URL.Query().Get("before"))
+	if err != nil {
+		return http.StatusBadRequest, apiError("before must be a time such as 2026-01-02T15:04:05Z: the dead letters created before it are purged")
+	}
+	n, err := dead.Purge(r.Context(), before)
+	if err != nil {
+		return http.StatusServiceUnavailable, apiError(redact.Text(err.Error()))
+	}
+	return http.StatusOK, map[string]any{"letters": n.Letters, "parked": n.Parked}
 }
