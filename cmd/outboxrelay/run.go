@@ -60,8 +60,12 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 			if len(cfg.Pipelines) > 0 {
 				fmt.Fprintf(stdout, "# pipeline %s: %s sink, slot %s, tables %v\n", u.Name, c.Sink.Type, c.Postgres.Slot, c.Postgres.Tables)
 			}
+			prefix := ""
+			if len(cfg.Pipelines) > 0 {
+				prefix = "pipeline " + u.Name + ": "
+			}
 			for _, w := range app.Warnings(c) {
-				fmt.Fprintf(stdout, "# warning: %s\n", w)
+				fmt.Fprintf(stdout, "# warning: %s%s\n", prefix, w)
 			}
 		}
 		_, err = stdout.Write(out)
