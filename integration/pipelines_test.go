@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -54,9 +55,14 @@ func TestPipelinesIsolation(t *testing.T) {
 	b.brokers = fmt.Sprintf("127.0.0.1:%d", port)
 
 	// b's relay connects as a role of its own, which the test locks out.
-	role := fmt.Sprintf("pipeline_b_%d", os.Getpid())
+	role := fmt.Sprintf("pipeline_b_%d_%d", os.Getpid(), dbCounter.Add(1))
 	b.exec(fmt.Sprintf("CREATE ROLE %s LOGIN REPLICATION SUPERUSER PASSWORD 'b-pass'", role))
-	t.Cleanup(func() { a.db.Exec(t.Context(), "DROP ROLE IF EXISTS "+role) })
+	t.Cleanup(func() {
+		// t.Context has ended by now; the relay has stopped.
+		if _, err := a.db.Exec(context.Background(), "DROP ROLE IF EXISTS "+role); err != nil {
+			t.Errorf("drop role %s: %v", role, err)
+		}
+	})
 	bURL, err := url.Parse(b.dbURL)
 	if err != nil {
 		t.Fatal(err)
