@@ -357,8 +357,8 @@ func (s *Sink) prepare(m *relay.Message, done func(*relay.Message, error)) (*pen
 		return nil, fmt.Errorf("message_id is %d bytes, over the AMQP limit of 255", len(m.ID))
 	case len(m.EventType) > maxShortstr:
 		return nil, fmt.Errorf("event_type of message %s is %d bytes, over the AMQP limit of 255", m.ID, len(m.EventType))
-	case len(m.Envelope) > s.cfg.MaxMessageSize:
-		return nil, fmt.Errorf("message %s is %d bytes, over max_message_size %d", m.ID, len(m.Envelope), s.cfg.MaxMessageSize)
+	case len(m.Envelope) > s.cfg.MaxMessageBytes:
+		return nil, fmt.Errorf("message %s is %d bytes, over max_message_bytes %d", m.ID, len(m.Envelope), s.cfg.MaxMessageBytes)
 	}
 	if err := sinks.CheckDestination("rabbitmq routing key", key); err != nil {
 		return nil, fmt.Errorf("message %s: %w", m.ID, err)
