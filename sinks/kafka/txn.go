@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -15,7 +14,9 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/outboxrelay/outboxrelay/cdc"
+	"github.com/outboxrelay/outboxrelay/internal/backoff"
 	"github.com/outboxrelay/outboxrelay/relay"
+	"github.com/outboxrelay/outboxrelay/sinks"
 )
 
 var (
@@ -207,6 +208,11 @@ func (s *TxnSink) take() []part {
 	return batch
 }
 
+// txnRetryMin and txnRetryMax bound the pause before a new producer
+// session after a failed transaction: 200ms after the first failure,
+// doubling up to 10s, with jitter (internal/backoff).
+const txnRetryMin, txnRetryMax = 100 * time.Millisecond, 10 * time.Second
+
 // commit writes batch in one Kafka transaction, again and again until it
 // is committed, and reports its messages acknowledged. On cancellation or
 // fencing it reports them failed and returns the error.
@@ -227,12 +233,9 @@ func (s *TxnSink) commit(ctx context.Context, batch []part) error {
 		s.log.Warn("kafka transaction failed; starting a new producer session and committing again what Kafka does not hold",
 			zap.Int("attempt", attempt), zap.Error(err))
 		for {
-			d := min(100*time.Millisecond<<min(attempt, 8), 10*time.Second)
-			select {
-			case <-ctx.Done():
+			if !sinks.Sleep(ctx, backoff.Delay(txnRetryMin, txnRetryMax, attempt+1)) {
 				report(batch, ctx.Err())
 				return ctx.Err()
-			case <-time.After(d/2 + rand.N(d/2+1)):
 			}
 			pos, err := s.restart(ctx)
 			if err == nil {
