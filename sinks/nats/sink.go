@@ -255,15 +255,8 @@ func (s *Sink) Run(ctx context.Context) error {
 		return err
 	}
 	defer s.run.Exit()
-	ctx, cancel := context.WithCancel(ctx)
+	ctx, cancel := s.run.Context(ctx)
 	defer cancel()
-	go func() {
-		select {
-		case <-s.run.Quit():
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
 
 	bo := backoff.Backoff{Min: retryMin, Max: retryMax}
 	for s.conn.Load() == nil {
