@@ -8,7 +8,8 @@ import (
 )
 
 // Lifecycle is the start and stop of a sink that sends from its own Run
-// (a relay.Runner, as the NATS, Redis and RabbitMQ sinks are): one Run at a time,
+// (a relay.Runner: the NATS, Redis, RabbitMQ, webhook and Kafka
+// transactional sinks): one Run at a time,
 // and Close ends it and waits until it has returned. Create it with
 // NewLifecycle; it is safe for concurrent use.
 type Lifecycle struct {
