@@ -47,7 +47,7 @@ func TestTrackerWatermarkIsContiguous(t *testing.T) {
 	}
 }
 
-func TestTrackerKeepaliveWaitsForInflight(t *testing.T) {
+func TestTrackerKeepaliveWaitsForInFlight(t *testing.T) {
 	tr := newTracker()
 	a := tr.begin()
 	tr.add(a)

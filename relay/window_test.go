@@ -164,7 +164,7 @@ func TestWindowBoundsMessagesInFlight(t *testing.T) {
 				t.Fatalf("Room reported the window full before messages %v, want before message %d only", full, total)
 			}
 			if r.InFlight() != total {
-				t.Fatalf("Inflight() = %d, want %d", r.InFlight(), total)
+				t.Fatalf("InFlight() = %d, want %d", r.InFlight(), total)
 			}
 
 			// Three acknowledgements free room for exactly three more.
