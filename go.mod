@@ -3,6 +3,7 @@ module github.com/outboxrelay/outboxrelay
 go 1.26.8
 
 require (
+	cel.dev/cel-go v0.33.2
 	github.com/cloudevents/sdk-go/v2 v2.16.2
 	github.com/google/uuid v1.6.0
 	github.com/hamba/avro/v2 v2.31.0
@@ -35,6 +36,12 @@ require (
 	golang.org/x/sync v0.25.0
 	golang.org/x/text v0.42.0
 	google.golang.org/protobuf v1.36.12
+)
+
+require (
+	cel.dev/expr v0.25.2 // indirect
+	github.com/antlr4-go/antlr/v4 v4.13.1 // indirect
+	golang.org/x/exp v0.0.0-20260908205506-85c1c2202aba // indirect
 )
 
 require (
