@@ -31,7 +31,7 @@ import (
 // Client is the connection settings of a sink, as its configuration
 // holds them.
 type Client struct {
-	Region, Endpoint                          string
+	Region, Endpoint                           string
 	AccessKeyID, SecretAccessKey, SessionToken string
 	Timeout                                    time.Duration
 	TLS                                        *tls.Config
