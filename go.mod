@@ -15,6 +15,7 @@ require (
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/klauspost/compress v1.20.3
 	github.com/nats-io/nats.go v1.55.0
+	github.com/outboxrelay/outboxrelay/inbox v0.0.0-00010101000000-000000000000
 	github.com/outboxrelay/outboxrelay/outbox v0.0.0-00010101000000-000000000000
 	github.com/pierrec/lz4/v4 v4.1.33
 	github.com/prometheus/client_golang v1.25.0
@@ -69,6 +70,7 @@ require (
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
 	github.com/nats-io/nkeys v0.4.16 // indirect
 	github.com/nats-io/nuid v1.0.1 // indirect
+	github.com/outboxrelay/outboxrelay/inbox/kafka v0.0.0-00010101000000-000000000000
 	github.com/prometheus/common v0.72.0 // indirect
 	github.com/prometheus/procfs v0.22.0 // indirect
 	go.opentelemetry.io/auto/sdk v1.2.1 // indirect
@@ -89,3 +91,9 @@ require (
 // do not require the relay's broker clients; the relay builds against the
 // copy in this repository.
 replace github.com/outboxrelay/outboxrelay/outbox => ./outbox
+
+// The inbox core (inbox/, pgx only) is a module of its own for the same
+// reason; the CLI's migrate --inbox and inbox status use it.
+replace github.com/outboxrelay/outboxrelay/inbox => ./inbox
+
+replace github.com/outboxrelay/outboxrelay/inbox/kafka => ./inbox/kafka

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxrelay/outboxrelay/cdc"
+	"github.com/outboxrelay/outboxrelay/inbox"
 	"github.com/outboxrelay/outboxrelay/internal/app"
 	"github.com/outboxrelay/outboxrelay/internal/config"
 	"github.com/outboxrelay/outboxrelay/internal/store"
@@ -34,17 +35,23 @@ func cmdMigrate(args []string, stdout, stderr io.Writer) error {
 	url := fs.String("database-url", "", "PostgreSQL URL of the tables' owner (env OUTBOXRELAY_POSTGRES_URL, OUTBOXRELAY_POSTGRES_URL_FILE, DATABASE_URL)")
 	print := fs.Bool("print", false, "print the SQL instead of running it")
 	var o migrations.Options
-	fs.StringVar(&o.Table, "table", "public.outbox", "outbox table to create")
-	fs.StringVar(&o.Publication, "publication", "outboxrelay", "publication to create")
+	def := cdc.Config{}.WithDefaults() // the configuration's defaults
+	fs.StringVar(&o.Table, "table", def.Tables[0], "outbox table to create")
+	fs.StringVar(&o.Publication, "publication", def.Publication, "publication to create")
 	fs.BoolVar(&o.Partitioned, "partitioned", false, "create the outbox table range-partitioned by created_at, in daily partitions the relay keeps ready and drops past postgres.retention")
 	fs.BoolVar(&o.Debezium, "debezium", false, "also create a Debezium-shaped outbox table (public.outboxevent); with --config, create the configuration's table in that shape (postgres.columns must map Debezium's columns)")
-	slot := fs.String("slot", "outboxrelay", "replication slot to create, so rows written before the relay first runs are kept; empty to skip")
+	slot := fs.String("slot", def.Slot, "replication slot to create, so rows written before the relay first runs are kept; empty to skip")
 	failoverSlot := fs.Bool("failover-slot", false, "create the slot as a failover slot (PostgreSQL 17+), as postgres.failover_slot does")
 	printRoleSQL := fs.Bool("print-role", false, "print the SQL that creates a least-privilege role for the relay, and exit")
 	role := fs.String("role", "outboxrelay", "role name for --print-role")
 	grant := fs.String("grant", "", "after migrating, grant this existing `role` (the relay's) what --print-role grants")
+	inboxOnly := fs.Bool("inbox", false, "create a consumer database's inbox tables (the inbox library's Migrate) instead, in --inbox-schema; with --print, print their SQL")
+	inboxSchema := fs.String("inbox-schema", inbox.DefaultSchema, "schema of the inbox tables, with --inbox")
 	if err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	if *inboxOnly {
+		return migrateInbox(fs, *url, *inboxSchema, *print, stdout)
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
@@ -145,6 +152,55 @@ func cmdMigrate(args []string, stdout, stderr io.Writer) error {
 		return nil
 	}
 	return migrateSlot(ctx, conn, *slot, slotSetting, *failoverSlot, set["slot"], *cfgPath != "", stdout)
+}
+
+// migrateInbox creates (or with print prints) the inbox tables in a
+// consumer's database: the consumer's, not the relay's, so the relay's
+// flags do not apply.
+func migrateInbox(fs *flag.FlagSet, url, schema string, print bool, stdout io.Writer) error {
+	var relayFlags []string
+	fs.Visit(func(f *flag.Flag) {
+		if !slices.Contains([]string{"inbox", "inbox-schema", "database-url", "print"}, f.Name) {
+			relayFlags = append(relayFlags, "--"+f.Name)
+		}
+	})
+	if len(relayFlags) > 0 {
+		return usageErr("migrate: --inbox creates a consumer database's inbox tables; %s apply to the relay's database, drop them", strings.Join(relayFlags, ", "))
+	}
+	if print {
+		fmt.Fprint(stdout, inbox.SQL(schema))
+		return nil
+	}
+	return withConn(url, 0, func(ctx context.Context, conn *pgx.Conn) error {
+		if err := inbox.Migrate(ctx, conn, schema); err != nil {
+			return usageErr("migrate: %v", err)
+		}
+		fmt.Fprintf(stdout, "migrated: inbox tables and status view in schema %s\n", schema)
+		return nil
+	})
+}
+
+// withConn runs f on a connection to the database flagURL (or the
+// environment, as databaseURL says) names, until SIGINT or SIGTERM, or
+// timeout if above 0.
+func withConn(flagURL string, timeout time.Duration, f func(context.Context, *pgx.Conn) error) error {
+	dbURL, err := databaseURL(flagURL)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, timeout)
+		defer cancel()
+	}
+	conn, err := connect(ctx, dbURL)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	return f(ctx, conn)
 }
 
 // distinctTables returns tables as schema.name, each once, in order.
