@@ -6,6 +6,7 @@ require (
 	github.com/aws/aws-sdk-go-v2 v1.48.0
 	github.com/aws/aws-sdk-go-v2/config v1.33.18
 	github.com/aws/aws-sdk-go-v2/credentials v1.21.0
+	github.com/aws/aws-sdk-go-v2/service/sns v1.48.0
 	github.com/aws/aws-sdk-go-v2/service/sqs v1.53.0
 	github.com/aws/smithy-go v1.28.9
 	github.com/cloudevents/sdk-go/v2 v2.16.2
@@ -40,6 +41,14 @@ require (
 	golang.org/x/sync v0.25.0
 	golang.org/x/text v0.42.0
 	google.golang.org/protobuf v1.36.12
+)
+
+require (
+	github.com/Admiral-Piett/goaws v0.4.5 // indirect
+	github.com/ghodss/yaml v1.0.0 // indirect
+	github.com/gorilla/mux v1.8.0 // indirect
+	github.com/sirupsen/logrus v1.9.0 // indirect
+	gopkg.in/yaml.v2 v2.4.0 // indirect
 )
 
 require (
@@ -97,3 +106,5 @@ replace github.com/outboxrelay/outboxrelay/outbox => ./outbox
 replace github.com/outboxrelay/outboxrelay/inbox => ./inbox
 
 replace github.com/outboxrelay/outboxrelay/inbox/kafka => ./inbox/kafka
+
+tool github.com/Admiral-Piett/goaws/app/cmd

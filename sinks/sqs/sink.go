@@ -111,66 +111,39 @@ func (s *Sink) Publish(ctx context.Context, m *relay.Message, done func(*relay.M
 // Run sends the queued messages until ctx is done or the sink is closed.
 func (s *Sink) Run(ctx context.Context) error { return s.q.Run(ctx) }
 
-// entry is a message ready to send.
-type entry struct {
-	i    int // its index in the batch
-	in   types.SendMessageBatchRequestEntry
-	size int
-}
+type entry = awssink.Entry[types.SendMessageBatchRequestEntry]
 
 // send is the queue's Send: the messages' entries, grouped by queue, in
 // requests of at most MaxMessageBytes in all, one outcome per message.
 func (s *Sink) send(ctx context.Context, ms []*relay.Message) []error {
 	errs := make([]error, len(ms))
-	var queues []string
-	byQueue := map[string][]entry{}
+	var es []entry
 	for i, m := range ms {
-		u, e, err := s.entry(m)
+		e, err := s.entry(m)
 		if err != nil {
 			errs[i] = relay.Permanent(err)
 			continue
 		}
-		e.i = i
-		if _, ok := byQueue[u]; !ok {
-			queues = append(queues, u)
-		}
-		byQueue[u] = append(byQueue[u], e)
+		e.I = i
+		es = append(es, e)
 	}
-	for _, u := range queues {
-		es := byQueue[u]
-		for len(es) > 0 {
-			n, size := 0, 0
-			for n < len(es) && (n == 0 || size+es[n].size <= s.cfg.MaxMessageBytes) {
-				size += es[n].size
-				n++
-			}
-			s.sendBatch(ctx, u, es[:n], errs)
-			es = es[n:]
-		}
-	}
+	awssink.Requests(es, s.cfg.MaxMessageBytes, func(u string, es []entry) { s.sendBatch(ctx, u, es, errs) })
 	return errs
 }
 
-// entry builds m's batch entry and returns its queue URL.
-func (s *Sink) entry(m *relay.Message) (string, entry, error) {
+// entry builds m's batch entry.
+func (s *Sink) entry(m *relay.Message) (entry, error) {
 	u := s.tmpl.Render(m, nil)
 	m.Destination = u
 	if err := sinks.CheckDestination("sqs queue URL", u); err != nil {
-		return u, entry{}, err
+		return entry{}, err
 	}
 	if err := checkQueueName(u); err != nil {
-		return u, entry{}, err
+		return entry{}, err
 	}
-	if err := awssink.CheckBody(m.Envelope); err != nil {
-		return u, entry{}, err
-	}
-	attrs, err := awssink.Attributes(Binding, m)
+	attrs, size, err := awssink.Check(m, Binding, "sink.sqs.max_message_bytes", s.cfg.MaxMessageBytes)
 	if err != nil {
-		return u, entry{}, err
-	}
-	size := awssink.Size(m.Envelope, attrs)
-	if size > s.cfg.MaxMessageBytes {
-		return u, entry{}, fmt.Errorf("the message is %d bytes with its attributes, above sink.sqs.max_message_bytes (%d)", size, s.cfg.MaxMessageBytes)
+		return entry{}, err
 	}
 	in := types.SendMessageBatchRequestEntry{
 		MessageBody:       aws.String(string(m.Envelope)),
@@ -183,7 +156,7 @@ func (s *Sink) entry(m *relay.Message) (string, entry, error) {
 		in.MessageGroupId = aws.String(awssink.GroupID(m.AggregateID))
 		in.MessageDeduplicationId = aws.String(m.ID)
 	}
-	return u, entry{in: in, size: size}, nil
+	return entry{Dest: u, In: in, Size: size}, nil
 }
 
 // sendBatch sends es to the queue u in one SendMessageBatch and sets each
@@ -191,40 +164,30 @@ func (s *Sink) entry(m *relay.Message) (string, entry, error) {
 func (s *Sink) sendBatch(ctx context.Context, u string, es []entry, errs []error) {
 	in := &sqs.SendMessageBatchInput{QueueUrl: aws.String(u), Entries: make([]types.SendMessageBatchRequestEntry, len(es))}
 	for k, e := range es {
-		in.Entries[k] = e.in
+		in.Entries[k] = e.In
 		in.Entries[k].Id = aws.String(strconv.Itoa(k))
 	}
 	out, err := s.client.SendMessageBatch(ctx, in)
 	if err != nil {
 		s.ready.Store(false)
-		if ctx.Err() != nil {
-			err = ctx.Err()
-		} else {
-			err = awssink.RequestOutcome("send to sqs queue "+u, err)
-		}
+		err = awssink.RequestOutcome(ctx, "send to sqs queue "+u, err)
 		for _, e := range es {
-			errs[e.i] = err
+			errs[e.I] = err
 		}
 		return
 	}
 	s.ready.Store(!s.q.Lifecycle().Stopped())
-	answered := make([]bool, len(es))
+	answered := map[string]bool{}
 	for _, ok := range out.Successful {
-		if k, err := strconv.Atoi(aws.ToString(ok.Id)); err == nil && k >= 0 && k < len(es) {
-			answered[k] = true
-		}
+		answered[aws.ToString(ok.Id)] = true
 	}
 	for _, f := range out.Failed {
 		if k, err := strconv.Atoi(aws.ToString(f.Id)); err == nil && k >= 0 && k < len(es) {
-			answered[k] = true
-			errs[es[k].i] = awssink.EntryOutcome("sqs queue "+u, f.SenderFault, aws.ToString(f.Code), aws.ToString(f.Message))
+			answered[aws.ToString(f.Id)] = true
+			errs[es[k].I] = awssink.EntryOutcome("sqs queue "+u, f.SenderFault, aws.ToString(f.Code), aws.ToString(f.Message))
 		}
 	}
-	for k, ok := range answered {
-		if !ok {
-			errs[es[k].i] = fmt.Errorf("sqs queue %s: SendMessageBatch answered without entry %d", u, k)
-		}
-	}
+	awssink.Answered("sqs queue "+u, es, answered, errs)
 }
 
 // Ready reports whether SQS answered the latest request; false before the

@@ -156,6 +156,25 @@ func checkName(s string) error {
 	return fmt.Errorf("header %q cannot be a message attribute: %s; rename it in the row", s, why)
 }
 
+// Check checks m for sending: its body (CheckBody), its attributes
+// (Attributes) and its size against maxBytes, the setting key names. It
+// returns the attributes and the size; an error is meant as a permanent
+// failure.
+func Check(m *relay.Message, b sinks.Binding, key string, maxBytes int) ([]Attribute, int, error) {
+	if err := CheckBody(m.Envelope); err != nil {
+		return nil, 0, err
+	}
+	attrs, err := Attributes(b, m)
+	if err != nil {
+		return nil, 0, err
+	}
+	size := Size(m.Envelope, attrs)
+	if size > maxBytes {
+		return nil, 0, fmt.Errorf("the message is %d bytes with its attributes, above %s (%d)", size, key, maxBytes)
+	}
+	return attrs, size, nil
+}
+
 // Size is what a message counts against the service's size limit: the
 // body and every attribute's name, type ("String") and value.
 func Size(body []byte, attrs []Attribute) int {
@@ -218,10 +237,58 @@ func EntryOutcome(what string, senderFault bool, code, msg string) error {
 // request-level refusal (access denied, no such queue, throttling) is the
 // destination's or the configuration's, not a message's, so it never
 // dead-letters the messages; the relay retries until it is fixed.
-func RequestOutcome(what string, err error) error {
+func RequestOutcome(ctx context.Context, what string, err error) error {
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
 	var ae smithy.APIError
 	if errors.As(err, &ae) {
 		return fmt.Errorf("%s: %s: %s", what, ae.ErrorCode(), ae.ErrorMessage())
 	}
 	return fmt.Errorf("%s: %w", what, err)
+}
+
+// Entry is one message of a batch, ready to send to Dest.
+type Entry[T any] struct {
+	I    int    // the message's index in the batch
+	Dest string // queue URL or topic ARN
+	In   T      // the request entry
+	Size int    // what it counts against the size limit
+}
+
+// Requests splits es into requests: by destination, in the order each
+// first appears, and within one into runs of at most maxBytes in all (an
+// entry alone may be up to maxBytes), calling send for each.
+func Requests[T any](es []Entry[T], maxBytes int, send func(dest string, es []Entry[T])) {
+	var dests []string
+	by := map[string][]Entry[T]{}
+	for _, e := range es {
+		if _, ok := by[e.Dest]; !ok {
+			dests = append(dests, e.Dest)
+		}
+		by[e.Dest] = append(by[e.Dest], e)
+	}
+	for _, d := range dests {
+		run := by[d]
+		for len(run) > 0 {
+			n, size := 0, 0
+			for n < len(run) && (n == 0 || size+run[n].Size <= maxBytes) {
+				size += run[n].Size
+				n++
+			}
+			send(d, run[:n])
+			run = run[n:]
+		}
+	}
+}
+
+// Answered sets, in errs, the outcome of every entry of es the service
+// left out of its answer: ok holds the request ids ("0", "1", ... by
+// position in es) it reported, successful or failed.
+func Answered[T any](what string, es []Entry[T], ok map[string]bool, errs []error) {
+	for k, e := range es {
+		if !ok[fmt.Sprint(k)] {
+			errs[e.I] = fmt.Errorf("%s: the batch answer has no outcome for entry %d", what, k)
+		}
+	}
 }
