@@ -35,7 +35,6 @@ func newSink(t testing.TB, cfg Config) *Sink {
 // consumer reads the queue subscribed to a topic, with raw delivery, as a
 // subscriber would, the packed headers unpacked.
 type consumer struct {
-	t   testing.TB
 	srv *goawstest.Server
 	url string
 	buf []sinktest.Received
@@ -46,7 +45,10 @@ func (c *consumer) Next(ctx context.Context) (sinktest.Received, error) {
 		if err := ctx.Err(); err != nil {
 			return sinktest.Received{}, err
 		}
-		ms := c.srv.Receive(c.t, c.url)
+		ms, err := c.srv.Receive(c.url)
+		if err != nil {
+			return sinktest.Received{}, err
+		}
 		if len(ms) == 0 {
 			time.Sleep(20 * time.Millisecond)
 		}
@@ -88,7 +90,7 @@ func (f factory) NewSink(t *testing.T) relay.Sink {
 }
 
 func (f factory) Subscribe(t *testing.T, aggregateType string) sinktest.Consumer {
-	return &consumer{t: t, srv: f.srv, url: f.srv.Subscribe(t, aggregateType)}
+	return &consumer{srv: f.srv, url: f.srv.Subscribe(t, aggregateType)}
 }
 
 func TestSuite(t *testing.T) {
@@ -120,7 +122,7 @@ func TestRefused(t *testing.T) {
 	if out[msgs[2]] != nil {
 		t.Fatal(out[msgs[2]])
 	}
-	got := sinktest.ReceiveAll(t.Context(), t, &consumer{t: t, srv: srv, url: q}, msgs[2:])
+	got := sinktest.ReceiveAll(t.Context(), t, &consumer{srv: srv, url: q}, msgs[2:])
 	if len(got) != 1 || got[0].ID != msgs[2].ID {
 		t.Errorf("received %v", got)
 	}

@@ -104,16 +104,24 @@ func Start(t testing.TB) *Server {
 // Call makes one query-protocol call and returns the answer's body.
 func (s *Server) Call(t testing.TB, form url.Values) []byte {
 	t.Helper()
+	b, err := s.call(form)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func (s *Server) call(form url.Values) ([]byte, error) {
 	resp, err := http.PostForm(s.URL+"/", form)
 	if err != nil {
-		t.Fatalf("goaws %s: %v", form.Get("Action"), err)
+		return nil, fmt.Errorf("goaws %s: %w", form.Get("Action"), err)
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("goaws %s: %s: %s", form.Get("Action"), resp.Status, b)
+		return nil, fmt.Errorf("goaws %s: %s: %s", form.Get("Action"), resp.Status, b)
 	}
-	return b
+	return b, nil
 }
 
 // TopicARN is the ARN of the topic name.
@@ -139,9 +147,11 @@ type Message struct {
 }
 
 // Receive takes up to 10 messages from the queue and deletes them.
-func (s *Server) Receive(t testing.TB, queueURL string) []Message {
-	t.Helper()
-	b := s.Call(t, url.Values{"Action": {"ReceiveMessage"}, "QueueUrl": {queueURL}, "MaxNumberOfMessages": {"10"}, "MessageAttributeName.1": {"All"}})
+func (s *Server) Receive(queueURL string) ([]Message, error) {
+	b, err := s.call(url.Values{"Action": {"ReceiveMessage"}, "QueueUrl": {queueURL}, "MaxNumberOfMessages": {"10"}, "MessageAttributeName.1": {"All"}})
+	if err != nil {
+		return nil, err
+	}
 	var out struct {
 		Messages []struct {
 			Body          string `xml:"Body"`
@@ -153,7 +163,7 @@ func (s *Server) Receive(t testing.TB, queueURL string) []Message {
 		} `xml:"ReceiveMessageResult>Message"`
 	}
 	if err := xml.Unmarshal(b, &out); err != nil {
-		t.Fatalf("goaws ReceiveMessage: %v: %.300s", err, b)
+		return nil, fmt.Errorf("goaws ReceiveMessage: %w: %.300s", err, b)
 	}
 	var ms []Message
 	for _, m := range out.Messages {
@@ -162,9 +172,11 @@ func (s *Server) Receive(t testing.TB, queueURL string) []Message {
 			got.Attributes[a.Name] = a.Value
 		}
 		ms = append(ms, got)
-		s.Call(t, url.Values{"Action": {"DeleteMessage"}, "QueueUrl": {queueURL}, "ReceiptHandle": {m.ReceiptHandle}})
+		if _, err := s.call(url.Values{"Action": {"DeleteMessage"}, "QueueUrl": {queueURL}, "ReceiptHandle": {m.ReceiptHandle}}); err != nil {
+			return ms, err
+		}
 	}
-	return ms
+	return ms, nil
 }
 
 // Kill stops goaws with SIGKILL; what it held is lost.
