@@ -17,5 +17,6 @@
 //
 // Tests run against goaws (package goawstest), which has Publish, topics
 // and raw-delivery subscriptions to its queues, not PublishBatch or FIFO
-// topics.
+// topics; PublishBatch's per-entry outcomes are tested against an in-test
+// handler of SNS's query protocol.
 package sns
