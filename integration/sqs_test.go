@@ -179,3 +179,32 @@ relay:
 		t.Errorf("faults injected: %d entries, %d requests; want at least 100 and 5", st.FailedEntries, st.FailedRequests)
 	}
 }
+
+// TestAWSBadInput: an unreachable endpoint, a missing queue, a template
+// outside the name and a missing secret are each one clear error at
+// start, exit 2, and no slot is created.
+func TestAWSBadInput(t *testing.T) {
+	e := newEnv(t)
+	srv := sqstest.Start(t)
+	creds := "    region: us-east-1\n    access_key_id: test\n    secret_access_key: test"
+	for _, c := range []struct {
+		name, typ, sink, want string
+	}{
+		{"sqs unreachable", "sqs", "  sqs:\n    queue_url: http://127.0.0.1:1/000000000000/q.fifo\n    endpoint: http://127.0.0.1:1\n" + creds,
+			"cannot reach the SQS queue http://127.0.0.1:1/000000000000/q.fifo"},
+		{"sqs missing queue", "sqs", fmt.Sprintf("  sqs:\n    queue_url: %s/000000000000/missing.fifo\n    endpoint: %s\n%s", srv.URL, srv.URL, creds),
+			"The specified queue does not exist"},
+		{"sqs template", "sqs", "  sqs:\n    queue_url: \"https://sqs.us-east-1.amazonaws.com/{aggregate_type}/q\"\n" + creds,
+			"sink.sqs.queue_url: \"https://sqs.us-east-1.amazonaws.com/{aggregate_type}/q\" has a placeholder outside the queue name"},
+		{"sqs missing secret", "sqs", "  sqs:\n    queue_url: https://sqs.us-east-1.amazonaws.com/1/q\n    access_key_id: test",
+			"sink.sqs.access_key_id is set without sink.sqs.secret_access_key"},
+		{"sns unreachable", "sns", "  sns:\n    topic_arn: arn:aws:sns:us-east-1:000000000000:t\n    endpoint: http://127.0.0.1:1\n" + creds,
+			"cannot reach the SNS topic arn:aws:sns:us-east-1:000000000000:t"},
+		{"sns not an arn", "sns", "  sns:\n    topic_arn: orders\n" + creds,
+			"sink.sns.topic_arn: \"orders\" is not an SNS topic ARN"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			checkBadStart(t, e, "aws_bad_"+strings.ReplaceAll(c.name, " ", "_"), c.typ, c.sink, c.want)
+		})
+	}
+}

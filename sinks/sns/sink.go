@@ -105,7 +105,7 @@ func (s *Sink) Connect(ctx context.Context) error {
 		if ae.ErrorCode() == "NotFound" && !constant {
 			err = nil // a sample rendering of a template
 		}
-	case errors.As(err, &answered):
+	case errors.As(err, &answered) && answered.HTTPStatusCode() > 0:
 		// An answer, if not one SNS gives (an emulator without the call).
 		s.log.Warn("the SNS endpoint answered the probe with an error; taking it as reachable", zap.Error(err))
 		err = nil

@@ -136,3 +136,16 @@ func TestValidate(t *testing.T) {
 		}
 	}
 }
+
+// TestConnectUnreachable: no answer at all is an error, not an emulator's
+// odd answer.
+func TestConnectUnreachable(t *testing.T) {
+	s, err := New(Config{TopicARN: "arn:aws:sns:us-east-1:000000000000:t", Region: "us-east-1", Endpoint: "http://127.0.0.1:1", AccessKeyID: "k", SecretAccessKey: "s"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.Connect(t.Context()); err == nil || !strings.Contains(err.Error(), "cannot reach the SNS topic") {
+		t.Errorf("Connect: %v, want cannot reach", err)
+	}
+}
