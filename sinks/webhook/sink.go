@@ -100,7 +100,7 @@ func New(cfg Config, log *zap.Logger) (*Sink, error) {
 		now:    time.Now,
 	}
 	s.q = batch.New(batch.Options{
-		Name: "webhook", MaxInFlight: cfg.MaxPending, Workers: cfg.MaxConnsPerHost,
+		Name: "webhook", MaxInFlight: cfg.MaxInFlight, Workers: cfg.MaxConnsPerHost,
 		MaxBatch: cfg.Batch.MaxMessages, Linger: cfg.Batch.Linger, Send: s.sendBatch, Closed: ErrClosed,
 	})
 	s.run = s.q.Lifecycle()
@@ -154,7 +154,7 @@ func (s *Sink) Connect(ctx context.Context) error {
 // Publish queues m for Run; done is called exactly once, from one of Run's
 // goroutines once the receiver has answered m, or before Publish returns
 // when ctx ends or the sink is closed first (ctx.Err() or ErrClosed, both
-// retryable). done must not block. Publish blocks while Config.MaxPending
+// retryable). done must not block. Publish blocks while Config.MaxInFlight
 // messages are queued or in flight. Messages of one aggregate are sent in
 // the order of the Publish calls, each once the one before has been
 // answered.
