@@ -76,6 +76,9 @@ type Config struct {
 	// failure of the message.
 	FollowRedirects bool `yaml:"follow_redirects"`
 
+	// Batch is the optional batch mode, off by default.
+	Batch Batch `yaml:"batch"`
+
 	// TLSFiles is the file form of TLS, for https:// URLs: a CA to verify
 	// the receiver with, a client certificate for mutual TLS.
 	TLSFiles sinks.TLS `yaml:"tls"`
@@ -88,6 +91,7 @@ func (c Config) withDefaults() Config {
 	c.MaxConnsPerHost = cmp.Or(c.MaxConnsPerHost, DefaultMaxConnsPerHost)
 	c.MaxInFlight = cmp.Or(maxPending.Int(c.MaxPending, c.MaxInFlight, DefaultMaxInFlight), DefaultMaxInFlight)
 	c.MaxRetryAfter = cmp.Or(c.MaxRetryAfter, DefaultMaxRetryAfter)
+	c.Batch.MaxMessages = cmp.Or(c.Batch.MaxMessages, 1)
 	return c
 }
 
@@ -121,6 +125,12 @@ func (c Config) Validate() error {
 	}
 	if c.MaxRetryAfter < 0 {
 		errs = append(errs, fmt.Errorf("sink.webhook.max_retry_after is %v; set it above 0", c.MaxRetryAfter))
+	}
+	if c.Batch.MaxMessages < 1 || c.Batch.MaxMessages > MaxBatchMessages {
+		errs = append(errs, fmt.Errorf("sink.webhook.batch.max_messages is %d; set it from 1 to %d", c.Batch.MaxMessages, MaxBatchMessages))
+	}
+	if c.Batch.Linger < 0 {
+		errs = append(errs, fmt.Errorf("sink.webhook.batch.linger is %v; set it to 0 or more", c.Batch.Linger))
 	}
 	if c.TLS == nil && (c.TLSFiles.Enabled || c.TLSFiles.Configured()) {
 		if _, err := c.TLSFiles.ClientConfig("sink.webhook.tls"); err != nil {

@@ -14,8 +14,9 @@ import (
 )
 
 var (
-	_ sinks.Settings   = (*Config)(nil)
-	_ sinks.Verifiable = (*Config)(nil)
+	_ sinks.Settings      = (*Config)(nil)
+	_ sinks.Verifiable    = (*Config)(nil)
+	_ sinks.FormatChecker = (*Config)(nil)
 )
 
 // The configuration file's sink.webhook section is a Config.
@@ -44,6 +45,8 @@ func init() {
 			"max_pending":              "deprecated: the old name of `max_inflight`",
 			"max_retry_after":          "cap of the pause a `Retry-After` answer imposes",
 			"follow_redirects":         "follow 307 and 308 answers to the same scheme and host; otherwise a 3xx is dead-lettered",
+			"batch.max_messages":       "batch mode: most messages in one POST, a JSON array of their envelopes (one of each aggregate); 1 sends each alone",
+			"batch.linger":             "batch mode: how long a batch waits for more messages before it is sent",
 			"tls.enabled":              "use the TLS settings below (an `https://` URL uses TLS without them)",
 			"tls.ca_file":              "CA bundle that signs the receiver's certificate",
 			"tls.cert_file":            "client certificate (mutual TLS)",
