@@ -13,6 +13,7 @@
 package cdc
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"regexp"
@@ -23,46 +24,78 @@ import (
 	"go.uber.org/zap"
 )
 
-// Config configures the replication side.
+// Config configures the replication side. The zero value of every field
+// means its default (WithDefaults); NewStream applies them. Its yaml keys
+// are the configuration file's postgres section, which embeds it, and Docs
+// describes them.
 type Config struct {
 	// URL is a PostgreSQL connection URL or DSN. The stream adds
-	// replication=database itself.
-	URL string
-	// Slot is the logical replication slot (pgoutput) to stream from.
-	Slot string
-	// Publication is limited to Tables and publishes inserts only.
-	Publication string
-	// Tables are the outbox tables, as schema.name.
-	Tables []string
+	// replication=database itself. Every libpq TLS parameter (sslmode,
+	// sslrootcert, sslcert, sslkey, sslpassword) is honoured, on the
+	// regular and the replication connection alike.
+	URL string `yaml:"url" secret:"url"`
+	// URLFile names a file holding URL (a mounted secret); the
+	// configuration loader reads it, NewStream ignores it.
+	URLFile string `yaml:"url_file"`
+	// Slot is the logical replication slot (pgoutput) to stream from,
+	// default "outboxrelay".
+	Slot string `yaml:"slot"`
+	// Publication is limited to Tables and publishes inserts only, default
+	// "outboxrelay".
+	Publication string `yaml:"publication"`
+	// Tables are the outbox tables, as schema.name, default public.outbox.
+	Tables []string `yaml:"tables"`
 	// IgnoreTables are tables the publication may also send whose inserts
-	// the operator chose not to relay (each is counted and logged).
-	IgnoreTables []string
-	// AcceptConfigChange lets Setup take over a slot that was consumed with
-	// another publication or other tables (run --accept-config-change).
-	AcceptConfigChange bool
+	// the operator chose not to relay (each is counted and logged). Any
+	// other table in the stream that is not in Tables stops the relay.
+	IgnoreTables []string `yaml:"ignore_tables"`
 	// FailoverSlot makes Setup create the slot as a failover slot
 	// (PostgreSQL 17+), which follows a failover to a standby that
 	// synchronizes slots.
-	FailoverSlot bool
+	FailoverSlot bool `yaml:"failover_slot"`
+	// StatusInterval is how often the flushed position is reported
+	// (default 1s, at least 100ms and at most 10s).
+	StatusInterval time.Duration `yaml:"status_interval"`
+	// AcceptConfigChange lets Setup take over a slot that was consumed with
+	// another publication or other tables (run --accept-config-change).
+	AcceptConfigChange bool `yaml:"-"`
 	// Log receives what Setup changes. Optional.
-	Log *zap.Logger
+	Log *zap.Logger `yaml:"-"`
 	// ApplicationName is shown in pg_stat_replication.
-	ApplicationName string
-	// StatusInterval is how often the flushed position is reported (default 1s).
-	StatusInterval time.Duration
-	// DrainTimeout bounds the wait for broker acknowledgements at shutdown (default 30s).
-	DrainTimeout time.Duration
+	ApplicationName string `yaml:"-"`
+	// DrainTimeout bounds the wait for broker acknowledgements at shutdown
+	// (default 30s). The configuration file sets it as relay.drain_timeout.
+	DrainTimeout time.Duration `yaml:"-"`
 	// ReconnectMin and ReconnectMax bound the reconnect backoff (defaults 500ms, 30s).
-	ReconnectMin, ReconnectMax time.Duration
+	ReconnectMin time.Duration `yaml:"-"`
+	ReconnectMax time.Duration `yaml:"-"`
 	// StandbyPoll is how often a standby checks whether the slot is free (default 1s).
-	StandbyPoll time.Duration
+	StandbyPoll time.Duration `yaml:"-"`
 	// ReceiveTimeout ends a session that received nothing for this long (default 30s).
-	ReceiveTimeout time.Duration
+	ReceiveTimeout time.Duration `yaml:"-"`
+}
+
+// Docs describes the postgres section's keys that Config holds, for the
+// configuration reference; a test fails when a key has no line here or a
+// line has no key.
+func (Config) Docs() map[string]string {
+	return map[string]string{
+		"url":             "PostgreSQL URL (`sslmode`, `sslrootcert`, `sslcert`, `sslkey` as usual); the relay adds `replication=database` itself",
+		"url_file":        "file holding `postgres.url` (a Kubernetes secret)",
+		"slot":            "logical replication slot (pgoutput); created if missing",
+		"publication":     "publication, inserts only, limited to `tables`; created or extended if needed",
+		"tables":          "outbox tables, `schema.table`",
+		"ignore_tables":   "tables the publication also sends that are knowingly not relayed (counted in `outboxrelay_skipped_inserts_total`); any other unconfigured table stops the relay",
+		"failover_slot":   "create the slot as a failover slot (PostgreSQL 17+), which follows a failover to a standby with `sync_replication_slots = on`; refused on older versions",
+		"status_interval": "how often the confirmed position is reported to PostgreSQL (100ms–10s)",
+	}
 }
 
 var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_$]{0,62}$`)
 
-// Validate checks the configuration without connecting.
+// Validate checks the configuration without connecting. c must have its
+// defaults (WithDefaults; the configuration file starts from them, so a key
+// set to its zero value there is checked as that value).
 func (c *Config) Validate() error {
 	var errs []error
 	if c.URL == "" {
@@ -89,6 +122,9 @@ func (c *Config) Validate() error {
 			errs = append(errs, fmt.Errorf("postgres.ignore_tables entry %q is also in postgres.tables", t))
 		}
 	}
+	if c.StatusInterval < 100*time.Millisecond || c.StatusInterval > 10*time.Second {
+		errs = append(errs, fmt.Errorf("postgres.status_interval %s must be between 100ms and 10s", c.StatusInterval))
+	}
 	return errors.Join(errs...)
 }
 
@@ -99,28 +135,21 @@ func (c Config) logger() *zap.Logger {
 	return c.Log.Named("cdc")
 }
 
-func (c *Config) setDefaults() {
-	if c.StatusInterval <= 0 {
-		c.StatusInterval = time.Second
+// WithDefaults returns c with every zero field set to its default.
+func (c Config) WithDefaults() Config {
+	c.Slot = cmp.Or(c.Slot, "outboxrelay")
+	c.Publication = cmp.Or(c.Publication, "outboxrelay")
+	if len(c.Tables) == 0 {
+		c.Tables = []string{"public.outbox"}
 	}
-	if c.DrainTimeout <= 0 {
-		c.DrainTimeout = 30 * time.Second
-	}
-	if c.ReconnectMin <= 0 {
-		c.ReconnectMin = 500 * time.Millisecond
-	}
-	if c.ReconnectMax <= 0 {
-		c.ReconnectMax = 30 * time.Second
-	}
-	if c.ReceiveTimeout <= 0 {
-		c.ReceiveTimeout = 30 * time.Second
-	}
-	if c.StandbyPoll <= 0 {
-		c.StandbyPoll = time.Second
-	}
-	if c.ApplicationName == "" {
-		c.ApplicationName = "outboxrelay"
-	}
+	c.StatusInterval = cmp.Or(c.StatusInterval, time.Second)
+	c.DrainTimeout = cmp.Or(c.DrainTimeout, 30*time.Second)
+	c.ReconnectMin = cmp.Or(c.ReconnectMin, 500*time.Millisecond)
+	c.ReconnectMax = cmp.Or(c.ReconnectMax, 30*time.Second)
+	c.ReceiveTimeout = cmp.Or(c.ReceiveTimeout, 30*time.Second)
+	c.StandbyPoll = cmp.Or(c.StandbyPoll, time.Second)
+	c.ApplicationName = cmp.Or(c.ApplicationName, "outboxrelay")
+	return c
 }
 
 // SplitTable splits schema.name; a name without a schema is in public.

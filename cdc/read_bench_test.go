@@ -93,7 +93,7 @@ func BenchmarkReadLoop(b *testing.B) {
 		b.Fatal(err)
 	}
 	s := &Stream{cfg: Config{}}
-	s.cfg.setDefaults()
+	s.cfg = s.cfg.WithDefaults()
 	st := &statusWriter{conn: conn, reply: make(chan struct{}, 1), replyEvery: 1}
 	ctx, cancel := context.WithCancel(context.Background())
 	h := &countHandler{want: b.N, cancel: cancel}
@@ -165,7 +165,7 @@ func TestReadEndsAfterReceiveTimeoutOfSilence(t *testing.T) {
 	const timeout = 400 * time.Millisecond
 	conn, last := silentServer(t, 12, 60*time.Millisecond) // 720 ms of traffic: past the first deadline
 	s := &Stream{cfg: Config{ReceiveTimeout: timeout}}
-	s.cfg.setDefaults()
+	s.cfg = s.cfg.WithDefaults()
 	h := &fixedHandler{}
 	st := &statusWriter{conn: conn, h: h, reply: make(chan struct{}, 1), replyEvery: 1}
 	err := s.read(t.Context(), conn, h, st)
@@ -188,7 +188,7 @@ func TestReadEndsAfterReceiveTimeoutOfSilence(t *testing.T) {
 func TestReadEndsOnCancel(t *testing.T) {
 	conn, _ := silentServer(t, 1, 0)
 	s := &Stream{cfg: Config{ReceiveTimeout: time.Minute}}
-	s.cfg.setDefaults()
+	s.cfg = s.cfg.WithDefaults()
 	h := &fixedHandler{}
 	st := &statusWriter{conn: conn, h: h, reply: make(chan struct{}, 1), replyEvery: 1}
 	ctx, cancel := context.WithCancel(t.Context())

@@ -72,10 +72,10 @@ type Stream struct {
 
 // NewStream parses the configuration. It does not connect.
 func NewStream(cfg Config, log *zap.Logger) (*Stream, error) {
+	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	cfg.setDefaults()
 	if log == nil {
 		log = zap.NewNop()
 	}

@@ -274,7 +274,7 @@ func TestReadOnWhileHandlerFull(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := &Stream{cfg: Config{}, log: zap.NewNop()}
-	s.cfg.setDefaults()
+	s.cfg = s.cfg.WithDefaults()
 	h := &fullHandler{room: make(chan struct{})}
 	st := &statusWriter{conn: conn, h: h, reply: make(chan struct{}, 1), replyEvery: 1}
 

@@ -138,7 +138,7 @@ func BenchmarkAggregateOrder(b *testing.B) {
 					for range b.N {
 						b.StopTimer()
 						s := sk.new(b)
-						r := relay.New(relay.Config{}, s, nil)
+						r := relay.New(relay.Config{}, s, nil, relay.Options{})
 						if !ordered {
 							relay.Unordered(r)
 						}

@@ -26,7 +26,7 @@ import (
 //
 // A Builder is not safe for concurrent use.
 type Builder struct {
-	cfg *Config
+	cfg *settings
 	log *zap.Logger
 	// mappings are by relation id; one is replaced when its relation is
 	// announced again.
@@ -37,13 +37,12 @@ type Builder struct {
 
 // NewBuilder returns a Builder for the pipeline configuration cfg (its
 // Database, Tables, Resolve, Columns, Format and CloudEventsSource count).
-func NewBuilder(cfg Config) *Builder {
-	cfg.setDefaults()
-	return newBuilder(&cfg, zap.NewNop().Named("relay"))
+func NewBuilder(cfg Config, opts Options) *Builder {
+	return newBuilder(&settings{Config: cfg.WithDefaults(), Options: opts}, zap.NewNop().Named("relay"))
 }
 
 // newBuilder returns a Builder for cfg, which must have its defaults set.
-func newBuilder(cfg *Config, log *zap.Logger) *Builder {
+func newBuilder(cfg *settings, log *zap.Logger) *Builder {
 	return &Builder{cfg: cfg, log: log, mappings: make(map[uint32]*mapping)}
 }
 
@@ -101,9 +100,9 @@ func (b *Builder) mapping(ctx context.Context, rel *cdc.Relation) (*mapping, err
 	}
 	c := b.cfg.Columns
 	table := rel.QualifiedName()
-	if b.cfg.Resolve != nil {
+	if b.cfg.Resolver != nil {
 		var err error
-		if table, err = b.cfg.Resolve(ctx, rel); err != nil {
+		if table, err = b.cfg.Resolver.Resolve(ctx, rel); err != nil {
 			return nil, err
 		}
 	} else if len(b.cfg.Tables) > 0 && !slices.Contains(b.cfg.Tables, table) {
@@ -213,8 +212,8 @@ func (b *Builder) buildEmitted(lm *cdc.LogicalMessage) (*Message, error) {
 }
 
 func (b *Builder) finish(em *envelope.Message, table, traceparent string, lsn cdc.LSN, errs []error) (*Message, error) {
-	if len(errs) == 0 && b.cfg.Validate != nil {
-		if err := b.cfg.Validate(em); err != nil {
+	if len(errs) == 0 && b.cfg.Validator != nil {
+		if err := b.cfg.Validator.Validate(em); err != nil {
 			errs = append(errs, err)
 		}
 	}

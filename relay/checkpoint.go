@@ -18,28 +18,28 @@ import (
 )
 
 // checkpointer decides the position confirmed to PostgreSQL: the tracker's
-// watermark (every message before it acknowledged), once Config.Checkpoint
+// watermark (every message before it acknowledged), once Options.Checkpoint
 // has recorded it. The checkpoint ticker (run, started by Relay.Run) owns
 // the recording; the stream goroutine also records, in Start and Drain,
 // serialised with the ticker by mu. The stream reads confirmed from its
 // status goroutine. Safe for concurrent use.
 type checkpointer struct {
-	cfg     *Config
+	cfg     *settings
 	log     *zap.Logger
 	tracker *tracker
 	mu      sync.Mutex // held while recording
-	// recorded is the newest position saved by Config.Checkpoint: the one
+	// recorded is the newest position saved by Options.Checkpoint: the one
 	// reported to PostgreSQL.
 	recorded   atomic.Uint64
 	unrecorded atomic.Bool
 }
 
-func newCheckpointer(cfg *Config, log *zap.Logger, t *tracker) *checkpointer {
+func newCheckpointer(cfg *settings, log *zap.Logger, t *tracker) *checkpointer {
 	return &checkpointer{cfg: cfg, log: log, tracker: t}
 }
 
 // confirmed is the newest position that every message before it was
-// acknowledged and that has been recorded by Config.Checkpoint.
+// acknowledged and that has been recorded by Options.Checkpoint.
 //
 // When recording fails because PostgreSQL is shutting down (serverStopping),
 // the relay confirms the acknowledged position unrecorded: a shutting-down
@@ -104,13 +104,13 @@ func (c *checkpointer) record(ctx context.Context) error {
 	return nil
 }
 
-// save records lsn with Config.Checkpoint, again at once while the
+// save records lsn with Options.Checkpoint, again at once while the
 // connection it was given turns out to be gone: the next attempt gets
 // another one (a pool drops a connection that failed so), and its answer
 // tells whether PostgreSQL itself is going away. It stops when ctx ends.
 func (c *checkpointer) save(ctx context.Context, lsn cdc.LSN) error {
 	for logged := false; ; {
-		err := c.cfg.Checkpoint(ctx, lsn)
+		err := c.cfg.Checkpoint.Confirm(ctx, lsn)
 		if err == nil || !connectionLost(err) {
 			return err
 		}
@@ -128,7 +128,7 @@ func (c *checkpointer) save(ctx context.Context, lsn cdc.LSN) error {
 
 // resume prepares a session's start: what this process confirmed
 // unrecorded is recorded, then the slot's position is checked against the
-// record (Config.Verify).
+// record (Options.Checkpoint.Verify).
 func (c *checkpointer) resume(ctx context.Context, slotConfirmed cdc.LSN) error {
 	if c.unrecorded.Load() {
 		// What this process confirmed unrecorded must be on record before the
@@ -148,8 +148,8 @@ func (c *checkpointer) resume(ctx context.Context, slotConfirmed cdc.LSN) error 
 			return fmt.Errorf("record checkpoint before resuming: %w", err)
 		}
 	}
-	if c.cfg.Verify != nil {
-		if err := c.cfg.Verify(ctx, slotConfirmed); err != nil {
+	if c.cfg.Checkpoint != nil {
+		if err := c.cfg.Checkpoint.Verify(ctx, slotConfirmed); err != nil {
 			return err
 		}
 	}

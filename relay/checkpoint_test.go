@@ -38,13 +38,13 @@ func TestCheckpointerConfirmsUnrecordedOnlyWhenPostgresStops(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			calls := 0
-			cfg := &Config{Checkpoint: func(context.Context, cdc.LSN) error {
+			cfg := &settings{Options: Options{Checkpoint: confirmFunc(func(context.Context, cdc.LSN) error {
 				calls++
 				if calls <= len(tc.errs) {
 					return tc.errs[calls-1]
 				}
 				return nil
-			}}
+			})}}
 			tr := newTracker()
 			c := newCheckpointer(cfg, zap.NewNop(), tr)
 			tr.idle(100)
@@ -68,3 +68,10 @@ func TestCheckpointerConfirmsUnrecordedOnlyWhenPostgresStops(t *testing.T) {
 		})
 	}
 }
+
+// confirmFunc is a Checkpoint whose Confirm is the function and whose
+// Verify accepts every slot.
+type confirmFunc func(ctx context.Context, lsn cdc.LSN) error
+
+func (f confirmFunc) Confirm(ctx context.Context, lsn cdc.LSN) error { return f(ctx, lsn) }
+func (confirmFunc) Verify(context.Context, cdc.LSN) error            { return nil }

@@ -1,13 +1,13 @@
 package relay
 
 import (
+	"cmp"
 	"context"
+	"errors"
+	"fmt"
 	"time"
 
-	"go.opentelemetry.io/otel/trace"
-
 	"github.com/outboxrelay/outboxrelay/cdc"
-	"github.com/outboxrelay/outboxrelay/envelope"
 )
 
 // Columns names the outbox table's columns. Empty optional names mean the
@@ -38,143 +38,71 @@ func (c Columns) Required() []string {
 	return []string{c.ID, c.AggregateType, c.AggregateID, c.EventType, c.Payload}
 }
 
-// DeadLetterFunc stores a message the broker will never take. It must return
-// only once the message is durably stored; the relay confirms past the
-// message after that.
-type DeadLetterFunc func(ctx context.Context, m *Message) error
-
-// Hooks observe the pipeline (metrics, tests). Every field is optional. Hooks
-// are called from sink goroutines and must not block.
-type Hooks struct {
-	// Published is called once the broker has acknowledged m.
-	Published func(m *Message, ackedAt time.Time)
-	// PublishFailed is called for every failed attempt.
-	PublishFailed func(m *Message, err error)
-	// DeadLettered is called once m is stored as a dead letter.
-	DeadLettered func(m *Message)
-	// Parked is called once m is stored behind its aggregate's dead letter.
-	Parked func(m *Message)
-	// Skipped is called for every insert into a table the operator chose
-	// not to relay (Config.Resolve returned "").
-	Skipped func(table string)
-	// ReservedHeaderDropped is called once for every row header the relay
-	// drops from m because its name is reserved; reserved is the reserved
-	// name or prefix it matched (envelope.ReservedAs), not the row's
-	// spelling. Called from the stream goroutine.
-	ReservedHeaderDropped func(m *Message, reserved string)
-}
-
-// JoinHooks returns hooks that call the hooks set in hs, each kind in the
-// order of hs. A kind none of hs sets stays nil; one that a single Hooks
-// sets is that hook itself.
-func JoinHooks(hs ...Hooks) Hooks {
-	var j Hooks
-	for _, h := range hs {
-		if f, g := j.Published, h.Published; f != nil && g != nil {
-			j.Published = func(m *Message, at time.Time) { f(m, at); g(m, at) }
-		} else if g != nil {
-			j.Published = g
-		}
-		if f, g := j.PublishFailed, h.PublishFailed; f != nil && g != nil {
-			j.PublishFailed = func(m *Message, err error) { f(m, err); g(m, err) }
-		} else if g != nil {
-			j.PublishFailed = g
-		}
-		if f, g := j.DeadLettered, h.DeadLettered; f != nil && g != nil {
-			j.DeadLettered = func(m *Message) { f(m); g(m) }
-		} else if g != nil {
-			j.DeadLettered = g
-		}
-		if f, g := j.Parked, h.Parked; f != nil && g != nil {
-			j.Parked = func(m *Message) { f(m); g(m) }
-		} else if g != nil {
-			j.Parked = g
-		}
-		if f, g := j.Skipped, h.Skipped; f != nil && g != nil {
-			j.Skipped = func(table string) { f(table); g(table) }
-		} else if g != nil {
-			j.Skipped = g
-		}
-		if f, g := j.ReservedHeaderDropped, h.ReservedHeaderDropped; f != nil && g != nil {
-			j.ReservedHeaderDropped = func(m *Message, reserved string) { f(m, reserved); g(m, reserved) }
-		} else if g != nil {
-			j.ReservedHeaderDropped = g
-		}
-	}
-	return j
-}
-
-// Config configures the pipeline.
+// Config configures the pipeline. It is plain data: what the relay calls
+// out to is in Options. The zero value of every field means its default
+// (WithDefaults); New applies them.
+//
+// Its yaml keys are the configuration file's relay section, which embeds
+// it; Docs describes them. Outbox and Envelope are sections of their own in
+// the file (postgres and envelope), as are the fields tagged yaml:"-" that
+// the program sets: adding a key to the relay section is adding a field
+// here, with its default, its check in Validate and its line in Docs.
 type Config struct {
-	// Database is written to the envelope's source.database.
-	Database string
-	// Tables are the outbox tables as schema.name. Empty: every published
-	// table. Used only when Resolve is nil.
-	Tables []string
-	// Resolve maps a relation pgoutput announced to the outbox table whose
-	// inserts it carries (a partition to its root, say), or to "" for a
-	// table the operator chose to skip. An error stops the relay before it
-	// confirms the transaction. Nil: a relation in Tables is itself, any
-	// other stops the relay. Called from the stream goroutine, once per
-	// announcement.
-	Resolve func(ctx context.Context, rel *cdc.Relation) (string, error)
-	Columns Columns
-	// Format is FormatEnvelope (default), FormatCloudEvents (structured
-	// content mode), FormatCloudEventsBinary or FormatDebezium.
-	Format Format
-	// CloudEventsSource is the CloudEvents source attribute.
-	CloudEventsSource string
-	// MessagePrefix is the prefix of table-less outbox messages
-	// (pg_logical_emit_message); default "outboxrelay".
-	MessagePrefix string
 	// MaxInFlight and MaxInFlightBytes bound the messages handed to the sink
 	// and not yet acknowledged (defaults 10000 and 64 MiB).
-	MaxInFlight      int
-	MaxInFlightBytes int64
+	MaxInFlight      int   `yaml:"max_inflight"`
+	MaxInFlightBytes int64 `yaml:"max_inflight_bytes"`
 	// MaxAttempts is how often a message the broker rejects permanently is
 	// tried before it is dead-lettered (default 5). Retryable failures are
 	// retried without limit.
-	MaxAttempts int
-	// RetryMin and RetryMax bound the exponential retry backoff (defaults 100ms, 30s).
-	RetryMin, RetryMax time.Duration
-	// DeadLetter stores dead letters. When nil, a message that must be
-	// dead-lettered stops the relay with an error instead.
-	DeadLetter DeadLetterFunc
+	MaxAttempts int `yaml:"max_attempts"`
 	// DeadLetterOrder is DeadLetterPark (default) or DeadLetterPass. It
-	// applies to messages the broker refused; a row that cannot be built
-	// into a message (invalid headers, say) is dead-lettered through
-	// DeadLetter and parks nothing. Parking stores the parked aggregates;
-	// when it is nil, later messages pass whatever DeadLetterOrder says.
-	DeadLetterOrder DeadLetterOrder
-	Parking         Parking
-	// Checkpoint durably records a position before the relay confirms it to
-	// PostgreSQL (internal/store Checkpoint.Confirm); Verify checks the slot against the
-	// record when a session starts (Checkpoint.Verify). Both optional.
-	Checkpoint func(ctx context.Context, lsn cdc.LSN) error
-	Verify     func(ctx context.Context, slotConfirmed cdc.LSN) error
+	// applies to messages the broker refused, when Options.Parking is set.
+	DeadLetterOrder DeadLetterOrder `yaml:"dead_letter_order"`
+	// RetryMin and RetryMax bound the exponential retry backoff (defaults 100ms, 30s).
+	RetryMin time.Duration `yaml:"-"`
+	RetryMax time.Duration `yaml:"-"`
 	// CheckpointInterval is how often a new position is recorded (default
 	// 100ms): a position is recorded only when the watermark moved, so an
 	// idle relay writes nothing, a busy one ten small upserts a second, and
 	// a crash repeats about a tenth of a second of acknowledged messages
 	// rather than a second of them.
-	CheckpointInterval time.Duration
-	Hooks              Hooks
-	// Validate, when set, checks each message's content (its payload
-	// against the schema of its event type and version, say) as the
-	// message is built. An error dead-letters the message as an invalid
-	// row is: never published, with the error. Called from the stream
-	// goroutine; em must not be kept.
-	Validate func(em *envelope.Message) error
-	// Tracer, when set, starts an OpenTelemetry producer span for every
-	// message, child of the row's traceparent when it is valid and a root
-	// otherwise, and the message carries that span's context (traceparent
-	// and tracestate) instead of the row's; see startSpan. Nil, or a tracer
-	// that records nothing: no spans, and messages carry the row's trace
-	// context, or a derived one that is not flagged sampled.
-	Tracer trace.Tracer
+	CheckpointInterval time.Duration `yaml:"-"`
+
+	// Outbox is how rows become messages (the file's postgres section).
+	Outbox `yaml:"-"`
+	// Envelope is the body format (the file's envelope section).
+	Envelope `yaml:"-"`
+
+	// Database is written to the envelope's source.database.
+	Database string `yaml:"-"`
+	// Tables are the outbox tables as schema.name. Empty: every published
+	// table. Used only when Options.Resolver is nil.
+	Tables []string `yaml:"-"`
 	// MessagingSystem is the spans' messaging.system attribute: the sink's
 	// name (kafka, rabbitmq, nats, redis).
-	MessagingSystem string
+	MessagingSystem string `yaml:"-"`
+}
+
+// Outbox says how the outbox table's rows become messages. The
+// configuration file's postgres section embeds it.
+type Outbox struct {
+	// Columns names the table's columns (default DefaultColumns).
+	Columns Columns `yaml:"columns"`
+	// MessagePrefix is the prefix of table-less outbox messages
+	// (pg_logical_emit_message); default "outboxrelay".
+	MessagePrefix string `yaml:"message_prefix"`
+}
+
+// Envelope chooses the body format; it is the configuration file's
+// envelope section.
+type Envelope struct {
+	// Format is FormatEnvelope (default), FormatCloudEvents (structured
+	// content mode), FormatCloudEventsBinary or FormatDebezium.
+	Format Format `yaml:"format"`
+	// CloudEventsSource is the CloudEvents source attribute (a URI
+	// reference), default "outboxrelay".
+	CloudEventsSource string `yaml:"source"`
 }
 
 // Format is the body format of published messages.
@@ -191,36 +119,119 @@ const (
 	FormatDebezium Format = "debezium"
 )
 
-func (c *Config) setDefaults() {
-	if c.Columns == (Columns{}) {
-		c.Columns = DefaultColumns()
+// WithDefaults returns c with every zero field set to its default.
+func (c Config) WithDefaults() Config {
+	c.Outbox = c.Outbox.WithDefaults()
+	c.Envelope = c.Envelope.WithDefaults()
+	c.MaxInFlight = cmp.Or(c.MaxInFlight, 10000)
+	c.MaxInFlightBytes = cmp.Or(c.MaxInFlightBytes, 64<<20)
+	c.MaxAttempts = cmp.Or(c.MaxAttempts, 5)
+	c.DeadLetterOrder = cmp.Or(c.DeadLetterOrder, DeadLetterPark)
+	c.RetryMin = cmp.Or(c.RetryMin, 100*time.Millisecond)
+	c.RetryMax = cmp.Or(c.RetryMax, 30*time.Second)
+	c.CheckpointInterval = cmp.Or(c.CheckpointInterval, 100*time.Millisecond)
+	return c
+}
+
+// Validate reports every problem with c, which must have its defaults
+// (WithDefaults; the configuration file starts from them, so a key set to
+// 0 there is a problem): its Outbox's, its Envelope's and its own. Each is
+// one sentence naming the key to fix.
+func (c Config) Validate() error {
+	errs := []error{c.Outbox.Validate(), c.Envelope.Validate()}
+	if c.MaxInFlight < 1 {
+		errs = append(errs, errors.New("relay.max_inflight must be at least 1"))
 	}
-	if c.MessagePrefix == "" {
-		c.MessagePrefix = "outboxrelay"
+	if c.MaxInFlightBytes < 1<<10 {
+		errs = append(errs, errors.New("relay.max_inflight_bytes must be at least 1024"))
 	}
-	if c.Format == "" {
-		c.Format = FormatEnvelope
+	if c.MaxAttempts < 1 {
+		errs = append(errs, errors.New("relay.max_attempts must be at least 1"))
 	}
-	if c.MaxInFlight <= 0 {
-		c.MaxInFlight = 10000
+	switch c.DeadLetterOrder {
+	case DeadLetterPark, DeadLetterPass:
+	default:
+		errs = append(errs, fmt.Errorf("relay.dead_letter_order %q is not one of park, pass", c.DeadLetterOrder))
 	}
-	if c.MaxInFlightBytes <= 0 {
-		c.MaxInFlightBytes = 64 << 20
+	return errors.Join(errs...)
+}
+
+// Docs describes the relay section's keys for the configuration reference;
+// a test fails when a key has no line here or a line has no key.
+func (Config) Docs() map[string]string {
+	return map[string]string{
+		"max_inflight":       "messages handed to the broker and not yet acknowledged (backpressure)",
+		"max_inflight_bytes": "bytes of such messages",
+		"max_attempts":       "attempts for a message the broker rejects permanently, before it is dead-lettered",
+		"dead_letter_order":  "`park`: the later messages of a dead letter's aggregate wait behind it in `outboxrelay.parked` until `dlq replay` publishes the chain in order; `pass`: they are published, leaving a gap",
 	}
-	if c.MaxAttempts <= 0 {
-		c.MaxAttempts = 5
+}
+
+// WithDefaults returns o with every zero field set to its default.
+func (o Outbox) WithDefaults() Outbox {
+	if o.Columns == (Columns{}) {
+		o.Columns = DefaultColumns()
 	}
-	if c.RetryMin <= 0 {
-		c.RetryMin = 100 * time.Millisecond
+	o.MessagePrefix = cmp.Or(o.MessagePrefix, "outboxrelay")
+	return o
+}
+
+// Validate reports a required column without a name.
+func (o Outbox) Validate() error {
+	var errs []error
+	c := o.Columns
+	for _, k := range []struct{ key, name string }{{"id", c.ID}, {"aggregate_type", c.AggregateType},
+		{"aggregate_id", c.AggregateID}, {"event_type", c.EventType}, {"payload", c.Payload}} {
+		if k.name == "" {
+			errs = append(errs, fmt.Errorf("postgres.columns.%s must name a column", k.key))
+		}
 	}
-	if c.RetryMax <= 0 {
-		c.RetryMax = 30 * time.Second
+	return errors.Join(errs...)
+}
+
+// Docs describes Outbox's keys, by their path in the section that embeds it.
+func (Outbox) Docs() map[string]string {
+	return map[string]string{
+		"columns.id":             "column that becomes `message_id`",
+		"columns.aggregate_type": "column for the topic / routing key",
+		"columns.aggregate_id":   "column for the record key (per-aggregate order)",
+		"columns.event_type":     "column for `event_type`",
+		"columns.payload":        "payload column: jsonb, json, text or bytea",
+		"columns.headers":        "jsonb object of extra broker headers; empty when the table has none",
+		"columns.traceparent":    "W3C traceparent (or Debezium `tracingspancontext`); empty when none",
+		"columns.schema_version": "integer `schema_version`; empty means 1",
+		"columns.created_at":     "timestamptz for `occurred_at` and retention; empty means the commit time",
+		"message_prefix":         "prefix of table-less `pg_logical_emit_message` events",
 	}
-	if c.CheckpointInterval <= 0 {
-		c.CheckpointInterval = 100 * time.Millisecond
+}
+
+// WithDefaults returns e with every zero field set to its default.
+func (e Envelope) WithDefaults() Envelope {
+	e.Format = cmp.Or(e.Format, FormatEnvelope)
+	e.CloudEventsSource = cmp.Or(e.CloudEventsSource, "outboxrelay")
+	return e
+}
+
+// Validate reports an unknown format, or a CloudEvents format without a
+// source.
+func (e Envelope) Validate() error {
+	switch e.Format {
+	case FormatEnvelope, FormatDebezium:
+	case FormatCloudEvents, FormatCloudEventsBinary:
+		if e.CloudEventsSource == "" {
+			return errors.New("envelope.source must be a URI reference for CloudEvents")
+		}
+	default:
+		return fmt.Errorf("envelope.format %q is not one of envelope, cloudevents, cloudevents-binary, debezium", e.Format)
 	}
-	if c.DeadLetterOrder == "" {
-		c.DeadLetterOrder = DeadLetterPark
+	return nil
+}
+
+// Docs describes Envelope's keys.
+func (Envelope) Docs() map[string]string {
+	return map[string]string{
+		"format": "`envelope`, `cloudevents` (structured), `cloudevents-binary` or `debezium` (Debezium's outbox event router output: the payload as the body, an `id` header)",
+		"source": "CloudEvents `source` attribute",
 	}
 }
 

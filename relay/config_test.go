@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -55,5 +56,32 @@ func TestJoinHooks(t *testing.T) {
 	none.Skipped("public.u")
 	if !slices.Equal(calls, []string{"c skipped public.u"}) {
 		t.Fatalf("single hook called %q", calls)
+	}
+}
+
+// TestConfigDefaultsValidate: the zero value with its defaults is valid,
+// and each bad value is one problem naming its configuration key.
+func TestConfigDefaultsValidate(t *testing.T) {
+	if err := (Config{}).WithDefaults().Validate(); err != nil {
+		t.Fatalf("defaults: %v", err)
+	}
+	for _, tc := range []struct {
+		change func(*Config)
+		want   string
+	}{
+		{func(c *Config) { c.MaxInFlight = 0 }, "relay.max_inflight must be at least 1"},
+		{func(c *Config) { c.MaxInFlightBytes = 1000 }, "relay.max_inflight_bytes must be at least 1024"},
+		{func(c *Config) { c.MaxAttempts = -1 }, "relay.max_attempts must be at least 1"},
+		{func(c *Config) { c.DeadLetterOrder = "drop" }, `relay.dead_letter_order "drop" is not one of park, pass`},
+		{func(c *Config) { c.Columns.AggregateID = "" }, "postgres.columns.aggregate_id must name a column"},
+		{func(c *Config) { c.Format = "xml" }, `envelope.format "xml" is not one of`},
+		{func(c *Config) { c.Format, c.CloudEventsSource = FormatCloudEventsBinary, "" }, "envelope.source must be a URI reference"},
+	} {
+		c := (Config{}).WithDefaults()
+		tc.change(&c)
+		err := c.Validate()
+		if err == nil || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "\n") {
+			t.Errorf("Validate() = %v, want one problem: %q", err, tc.want)
+		}
 	}
 }

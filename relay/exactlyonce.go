@@ -66,7 +66,7 @@ func (t *txnBatch) drop(complete func(*Message)) {
 // would take the open transaction past what the in-flight window holds: the
 // window frees room only as transactions are handed over, so the
 // transaction could never be received in full.
-func (t *txnBatch) fits(size int, cfg *Config) error {
+func (t *txnBatch) fits(size int, cfg *settings) error {
 	if len(t.msgs) >= cfg.MaxInFlight {
 		return fmt.Errorf("the transaction that commits at %s has more than %d outbox rows and exactly-once mode publishes whole transactions; raise relay.max_inflight above the largest transaction", t.commitLSN, cfg.MaxInFlight)
 	}

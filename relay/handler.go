@@ -18,7 +18,7 @@ import (
 // the Source calls every method but Confirmed and Unacknowledged, which
 // are safe for concurrent use.
 type handler struct {
-	cfg     *Config
+	cfg     *settings
 	log     *zap.Logger
 	failure *failure
 	build   *Builder

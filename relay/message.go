@@ -25,7 +25,7 @@ type Message struct {
 	// Table is the source table as schema.name, or "" for a table-less message.
 	Table string
 	// Traceparent is the W3C traceparent of the envelope, always set: the
-	// relay's producer span when it records one (Config.Tracer), else the
+	// relay's producer span when it records one (Options.Tracer), else the
 	// row's, else one derived from ID and not flagged sampled.
 	Traceparent string
 	// Tracestate is the W3C tracestate that goes with Traceparent: the

@@ -153,7 +153,7 @@ func TestFirstDeliveriesKeepAggregateOrder(t *testing.T) {
 	}
 	s := newScriptedSink(script)
 	dl := &deadLetters{}
-	r := New(Config{RetryMin: 2 * time.Millisecond, RetryMax: 20 * time.Millisecond, MaxAttempts: 4, DeadLetter: dl.add}, s, nil)
+	r := New(Config{RetryMin: 2 * time.Millisecond, RetryMax: 20 * time.Millisecond, MaxAttempts: 4}, s, nil, Options{DeadLetters: DeadLetterFunc(dl.add)})
 	src := &aggregateSource{msgs: msgs, aggregates: aggs, txSize: 5}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -214,7 +214,7 @@ func TestDeadLetterReleasesAggregate(t *testing.T) {
 		stored = true
 		return nil
 	}
-	r := New(Config{RetryMin: 5 * time.Millisecond, RetryMax: 10 * time.Millisecond, MaxAttempts: 3, DeadLetter: dead,
+	r := New(Config{RetryMin: 5 * time.Millisecond, RetryMax: 10 * time.Millisecond, MaxAttempts: 3}, s, nil, Options{DeadLetters: DeadLetterFunc(dead),
 		Hooks: Hooks{Published: func(m *Message, _ time.Time) {
 			mu.Lock()
 			defer mu.Unlock()
@@ -225,7 +225,7 @@ func TestDeadLetterReleasesAggregate(t *testing.T) {
 					early = append(early, m.ID)
 				}
 			}
-		}}}, s, nil)
+		}}})
 	src := &aggregateSource{msgs: msgs, aggregates: aggs, txSize: 4}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -67,9 +67,9 @@ func TestDeadLetterParksAggregateInRelay(t *testing.T) {
 				return deliver
 			})
 			park := &memParking{after: after}
-			r := New(Config{RetryMin: time.Millisecond, RetryMax: 2 * time.Millisecond, MaxAttempts: 2,
-				DeadLetter: func(context.Context, *Message) error { t.Error("m4 stored without parking its aggregate"); return nil },
-				Parking:    park}, s, nil)
+			r := New(Config{RetryMin: time.Millisecond, RetryMax: 2 * time.Millisecond, MaxAttempts: 2}, s, nil, Options{
+				DeadLetters: DeadLetterFunc(func(context.Context, *Message) error { t.Error("m4 stored without parking its aggregate"); return nil }),
+				Parking:     park})
 			src := &aggregateSource{msgs: msgs, aggregates: aggs, txSize: 4}
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()

@@ -28,7 +28,7 @@ import (
 // and parked messages are stored on background goroutines. Safe for
 // concurrent use.
 type publisher struct {
-	cfg     *Config
+	cfg     *settings
 	sink    Sink
 	log     *zap.Logger
 	failure *failure
@@ -62,7 +62,7 @@ type publisher struct {
 	deadLetters sync.WaitGroup
 }
 
-func newPublisher(cfg *Config, sink Sink, log *zap.Logger, f *failure, bg *background, w *window, t *tracker) *publisher {
+func newPublisher(cfg *settings, sink Sink, log *zap.Logger, f *failure, bg *background, w *window, t *tracker) *publisher {
 	p := &publisher{
 		cfg: cfg, sink: sink, log: log, failure: f, bg: bg, window: w, tracker: t,
 		order:   newAggregates(),
@@ -201,7 +201,10 @@ func (p *publisher) backoff(attempt int) time.Duration {
 // message is released.
 func (p *publisher) deadLetter(m *Message, gated bool) {
 	head := gated && p.parking()
-	store := p.cfg.DeadLetter
+	var store func(context.Context, *Message) error
+	if p.cfg.DeadLetters != nil {
+		store = p.cfg.DeadLetters.Add
+	}
 	if head {
 		store = p.cfg.Parking.AddHead
 	}

@@ -29,7 +29,7 @@ type Relay struct {
 	// Source calls, with the Builder that makes the messages), publisher
 	// (per-aggregate order, outcomes, retries, dead letters, parking) and
 	// checkpointer (the tracker's watermark, recorded and confirmed).
-	cfg     Config
+	cfg     settings
 	sink    Sink
 	log     *zap.Logger
 	failure *failure
@@ -41,20 +41,27 @@ type Relay struct {
 	cp      *checkpointer
 }
 
-// New returns a Relay. It starts nothing.
-func New(cfg Config, sink Sink, log *zap.Logger) *Relay {
-	cfg.setDefaults()
+// settings are what the parts of a Relay read: its Config, with defaults,
+// and its Options.
+type settings struct {
+	Config
+	Options
+}
+
+// New returns a Relay that publishes to sink as cfg says and calls out to
+// what opts holds. It starts nothing.
+func New(cfg Config, sink Sink, log *zap.Logger, opts Options) *Relay {
 	if log == nil {
 		log = zap.NewNop()
 	}
 	r := &Relay{
-		cfg:     cfg,
+		cfg:     settings{Config: cfg.WithDefaults(), Options: opts},
 		sink:    sink,
 		log:     log.Named("relay"),
 		bg:      &background{},
-		window:  newWindow(cfg.MaxInFlight, cfg.MaxInFlightBytes),
 		tracker: newTracker(),
 	}
+	r.window = newWindow(r.cfg.MaxInFlight, r.cfg.MaxInFlightBytes)
 	r.failure = &failure{log: r.log, done: make(chan struct{})}
 	r.pub = newPublisher(&r.cfg, sink, r.log, r.failure, r.bg, r.window, r.tracker)
 	r.cp = newCheckpointer(&r.cfg, r.log, r.tracker)

@@ -62,7 +62,7 @@ func (f emitSource) Run(ctx context.Context, h cdc.Handler) error {
 
 func TestRetriesKeepPublishOrder(t *testing.T) {
 	s := &flakySink{seen: map[string]int{}}
-	r := New(Config{RetryMin: 20 * time.Millisecond}, s, nil)
+	r := New(Config{RetryMin: 20 * time.Millisecond}, s, nil, Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := r.Run(ctx, emitSource{n: 10, transactional: true}); err != nil {
@@ -97,7 +97,7 @@ func (d *deadLetters) add(_ context.Context, m *Message) error {
 func TestNonTransactionalMessagesAreDeadLettered(t *testing.T) {
 	s := &flakySink{seen: map[string]int{}}
 	dl := &deadLetters{}
-	r := New(Config{DeadLetter: dl.add}, s, nil)
+	r := New(Config{}, s, nil, Options{DeadLetters: DeadLetterFunc(dl.add)})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := r.Run(ctx, emitSource{n: 3, transactional: false}); err != nil {
@@ -139,7 +139,7 @@ func (interleavedSource) Run(ctx context.Context, h cdc.Handler) error {
 func TestNonTransactionalMessageInsideTransactionKeepsWatermark(t *testing.T) {
 	s := &okSink{}
 	dl := &deadLetters{}
-	r := New(Config{DeadLetter: dl.add}, s, nil)
+	r := New(Config{}, s, nil, Options{DeadLetters: DeadLetterFunc(dl.add)})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := r.Run(ctx, interleavedSource{}); err != nil {
@@ -190,7 +190,7 @@ func (s *holdingSink) answerAll() {
 // the broker answers.
 func TestUnansweredAndLagSince(t *testing.T) {
 	sink := &holdingSink{}
-	r := New(Config{}, sink, nil)
+	r := New(Config{}, sink, nil, Options{})
 	ctx, cancel := context.WithCancel(t.Context())
 	stopped := make(chan error)
 	defer func() {
@@ -264,11 +264,11 @@ func (headerSource) Run(ctx context.Context, h cdc.Handler) error {
 func TestReservedHeaderDroppedHook(t *testing.T) {
 	var mu sync.Mutex
 	var got []string
-	r := New(Config{Hooks: Hooks{ReservedHeaderDropped: func(m *Message, reserved string) {
+	r := New(Config{}, okSink{}, nil, Options{Hooks: Hooks{ReservedHeaderDropped: func(m *Message, reserved string) {
 		mu.Lock()
 		defer mu.Unlock()
 		got = append(got, m.ID+":"+reserved)
-	}}}, okSink{}, nil)
+	}}})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := r.Run(ctx, headerSource{}); err != nil {

@@ -83,7 +83,7 @@ func (s *traceSink) Close() error { return nil }
 func runTraced(t *testing.T, tracer trace.Tracer) map[string]sent {
 	t.Helper()
 	s := &traceSink{got: map[string]sent{}}
-	r := New(Config{RetryMin: 10 * time.Millisecond, Tracer: tracer, MessagingSystem: "kafka"}, s, nil)
+	r := New(Config{RetryMin: 10 * time.Millisecond, MessagingSystem: "kafka"}, s, nil, Options{Tracer: tracer})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := r.Run(ctx, traceSource{}); err != nil {

@@ -60,7 +60,7 @@ func (s *rowSource) Run(ctx context.Context, h cdc.Handler) error {
 // the 1 KB rows of make bench's relay->kafka+schemas workload: 20,000 rows
 // of 1,000 aggregates through a sink that acknowledges at once, without
 // ("schemas=off", the reference, run just before in the same process) and
-// with every payload validated through relay.Config.Validate as
+// with every payload validated through relay.Options.Validator as
 // internal/app wires it. "x-off" is throughput with validation as a
 // fraction of the reference, "cpu-x-off" the same for the process's CPU
 // time per row. Run with -benchtime=3x and -count.
@@ -93,14 +93,14 @@ func BenchmarkValidateCost(b *testing.B) {
 			var elapsed, cpu time.Duration
 			for range b.N {
 				b.StopTimer()
-				cfg := relay.Config{}
+				var opts relay.Options
 				if validate {
-					cfg.Validate = func(em *envelope.Message) error {
+					opts.Validator = relay.ValidateFunc(func(em *envelope.Message) error {
 						return set.Validate(em.EventType, em.SchemaVersion, em.Payload)
-					}
+					})
 				}
 				s := &rttSink{queue: make(chan rttAttempt, n)}
-				r := relay.New(cfg, s, nil)
+				r := relay.New(relay.Config{}, s, nil, opts)
 				b.StartTimer()
 				start, cpu0 := time.Now(), processCPU(b)
 				if err := r.Run(context.Background(), src); err != nil {

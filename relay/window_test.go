@@ -126,7 +126,7 @@ func TestWindowBoundsMessagesInFlight(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := &holdSink{}
-			r := New(tc.cfg, s, nil)
+			r := New(tc.cfg, s, nil, Options{})
 			src := &windowSource{n: n, askRoom: tc.askRoom}
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()

@@ -257,9 +257,9 @@ func (s Source) Scan(ctx context.Context, db Querier, f Filter, fn func(m *relay
 			" AND replayed_at IS NULL UNION ALL SELECT message_id FROM outboxrelay.parked WHERE slot = " + slot + ")"
 	}
 	b := relay.NewBuilder(relay.Config{
-		Database: s.Database, Tables: s.Tables, Columns: s.Columns,
-		Format: s.Format, CloudEventsSource: s.CloudEventsSource,
-	})
+		Database: s.Database, Tables: s.Tables, Outbox: relay.Outbox{Columns: s.Columns},
+		Envelope: relay.Envelope{Format: s.Format, CloudEventsSource: s.CloudEventsSource},
+	}, relay.Options{})
 	c := s.Columns
 	var rels []*cdc.Relation
 	var parts []string

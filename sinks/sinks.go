@@ -120,6 +120,20 @@ func Names() []string {
 	return names
 }
 
+// RelayOnly is implemented by Settings whose sink can hold the relay's
+// position with its messages (sink.kafka.exactly_once), which only the
+// relay's own sink may: the program opens the relay's sink with the
+// settings of ForRelay, and any other (dlq replay, verify, a first start's
+// backfill) with those of Detached.
+type RelayOnly interface {
+	// ForRelay returns the settings of the sink of the relay that reads
+	// slot.
+	ForRelay(slot string) Settings
+	// Detached returns the settings of a sink that publishes outside the
+	// relay's position.
+	Detached() Settings
+}
+
 // Verifiable is implemented by Settings whose broker `outboxrelay verify`
 // can read back. The command asks the configured sink's settings for it;
 // a sink without it cannot be verified, and verify says so.

@@ -34,11 +34,12 @@ func cmdMigrate(args []string, stdout, stderr io.Writer) error {
 	url := fs.String("database-url", "", "PostgreSQL URL of the tables' owner (env OUTBOXRELAY_POSTGRES_URL, OUTBOXRELAY_POSTGRES_URL_FILE, DATABASE_URL)")
 	print := fs.Bool("print", false, "print the SQL instead of running it")
 	var o migrations.Options
-	fs.StringVar(&o.Table, "table", "public.outbox", "outbox table to create")
-	fs.StringVar(&o.Publication, "publication", "outboxrelay", "publication to create")
+	def := cdc.Config{}.WithDefaults() // the configuration's defaults
+	fs.StringVar(&o.Table, "table", def.Tables[0], "outbox table to create")
+	fs.StringVar(&o.Publication, "publication", def.Publication, "publication to create")
 	fs.BoolVar(&o.Partitioned, "partitioned", false, "create the outbox table range-partitioned by created_at, in daily partitions the relay keeps ready and drops past postgres.retention")
 	fs.BoolVar(&o.Debezium, "debezium", false, "also create a Debezium-shaped outbox table (public.outboxevent); with --config, create the configuration's table in that shape (postgres.columns must map Debezium's columns)")
-	slot := fs.String("slot", "outboxrelay", "replication slot to create, so rows written before the relay first runs are kept; empty to skip")
+	slot := fs.String("slot", def.Slot, "replication slot to create, so rows written before the relay first runs are kept; empty to skip")
 	failoverSlot := fs.Bool("failover-slot", false, "create the slot as a failover slot (PostgreSQL 17+), as postgres.failover_slot does")
 	printRoleSQL := fs.Bool("print-role", false, "print the SQL that creates a least-privilege role for the relay, and exit")
 	role := fs.String("role", "outboxrelay", "role name for --print-role")

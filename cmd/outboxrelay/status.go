@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/outboxrelay/outboxrelay/cdc"
 	"github.com/outboxrelay/outboxrelay/internal/store"
 )
 
@@ -22,7 +23,7 @@ func cmdStatus(args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("status", "status --database-url URL [--slot NAME | --all] [--json | -o json|wide] [--max-lag-bytes N] [--watch [--interval 2s]]",
 		"Print the checkpoint status of a replication slot, or with --all of every logical slot of the server. Exits 1 when the slot is missing, lost or over --max-lag-bytes, or (--all) when a slot is flagged: inactive and retaining WAL, or lost.")
 	url := fs.String("database-url", "", "PostgreSQL URL")
-	slot := fs.String("slot", envOr("OUTBOXRELAY_POSTGRES_SLOT", "outboxrelay"), "replication slot (or OUTBOXRELAY_POSTGRES_SLOT)")
+	slot := fs.String("slot", envOr("OUTBOXRELAY_POSTGRES_SLOT", cdc.Config{}.WithDefaults().Slot), "replication slot (or OUTBOXRELAY_POSTGRES_SLOT)")
 	asJSON := fs.Bool("json", false, "print one JSON object")
 	maxLag := fs.Int64("max-lag-bytes", 0, "unhealthy when the lag is over this many bytes (0: no limit)")
 	all := fs.Bool("all", false, "list every logical slot: active, inactive since, retained WAL, wal_status, relay checkpoint; flags inactive slots that retain WAL")

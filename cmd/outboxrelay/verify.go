@@ -122,7 +122,7 @@ func openOps(ctx context.Context, path string, stderr io.Writer) (*opsEnv, error
 	}
 	return &opsEnv{cfg: cfg, log: log, db: db, source: rows.Source{
 		Tables: app.QualifiedTables(cfg.Postgres.Tables), Columns: cfg.Postgres.Columns, Database: database,
-		Format: relay.Format(cfg.Envelope.Format), CloudEventsSource: cfg.Envelope.Source,
+		Format: cfg.Envelope.Format, CloudEventsSource: cfg.Envelope.CloudEventsSource,
 	}}, nil
 }
 

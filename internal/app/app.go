@@ -19,14 +19,12 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/outboxrelay/outboxrelay/cdc"
-	"github.com/outboxrelay/outboxrelay/envelope"
 	"github.com/outboxrelay/outboxrelay/internal/admin"
 	"github.com/outboxrelay/outboxrelay/internal/config"
 	"github.com/outboxrelay/outboxrelay/internal/metrics"
 	"github.com/outboxrelay/outboxrelay/internal/store"
 	"github.com/outboxrelay/outboxrelay/relay"
 	"github.com/outboxrelay/outboxrelay/sinks"
-	"github.com/outboxrelay/outboxrelay/sinks/kafka"
 )
 
 // Options are what the caller knows beyond the configuration file.
@@ -48,7 +46,7 @@ type App struct {
 	cfg      config.Config
 	log      *zap.Logger
 	opts     Options
-	validate func(*envelope.Message) error
+	validate relay.Validator // nil: no schemas
 	started  chan struct{}
 }
 
@@ -75,215 +73,291 @@ func (a *App) Started() <-chan struct{} { return a.started }
 // returns nil. A cancellation during startup is a clean stop too. Any
 // other error is the reason the relay could not start or stopped; the
 // relay has logged the details.
+//
+// It runs in phases: prepare checks PostgreSQL, open opens what the relay
+// talks to, wire builds the relay and the parts that report on it, and
+// serve runs them all. The slot is created between wire and serve, once
+// everything has been checked: a slot that no relay reads keeps WAL until
+// the disk fills, so a start that fails must leave pg_replication_slots as
+// it found it. Whatever phase stops, the cleanup stack undoes the ones
+// before it.
 func (a *App) Run(ctx context.Context) error {
-	cfg, log := a.cfg, a.log
+	r := &run{App: a}
+	defer r.undo()
 	// A cancellation during startup is a request to stop, not a failure.
 	startErr := func(err error) error {
 		if ctx.Err() != nil {
-			log.Info("stopped during startup", zap.String("error", err.Error()))
+			a.log.Info("stopped during startup", zap.String("error", err.Error()))
 			return nil
 		}
 		return err
 	}
 	setupCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	conn, err := Connect(setupCtx, cfg.Postgres.URL)
-	if err != nil {
+	if err := r.prepare(setupCtx); err != nil {
 		return startErr(err)
 	}
-	var database string // the URL may name none: ask the server
-	if err := conn.QueryRow(setupCtx, "SELECT current_database()").Scan(&database); err != nil {
-		conn.Close(context.WithoutCancel(ctx))
-		return startErr(fmt.Errorf("cannot query PostgreSQL: %v", err))
+	if err := r.open(setupCtx); err != nil {
+		return startErr(err)
 	}
-	defer conn.Close(context.WithoutCancel(ctx))
+	if err := r.wire(ctx); err != nil {
+		return startErr(err)
+	}
+	// Not setupCtx: a first start may publish many rows from the tables.
+	if err := r.createSlot(ctx); err != nil {
+		return startErr(err)
+	}
+	return r.serve(ctx)
+}
+
+// run is the state of one App.Run, filled in phase by phase.
+type run struct {
+	*App
+	cleanup []func() // undo runs them last first
+
+	// prepare
+	conn     *pgx.Conn // closed once the slot exists
+	database string
+	// open
+	traces   tracing
+	sink     relay.Sink
+	relaying bool // the relay owns the sink, and closes it
+	stream   *cdc.Stream
+	dur      *durability
+	guard    *cdc.Guard
+	// wire
+	progress  *store.Progress
+	metrics   *metrics.Metrics
+	relay     *relay.Relay
+	srv       *admin.Server
+	relayCtx  context.Context // /readyz and serve read whether it ended
+	stopRelay context.CancelFunc
+}
+
+// push adds f to the cleanup stack.
+func (r *run) push(f func()) { r.cleanup = append(r.cleanup, f) }
+
+// undo runs the cleanup stack, last first.
+func (r *run) undo() {
+	for i := len(r.cleanup) - 1; i >= 0; i-- {
+		r.cleanup[i]()
+	}
+}
+
+// prepare connects and checks everything about PostgreSQL that can be
+// checked without creating the slot.
+func (r *run) prepare(ctx context.Context) error {
+	cfg := r.cfg
+	conn, err := Connect(ctx, cfg.Postgres.URL)
+	if err != nil {
+		return err
+	}
+	r.conn = conn
+	r.push(func() { conn.Close(context.WithoutCancel(ctx)) })
+	// The URL may name no database: ask the server.
+	if err := conn.QueryRow(ctx, "SELECT current_database()").Scan(&r.database); err != nil {
+		return fmt.Errorf("cannot query PostgreSQL: %v", err)
+	}
 	cdcCfg := cfg.CDC()
-	cdcCfg.Log = log
-	cdcCfg.AcceptConfigChange = a.opts.AcceptConfigChange
-	// Everything is checked before the slot is created: a slot that no relay
-	// reads keeps WAL until the disk fills, so a start that fails must leave
-	// pg_replication_slots as it found it.
-	err = cdc.Prepare(setupCtx, conn, store.Checkpoint{DB: conn, Slot: cfg.Postgres.Slot}, cdcCfg, cfg.Postgres.Columns.Required())
+	cdcCfg.Log = r.log
+	cdcCfg.AcceptConfigChange = r.opts.AcceptConfigChange
+	err = cdc.Prepare(ctx, conn, store.Checkpoint{DB: conn, Slot: cfg.Postgres.Slot}, cdcCfg, cfg.Postgres.Columns.Required())
 	if err == nil {
 		p := cdc.Privileges{
 			DeadLetters: cfg.Relay.DeadLetters, Heartbeat: cfg.Postgres.HeartbeatInterval > 0,
-			Parking: cfg.Relay.DeadLetters && cfg.Relay.DeadLetterOrder == string(relay.DeadLetterPark),
+			Parking: cfg.Relay.DeadLetters && cfg.Relay.DeadLetterOrder == relay.DeadLetterPark,
 		}
 		if cfg.Postgres.Retention > 0 {
 			p.Retention = cfg.Postgres.Tables
 		}
-		err = cdc.CheckPrivileges(setupCtx, conn, p)
+		err = cdc.CheckPrivileges(ctx, conn, p)
 	}
 	if err != nil {
-		return startErr(fmt.Errorf("prepare PostgreSQL: %w", err))
+		return fmt.Errorf("prepare PostgreSQL: %w", err)
 	}
-	lookup := a.opts.LookupEnv
+	return nil
+}
+
+// open opens what the relay talks to: the span exporter, the sink, the
+// replication stream and the pool that keeps the relay's state.
+func (r *run) open(ctx context.Context) error {
+	cfg := r.cfg
+	lookup := r.opts.LookupEnv
 	if lookup == nil {
 		lookup = func(string) (string, bool) { return "", false }
 	}
-	traces, err := newTracing(setupCtx, lookup, a.opts.Version, log)
+	traces, err := newTracing(ctx, lookup, r.opts.Version, r.log)
 	if err != nil {
-		return startErr(err)
+		return err
 	}
-	defer func() {
+	r.traces = traces
+	r.push(func() {
 		// After the relay has drained: every span it will end has ended.
 		flushCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
 		if err := traces.Shutdown(flushCtx); err != nil {
-			log.Warn("OpenTelemetry spans not exported at shutdown", zap.Error(err))
+			r.log.Warn("OpenTelemetry spans not exported at shutdown", zap.Error(err))
 		}
-	}()
-	sink, err := openSink(setupCtx, cfg, true, log)
+	})
+	sink, err := openSink(ctx, cfg, true, r.log)
 	if err != nil {
-		return startErr(err)
-	}
-	stream, err := cdc.NewStream(cfg.CDC(), log)
-	if err != nil {
-		_ = sink.Close()
 		return err
 	}
-	if err := stream.Ping(setupCtx); err != nil {
-		_ = sink.Close()
-		return startErr(fmt.Errorf("prepare PostgreSQL: %w", err))
+	r.sink = sink
+	r.push(func() {
+		if !r.relaying {
+			_ = sink.Close()
+		}
+	})
+	if r.stream, err = cdc.NewStream(cfg.CDC(), r.log); err != nil {
+		return err
 	}
+	if err := r.stream.Ping(ctx); err != nil {
+		return fmt.Errorf("prepare PostgreSQL: %w", err)
+	}
+	if r.dur, err = openDurability(ctx, cfg, r.log); err != nil {
+		return err
+	}
+	r.push(r.dur.close)
+	if r.guard, err = r.dur.consumer(ctx); err != nil {
+		return fmt.Errorf("prepare PostgreSQL: %w", err)
+	}
+	return nil
+}
 
-	dur, err := openDurability(setupCtx, cfg, log)
-	if err != nil {
-		_ = sink.Close()
-		return startErr(err)
-	}
-	defer dur.close()
-	guard, err := dur.consumer(setupCtx)
-	if err != nil {
-		_ = sink.Close()
-		return startErr(fmt.Errorf("prepare PostgreSQL: %w", err))
-	}
+// wire builds the relay, its metrics and its HTTP endpoint, which starts
+// listening so that a taken address fails the start. The relay's context
+// derives from ctx, Run's.
+func (r *run) wire(ctx context.Context) error {
+	cfg, log := r.cfg, r.log
 	slot := cfg.Postgres.Slot
-	readStatus := func(ctx context.Context) (store.Status, error) { return store.ReadStatus(ctx, dur.pool, slot) }
-	progress := store.NewProgress(dur.pool, slot, log)
-	// r is set below, before the HTTP endpoint can scrape the inflight gauge.
-	var r *relay.Relay
-	m := metrics.New(metrics.Config{
+	readStatus := func(ctx context.Context) (store.Status, error) { return store.ReadStatus(ctx, r.dur.pool, slot) }
+	r.progress = store.NewProgress(r.dur.pool, slot, log)
+	// The gauges read r.relay, which is set below, before the HTTP endpoint
+	// can scrape them.
+	r.metrics = metrics.New(metrics.Config{
 		Sink:          cfg.Sink.Type,
 		Slot:          slot,
-		Version:       a.opts.Version,
-		Revision:      a.opts.Revision,
-		Inflight:      func() int { return r.Inflight() },
-		Unanswered:    func() time.Duration { d, _ := r.Unanswered(); return d },
-		LagSince:      func() time.Time { return r.LagSince() },
-		Standby:       stream.Standby,
+		Version:       r.opts.Version,
+		Revision:      r.opts.Revision,
+		Inflight:      func() int { return r.relay.Inflight() },
+		Unanswered:    func() time.Duration { d, _ := r.relay.Unanswered(); return d },
+		LagSince:      func() time.Time { return r.relay.LagSince() },
+		Standby:       r.stream.Standby,
 		Destinations:  staticDestinations(cfg),
 		IgnoredTables: cfg.Postgres.IgnoreTables,
 		Status:        readStatus,
 		Log:           log,
 	})
-	rc := relay.Config{
-		Database:          database,
-		Tables:            QualifiedTables(cfg.Postgres.Tables),
-		Columns:           cfg.Postgres.Columns,
-		MessagePrefix:     cfg.Postgres.MessagePrefix,
-		MaxInFlight:       cfg.Relay.MaxInFlight,
-		MaxInFlightBytes:  cfg.Relay.MaxInFlightBytes,
-		MaxAttempts:       cfg.Relay.MaxAttempts,
-		Format:            relay.Format(cfg.Envelope.Format),
-		CloudEventsSource: cfg.Envelope.Source,
-		Hooks:             relay.JoinHooks(relay.Hooks{Published: progress.Published}, m.Hooks()),
-		Resolve:           guard.Resolve,
-		Tracer:            traces.Tracer(),
-		MessagingSystem:   cfg.Sink.Type,
-	}
-	rc.Validate = a.validate
-	dur.apply(&rc)
-	r = relay.New(rc, sink, log)
-	progress.LagSince = r.LagSince
+	rc := cfg.RelayConfig()
+	rc.Database = r.database
+	opts := r.dur.options()
+	opts.Hooks = relay.JoinHooks(relay.Hooks{Published: r.progress.Published}, r.metrics.Hooks())
+	opts.Resolver, opts.Validator, opts.Tracer = r.guard, r.validate, r.traces.Tracer()
+	r.relay = relay.New(rc, r.sink, log, opts)
+	r.progress.LagSince = r.relay.LagSince
 
-	// relayCtx ends when ctx does, or when the HTTP endpoint fails. The
-	// parts that report on the relay (progress, metrics, HTTP) outlive it
-	// until the relay has drained, so that they see its final state.
-	relayCtx, stopRelay := context.WithCancel(ctx)
-	defer stopRelay()
-	var srv *admin.Server
-	if cfg.HTTP.Listen != "" {
-		srv = admin.New(admin.Config{
-			Listen: cfg.HTTP.Listen,
-			Ready: func() error {
-				silent := stream.Silent()
-				switch {
-				case relayCtx.Err() != nil:
-					return errors.New("shutting down")
-				case !stream.Streaming():
-					return errors.New("replication is not streaming")
-				case silent > stream.StallAfter():
-					return fmt.Errorf("PostgreSQL has sent nothing on the replication connection for %s, although asked to reply (the connection may be lost)", silent.Round(100*time.Millisecond))
-				case !sink.Ready():
-					return fmt.Errorf("%s sink is not connected", cfg.Sink.Type)
-				case r.Retrying():
-					return errors.New("retrying failed publishes")
-				}
-				if d, n := r.Unanswered(); d >= brokerSilence {
-					return fmt.Errorf("the %s broker has answered nothing for %s (%d messages waiting)", cfg.Sink.Type, d.Round(time.Second), n)
-				}
-				return nil
-			},
-			Standby: func() bool { return relayCtx.Err() == nil && stream.Standby() && sink.Ready() },
-			Status:  readStatus,
-			Metrics: m.Handler(),
-			Token:   cfg.HTTP.Token,
-			Log:     log,
-		})
-		if err := srv.Listen(); err != nil {
-			_ = sink.Close()
-			return fmt.Errorf("%v; choose a free address for http.listen", err)
-		}
+	// relayCtx ends when Run's ctx does, or when the HTTP endpoint fails.
+	// The parts that report on the relay (progress, metrics, HTTP) outlive
+	// it until the relay has drained, so that they see its final state.
+	r.relayCtx, r.stopRelay = context.WithCancel(ctx)
+	r.push(r.stopRelay)
+	if cfg.HTTP.Listen == "" {
+		return nil
 	}
-	// Not setupCtx: a first start may publish many rows from the tables.
-	createdSlot, err := a.ensureSlot(ctx, conn, dur.pool, database)
+	r.srv = admin.New(admin.Config{
+		Listen:  cfg.HTTP.Listen,
+		Ready:   r.ready,
+		Standby: func() bool { return r.relayCtx.Err() == nil && r.stream.Standby() && r.sink.Ready() },
+		Status:  readStatus,
+		Metrics: r.metrics.Handler(),
+		Token:   cfg.HTTP.Token,
+		Log:     log,
+	})
+	if err := r.srv.Listen(); err != nil {
+		return fmt.Errorf("%v; choose a free address for http.listen", err)
+	}
+	return nil
+}
+
+// ready is /readyz: nil while the relay streams and its broker answers.
+func (r *run) ready() error {
+	silent := r.stream.Silent()
+	switch {
+	case r.relayCtx.Err() != nil:
+		return errors.New("shutting down")
+	case !r.stream.Streaming():
+		return errors.New("replication is not streaming")
+	case silent > r.stream.StallAfter():
+		return fmt.Errorf("PostgreSQL has sent nothing on the replication connection for %s, although asked to reply (the connection may be lost)", silent.Round(100*time.Millisecond))
+	case !r.sink.Ready():
+		return fmt.Errorf("%s sink is not connected", r.cfg.Sink.Type)
+	case r.relay.Retrying():
+		return errors.New("retrying failed publishes")
+	}
+	if d, n := r.relay.Unanswered(); d >= brokerSilence {
+		return fmt.Errorf("the %s broker has answered nothing for %s (%d messages waiting)", r.cfg.Sink.Type, d.Round(time.Second), n)
+	}
+	return nil
+}
+
+// createSlot creates the slot, or takes the one there, publishing the
+// tables' rows first on a first start (see ensureSlot).
+func (r *run) createSlot(ctx context.Context) error {
+	created, err := r.ensureSlot(ctx, r.conn, r.dur.pool, r.database)
 	if err != nil {
-		_ = sink.Close()
-		return startErr(fmt.Errorf("prepare PostgreSQL: %w", err))
+		return fmt.Errorf("prepare PostgreSQL: %w", err)
 	}
-	conn.Close(context.WithoutCancel(ctx))
-	if createdSlot {
-		log.Info("created replication slot: it keeps WAL until a relay reads it; if no relay will, drop it with SELECT pg_drop_replication_slot('"+cfg.Postgres.Slot+"')",
-			zap.String("slot", cfg.Postgres.Slot))
+	r.conn.Close(context.WithoutCancel(ctx))
+	if slot := r.cfg.Postgres.Slot; created {
+		r.log.Info("created replication slot: it keeps WAL until a relay reads it; if no relay will, drop it with SELECT pg_drop_replication_slot('"+slot+"')",
+			zap.String("slot", slot))
 	}
+	return nil
+}
 
-	stopLog := context.AfterFunc(relayCtx, func() { log.Info("shutting down") })
+// serve runs the relay and every part around it in one group, until ctx
+// ends or the relay fails. The reporting parts stop after the relay has
+// drained; the others stop with it.
+func (r *run) serve(ctx context.Context) error {
+	cfg, log := r.cfg, r.log
+	stopLog := context.AfterFunc(r.relayCtx, func() { log.Info("shutting down") })
 	defer stopLog()
-
 	reportCtx, stopReport := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopReport()
-	var report errgroup.Group
-	report.Go(func() error { return progress.Run(reportCtx) })
-	report.Go(func() error { return m.Run(reportCtx) })
-	if srv != nil {
-		report.Go(func() error {
-			err := srv.Run(reportCtx)
+
+	var g errgroup.Group
+	g.Go(func() error { return r.progress.Run(reportCtx) })
+	g.Go(func() error { return r.metrics.Run(reportCtx) })
+	if r.srv != nil {
+		g.Go(func() error {
+			err := r.srv.Run(reportCtx)
 			if err != nil && reportCtx.Err() == nil {
 				log.Error("http endpoint failed; stopping", zap.Error(err))
-				stopRelay()
+				r.stopRelay()
 			}
 			return err
 		})
 	}
-	report.Go(func() error {
-		guard.Run(relayCtx, r.Fail)
+	relayCtx := r.relayCtx
+	g.Go(func() error {
+		r.guard.Run(relayCtx, r.relay.Fail)
 		return nil
 	})
-	report.Go(func() error { return dur.heartbeat(relayCtx) })
-	report.Go(func() error {
-		watchBroker(relayCtx, log, cfg.Sink.Type, r.Unanswered)
+	g.Go(func() error { return r.dur.heartbeat(relayCtx) })
+	g.Go(func() error {
+		watchBroker(relayCtx, log, cfg.Sink.Type, r.relay.Unanswered)
 		return nil
 	})
-	report.Go(func() error {
-		p := &progressLog{log: log, interval: 30 * time.Second, acknowledged: m.Acknowledged,
-			inflight: func() int { return r.Inflight() }, lagBytes: m.LagBytes, lagSeconds: m.LagSeconds}
+	g.Go(func() error {
+		p := &progressLog{log: log, interval: 30 * time.Second, acknowledged: r.metrics.Acknowledged,
+			inflight: func() int { return r.relay.Inflight() }, lagBytes: r.metrics.LagBytes, lagSeconds: r.metrics.LagSeconds}
 		p.run(relayCtx)
 		return nil
 	})
-	report.Go(func() error { return dur.retention(relayCtx) })
-	report.Go(func() error {
-		store.RunMaintenance(relayCtx, dur.pool, store.MaintainConfig{Tables: QualifiedTables(cfg.Postgres.Tables), MaxAge: cfg.Postgres.Retention},
+	g.Go(func() error { return r.dur.retention(relayCtx) })
+	g.Go(func() error {
+		store.RunMaintenance(relayCtx, r.dur.pool, store.MaintainConfig{Tables: QualifiedTables(cfg.Postgres.Tables), MaxAge: cfg.Postgres.Retention},
 			time.Hour, log.Named("partitions"))
 		return nil
 	})
@@ -291,20 +365,26 @@ func (a *App) Run(ctx context.Context) error {
 	for _, w := range Warnings(cfg) {
 		log.Warn(w)
 	}
-	log.Info("starting", zap.String("version", a.opts.Version), zap.String("revision", a.opts.Revision), zap.String("sink", cfg.Sink.Type),
+	log.Info("starting", zap.String("version", r.opts.Version), zap.String("revision", r.opts.Revision), zap.String("sink", cfg.Sink.Type),
 		zap.String("slot", cfg.Postgres.Slot), zap.Strings("tables", cfg.Postgres.Tables))
-	close(a.started)
-	err = r.Run(relayCtx, stream)
-	if err != nil {
-		recCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 3*time.Second)
-		if rerr := (store.Checkpoint{DB: dur.pool, Slot: slot}).RecordError(recCtx, err); rerr != nil {
-			log.Warn("could not record the error for status", zap.Error(rerr))
+	close(r.started)
+	r.relaying = true
+	var relayErr error // joined with the group's, as both may fail
+	g.Go(func() error {
+		relayErr = r.relay.Run(relayCtx, r.stream)
+		if relayErr != nil {
+			recCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 3*time.Second)
+			if err := (store.Checkpoint{DB: r.dur.pool, Slot: cfg.Postgres.Slot}).RecordError(recCtx, relayErr); err != nil {
+				log.Warn("could not record the error for status", zap.Error(err))
+			}
+			cancel()
 		}
-		cancel()
-	}
-	stopRelay() // after a fatal error too: the heartbeat stops with it
-	stopReport()
-	return errors.Join(err, report.Wait())
+		r.stopRelay() // after a fatal error too: the heartbeat stops with it
+		stopReport()
+		return nil
+	})
+	err := g.Wait()
+	return errors.Join(relayErr, err)
 }
 
 // staticDestinations is the destination every message goes to when the
@@ -326,20 +406,19 @@ func OpenSink(ctx context.Context, cfg config.Config, log *zap.Logger) (relay.Si
 }
 
 // openSink opens the sink as its package says (sinks.Settings.Open). Only
-// the relay's sink (forRelay) may be transactional (sink.kafka.exactly_once).
+// the relay's sink (forRelay) may hold the relay's position
+// (sinks.RelayOnly: sink.kafka.exactly_once).
 func openSink(ctx context.Context, cfg config.Config, forRelay bool, log *zap.Logger) (relay.Sink, error) {
 	set := cfg.Sink.Settings()
 	if set == nil {
 		return nil, fmt.Errorf("sink.type %q is not a registered sink", cfg.Sink.Type)
 	}
-	if k, ok := set.(*kafka.Config); ok && k.ExactlyOnce {
-		c := *k
-		if !forRelay {
-			c.ExactlyOnce = false
-		} else if c.TransactionalID == "" {
-			c.TransactionalID = kafka.TransactionalID(cfg.Postgres.Slot)
+	if rs, ok := set.(sinks.RelayOnly); ok {
+		if forRelay {
+			set = rs.ForRelay(cfg.Postgres.Slot)
+		} else {
+			set = rs.Detached()
 		}
-		set = &c
 	}
 	return set.Open(ctx, log)
 }
@@ -371,12 +450,4 @@ func tlsHint(err error) string {
 }
 
 // QualifiedTables writes each configured table as schema.name.
-func QualifiedTables(tables []string) []string {
-	out := make([]string, 0, len(tables))
-	for _, t := range tables {
-		if schema, name, err := cdc.SplitTable(t); err == nil {
-			out = append(out, schema+"."+name)
-		}
-	}
-	return out
-}
+func QualifiedTables(tables []string) []string { return config.QualifiedTables(tables) }

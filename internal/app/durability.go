@@ -39,17 +39,15 @@ func openDurability(ctx context.Context, cfg config.Config, log *zap.Logger) (*d
 	return &durability{pool: pool, cfg: cfg, log: log}, nil
 }
 
-// apply sets the relay's checkpoint, verification and dead-letter hooks.
-func (d *durability) apply(rc *relay.Config) {
-	cp := store.Checkpoint{DB: d.pool, Slot: d.cfg.Postgres.Slot}
-	rc.Checkpoint = cp.Confirm
-	rc.Verify = cp.Verify
+// options returns the relay's checkpoint and, with relay.dead_letters,
+// its dead-letter and parking store.
+func (d *durability) options() relay.Options {
+	opts := relay.Options{Checkpoint: store.Checkpoint{DB: d.pool, Slot: d.cfg.Postgres.Slot}}
 	if d.cfg.Relay.DeadLetters {
 		dead := &store.DeadLetters{DB: d.pool, Slot: d.cfg.Postgres.Slot}
-		rc.DeadLetter = dead.Add
-		rc.DeadLetterOrder = relay.DeadLetterOrder(d.cfg.Relay.DeadLetterOrder)
-		rc.Parking = dead
+		opts.DeadLetters, opts.Parking = dead, dead
 	}
+	return opts
 }
 
 // consumer records how the slot is consumed (cdc.Setup has compared it

@@ -7,11 +7,12 @@ import (
 	"github.com/outboxrelay/outboxrelay/envelope"
 	"github.com/outboxrelay/outboxrelay/internal/config"
 	"github.com/outboxrelay/outboxrelay/internal/schema"
+	"github.com/outboxrelay/outboxrelay/relay"
 )
 
 // SchemaValidator loads relay.schemas.dir and returns the relay's
-// Validate hook, or nil when no folder is configured.
-func SchemaValidator(cfg config.Schemas) (func(*envelope.Message) error, error) {
+// Validator, or nil when no folder is configured.
+func SchemaValidator(cfg config.Schemas) (relay.Validator, error) {
 	if cfg.Dir == "" {
 		return nil, nil
 	}
@@ -23,11 +24,11 @@ func SchemaValidator(cfg config.Schemas) (func(*envelope.Message) error, error) 
 	if err != nil {
 		return nil, fmt.Errorf("relay.schemas.dir: %v", err)
 	}
-	return func(em *envelope.Message) error {
+	return relay.ValidateFunc(func(em *envelope.Message) error {
 		err := set.Validate(em.EventType, em.SchemaVersion, em.Payload)
 		if errors.Is(err, schema.ErrNoSchema) {
 			return fmt.Errorf("%w, or set relay.schemas.missing: allow", err)
 		}
 		return err
-	}, nil
+	}), nil
 }

@@ -161,11 +161,8 @@ func unknownKey(k *yaml.Node, path string, keys []string) error {
 // keysOf lists the YAML keys of the section type t, in field order.
 func keysOf(t reflect.Type) []string {
 	var keys []string
-	for i := 0; i < t.NumField(); i++ {
-		f := t.Field(i)
-		if name := yamlName(f); f.IsExported() && name != "" && name != "-" {
-			keys = append(keys, name)
-		}
+	for _, f := range keyFields(t) {
+		keys = append(keys, yamlName(f.StructField))
 	}
 	return keys
 }

@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"reflect"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -31,42 +32,23 @@ import (
 // that may carry one). Each has a sibling key with the suffix _file that
 // names a file to read it from, and Redacted hides it.
 type Config struct {
-	Postgres Postgres `yaml:"postgres"`
-	Sink     Sink     `yaml:"sink"`
-	Envelope Envelope `yaml:"envelope"`
-	Relay    Relay    `yaml:"relay"`
-	HTTP     HTTP     `yaml:"http"`
-	Log      Log      `yaml:"log"`
+	Postgres Postgres       `yaml:"postgres"`
+	Sink     Sink           `yaml:"sink"`
+	Envelope relay.Envelope `yaml:"envelope"`
+	Relay    Relay          `yaml:"relay"`
+	HTTP     HTTP           `yaml:"http"`
+	Log      Log            `yaml:"log"`
 }
 
-// Postgres is the source database.
+// Postgres is the source database: the replication side's settings
+// (cdc.Config), how rows become messages (relay.Outbox) and the relay's
+// own work on the database.
 type Postgres struct {
-	// URL of the database; the relay adds replication=database itself.
-	// Every libpq TLS parameter (sslmode, sslrootcert, sslcert, sslkey,
-	// sslpassword) is honoured, on the regular and the replication
-	// connection alike.
-	URL string `yaml:"url" secret:"url"`
-	// URLFile names a file holding URL (a mounted secret).
-	URLFile     string   `yaml:"url_file"`
-	Slot        string   `yaml:"slot"`
-	Publication string   `yaml:"publication"`
-	Tables      []string `yaml:"tables"`
-	// IgnoreTables are tables the publication also sends whose inserts the
-	// relay must not publish; each skipped insert is counted in
-	// outboxrelay_skipped_inserts_total. Any other table in the stream that
-	// is not in Tables stops the relay.
-	IgnoreTables []string      `yaml:"ignore_tables"`
-	Columns      relay.Columns `yaml:"columns"`
+	cdc.Config   `yaml:",inline"`
+	relay.Outbox `yaml:",inline"`
 	// CoverageInterval is how often the relay checks that its publication
 	// still covers the outbox tables (default 1s).
 	CoverageInterval time.Duration `yaml:"coverage_interval"`
-	// MessagePrefix is the prefix of table-less outbox messages.
-	MessagePrefix string `yaml:"message_prefix"`
-	// StatusInterval is how often the confirmed position is sent to PostgreSQL.
-	StatusInterval time.Duration `yaml:"status_interval"`
-	// FailoverSlot creates the slot with failover enabled (PostgreSQL 17+),
-	// so that it follows a failover to a standby with sync_replication_slots.
-	FailoverSlot bool `yaml:"failover_slot"`
 	// HeartbeatInterval is how often the relay writes a heartbeat message so
 	// that an idle outbox does not pin WAL; 0 disables it.
 	HeartbeatInterval time.Duration `yaml:"heartbeat_interval"`
@@ -91,17 +73,6 @@ const (
 	// the slot's creation.
 	BackfillNone = "none"
 )
-
-// Envelope chooses the message format.
-type Envelope struct {
-	// Format is "envelope" (outboxrelay's envelope, version 1),
-	// "cloudevents" (CloudEvents 1.0, structured content mode) or
-	// "cloudevents-binary" (binary content mode) or "debezium" (what
-	// Debezium's outbox event router emits by default).
-	Format string `yaml:"format"`
-	// Source is the CloudEvents source attribute (a URI reference).
-	Source string `yaml:"source"`
-}
 
 // Sink chooses and configures the broker. Its keys are type and one
 // section per registered sink (see package sinks), named for the sink and
@@ -213,12 +184,43 @@ func checkKeys(n *yaml.Node, t reflect.Type, path string) error {
 }
 
 func fieldByKey(t reflect.Type, key string) (reflect.StructField, bool) {
-	for i := 0; i < t.NumField(); i++ {
-		if f := t.Field(i); f.IsExported() && yamlName(f) == key && key != "-" {
-			return f, true
+	for _, f := range keyFields(t) {
+		if yamlName(f.StructField) == key {
+			return f.StructField, true
 		}
 	}
 	return reflect.StructField{}, false
+}
+
+// keyField is a field of a section that is a key, or a section of keys.
+type keyField struct {
+	reflect.StructField              // Index is the path from the section
+	owner               reflect.Type // the struct that declares it
+}
+
+// keyFields returns the fields of the section type t that are keys, in
+// file order: its exported fields with a yaml name, and in place of an
+// embedded struct tagged yaml:",inline" (cdc.Config in postgres, say) the
+// keys of that struct.
+func keyFields(t reflect.Type) []keyField {
+	var out []keyField
+	for i := 0; i < t.NumField(); i++ {
+		f := t.Field(i)
+		if !f.IsExported() {
+			continue
+		}
+		if slices.Contains(strings.Split(f.Tag.Get("yaml"), ",")[1:], "inline") {
+			for _, g := range keyFields(f.Type) {
+				g.Index = append([]int{i}, g.Index...)
+				out = append(out, g)
+			}
+			continue
+		}
+		if name := yamlName(f); name != "" && name != "-" {
+			out = append(out, keyField{StructField: f, owner: t})
+		}
+	}
+	return out
 }
 
 // MarshalYAML writes type, then every section in the order of Keys.
@@ -245,18 +247,16 @@ func (s Sink) MarshalYAML() (any, error) {
 	return n, nil
 }
 
-// Relay tunes the pipeline.
+// Relay tunes the pipeline: the relay's own settings (relay.Config) and
+// what the program around it does.
 type Relay struct {
-	MaxInFlight      int           `yaml:"max_inflight"`
-	MaxInFlightBytes int64         `yaml:"max_inflight_bytes"`
-	MaxAttempts      int           `yaml:"max_attempts"`
-	DrainTimeout     time.Duration `yaml:"drain_timeout"`
+	relay.Config `yaml:",inline"`
+	// DrainTimeout bounds the wait for acknowledgements at shutdown
+	// (cdc.Config.DrainTimeout).
+	DrainTimeout time.Duration `yaml:"drain_timeout"`
 	// DeadLetters stores undeliverable messages in outboxrelay.dead_letters;
 	// when false such a message stops the relay instead.
 	DeadLetters bool `yaml:"dead_letters"`
-	// DeadLetterOrder is park (later messages of a dead letter's aggregate
-	// wait behind it in outboxrelay.parked) or pass (they are published).
-	DeadLetterOrder string `yaml:"dead_letter_order"`
 	// Schemas validates payloads against JSON Schemas.
 	Schemas Schemas `yaml:"schemas"`
 }
@@ -292,21 +292,21 @@ type Log struct {
 	Level string `yaml:"level"`
 }
 
-// Default returns the configuration used for keys that are not set.
+// Default returns the configuration used for keys that are not set: the
+// defaults of the packages whose settings the sections embed, and the
+// program's own.
 func Default() Config {
+	pg, rc := cdc.Config{}.WithDefaults(), relay.Config{}.WithDefaults()
 	return Config{
 		Postgres: Postgres{
-			Slot: "outboxrelay", Publication: "outboxrelay", Tables: []string{"public.outbox"},
-			Columns: relay.DefaultColumns(), MessagePrefix: "outboxrelay",
-			StatusInterval: time.Second, HeartbeatInterval: 10 * time.Second, CoverageInterval: time.Second,
-			Backfill: BackfillAuto,
+			Config: pg, Outbox: rc.Outbox,
+			HeartbeatInterval: 10 * time.Second, CoverageInterval: time.Second, Backfill: BackfillAuto,
 		},
 		Sink:     defaultSink("kafka"),
-		Envelope: Envelope{Format: "envelope", Source: "outboxrelay"},
-		Relay: Relay{MaxInFlight: 10000, MaxInFlightBytes: 64 << 20, MaxAttempts: 5, DrainTimeout: 30 * time.Second, DeadLetters: true,
-			DeadLetterOrder: string(relay.DeadLetterPark), Schemas: Schemas{Missing: SchemasAllow}},
-		HTTP: HTTP{Listen: "127.0.0.1:9187"},
-		Log:  Log{Level: "info"},
+		Envelope: rc.Envelope,
+		Relay:    Relay{Config: rc, DrainTimeout: pg.DrainTimeout, DeadLetters: true, Schemas: Schemas{Missing: SchemasAllow}},
+		HTTP:     HTTP{Listen: "127.0.0.1:9187"},
+		Log:      Log{Level: "info"},
 	}
 }
 
@@ -460,7 +460,8 @@ type field struct {
 	name    string
 	tag     reflect.StructTag
 	v       reflect.Value
-	section bool // a struct of keys, not a value
+	section bool         // a struct of keys, not a value
+	owner   reflect.Type // the struct that declares it (nil for a sink's section)
 }
 
 // fields returns the keys of the section v (a struct) in file order: its
@@ -477,14 +478,8 @@ func fields(v reflect.Value) []field {
 		return fs
 	}
 	var fs []field
-	t := v.Type()
-	for i := 0; i < t.NumField(); i++ {
-		f := t.Field(i)
-		name := yamlName(f)
-		if !f.IsExported() || name == "-" || name == "" {
-			continue
-		}
-		fs = append(fs, field{name: name, tag: f.Tag, v: v.Field(i), section: isSection(f.Type)})
+	for _, f := range keyFields(v.Type()) {
+		fs = append(fs, field{name: yamlName(f.StructField), tag: f.Tag, v: v.FieldByIndex(f.Index), section: isSection(f.Type), owner: f.owner})
 	}
 	return fs
 }
@@ -533,25 +528,67 @@ type Key struct {
 	Path    string // postgres.url
 	Env     string // OUTBOXRELAY_POSTGRES_URL
 	Default string
+	// Doc describes the key: from the Docs of the package struct that
+	// declares it (relay.Config, cdc.Config), from the sink's registration,
+	// or from this package's descriptions.
+	Doc string
+	// docs and docKey are where Doc came from when a package struct's
+	// Docs described it: that struct and the key's path in it.
+	docs   reflect.Type
+	docKey string
 }
 
-// Keys lists every configuration key with its environment name and default,
-// in file order. The README's reference is checked against it.
+// documented is a package's settings struct that describes its keys, by
+// their path in the section that holds or embeds it (see relay.Config.Docs).
+type documented interface{ Docs() map[string]string }
+
+var documentedType = reflect.TypeOf((*documented)(nil)).Elem()
+
+// docsOf returns t when it is another package's settings struct that
+// describes its keys, and nil otherwise. A section of this package only
+// seems to describe its keys when it embeds such a struct.
+func docsOf(t reflect.Type) reflect.Type {
+	if t == nil || t.PkgPath() == reflect.TypeOf(Config{}).PkgPath() || !t.Implements(documentedType) {
+		return nil
+	}
+	return t
+}
+
+// Keys lists every configuration key with its environment name, default
+// and description, in file order. The README's reference is checked
+// against it.
 func Keys() []Key {
 	var keys []Key
-	var walk func(v reflect.Value, path, env string)
-	walk = func(v reflect.Value, path, env string) {
+	// docs is the struct whose Docs describe the keys under path, and
+	// prefix their path in it.
+	var walk func(v reflect.Value, path, env string, docs reflect.Type, prefix string)
+	walk = func(v reflect.Value, path, env string, docs reflect.Type, prefix string) {
 		for _, f := range fields(v) {
 			p, e := joinPath(path, f.name), env+"_"+strings.ToUpper(f.name)
+			d, pre := docs, prefix
+			if od := docsOf(f.owner); od != nil && od != docs {
+				d, pre = od, ""
+			}
 			if f.section {
-				walk(f.v, p, e)
+				if sd := docsOf(f.v.Type()); sd != nil {
+					walk(f.v, p, e, sd, "")
+				} else {
+					walk(f.v, p, e, d, pre+f.name+".")
+				}
 				continue
 			}
-			keys = append(keys, Key{Path: p, Env: e, Default: format(f.v)})
+			k := Key{Path: p, Env: e, Default: format(f.v), Doc: descriptions[p]}
+			if d != nil {
+				k.docs, k.docKey = d, pre+f.name
+				k.Doc = reflect.Zero(d).Interface().(documented).Docs()[k.docKey]
+			} else if k.Doc == "" {
+				k.Doc = sinkDoc(p)
+			}
+			keys = append(keys, k)
 		}
 	}
 	cfg := Default()
-	walk(reflect.ValueOf(&cfg).Elem(), "", EnvPrefix[:len(EnvPrefix)-1])
+	walk(reflect.ValueOf(&cfg).Elem(), "", EnvPrefix[:len(EnvPrefix)-1], nil, "")
 	return keys
 }
 
@@ -713,15 +750,6 @@ func (c *Config) Validate() error {
 			}
 		}
 	}
-	for name, v := range map[string]string{"id": c.Postgres.Columns.ID, "aggregate_type": c.Postgres.Columns.AggregateType,
-		"aggregate_id": c.Postgres.Columns.AggregateID, "event_type": c.Postgres.Columns.EventType, "payload": c.Postgres.Columns.Payload} {
-		if v == "" {
-			errs = append(errs, fmt.Errorf("postgres.columns.%s must name a column", name))
-		}
-	}
-	if c.Postgres.StatusInterval < 100*time.Millisecond || c.Postgres.StatusInterval > 10*time.Second {
-		errs = append(errs, fmt.Errorf("postgres.status_interval %s must be between 100ms and 10s", c.Postgres.StatusInterval))
-	}
 	if c.Postgres.HeartbeatInterval < 0 {
 		errs = append(errs, fmt.Errorf("postgres.heartbeat_interval %s must not be negative", c.Postgres.HeartbeatInterval))
 	}
@@ -732,37 +760,16 @@ func (c *Config) Validate() error {
 			errs = append(errs, Problems(err)...)
 		}
 		if fc, ok := set.(sinks.FormatChecker); ok {
-			if err := fc.CheckFormat(relay.Format(c.Envelope.Format)); err != nil {
+			if err := fc.CheckFormat(c.Envelope.Format); err != nil {
 				errs = append(errs, err)
 			}
 		}
 	}
-	switch c.Envelope.Format {
-	case "envelope", "debezium":
-	case "cloudevents", "cloudevents-binary":
-		if c.Envelope.Source == "" {
-			errs = append(errs, errors.New("envelope.source must be a URI reference for CloudEvents"))
-		}
-	default:
-		errs = append(errs, fmt.Errorf("envelope.format %q is not one of envelope, cloudevents, cloudevents-binary, debezium", c.Envelope.Format))
-	}
 	if c.Postgres.Retention < 0 {
 		errs = append(errs, fmt.Errorf("postgres.retention %s must not be negative", c.Postgres.Retention))
 	}
-	if c.Relay.MaxInFlight < 1 {
-		errs = append(errs, errors.New("relay.max_inflight must be at least 1"))
-	}
-	if c.Relay.MaxInFlightBytes < 1<<10 {
-		errs = append(errs, errors.New("relay.max_inflight_bytes must be at least 1024"))
-	}
-	if c.Relay.MaxAttempts < 1 {
-		errs = append(errs, errors.New("relay.max_attempts must be at least 1"))
-	}
-	switch relay.DeadLetterOrder(c.Relay.DeadLetterOrder) {
-	case relay.DeadLetterPark, relay.DeadLetterPass:
-	default:
-		errs = append(errs, fmt.Errorf("relay.dead_letter_order %q is not one of park, pass", c.Relay.DeadLetterOrder))
-	}
+	rc := c.RelayConfig()
+	errs = append(errs, Problems(rc.Validate())...)
 	switch c.Relay.Schemas.Missing {
 	case SchemasAllow, SchemasDeadLetter:
 	default:
@@ -779,11 +786,34 @@ func (c *Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-// CDC returns the replication settings.
+// CDC returns the replication settings: the postgres section's, with the
+// drain timeout of the relay section.
 func (c *Config) CDC() cdc.Config {
-	return cdc.Config{
-		URL: c.Postgres.URL, Slot: c.Postgres.Slot, Publication: c.Postgres.Publication, Tables: c.Postgres.Tables,
-		IgnoreTables: c.Postgres.IgnoreTables, FailoverSlot: c.Postgres.FailoverSlot,
-		StatusInterval: c.Postgres.StatusInterval, DrainTimeout: c.Relay.DrainTimeout,
+	cc := c.Postgres.Config
+	cc.DrainTimeout = c.Relay.DrainTimeout
+	return cc
+}
+
+// RelayConfig returns the pipeline's settings: the relay section's, with
+// the postgres section's Outbox, the envelope section, the outbox tables
+// and the sink's name. Only the database's name, which the server tells,
+// is left to set.
+func (c *Config) RelayConfig() relay.Config {
+	rc := c.Relay.Config
+	rc.Outbox, rc.Envelope = c.Postgres.Outbox, c.Envelope
+	rc.Tables = QualifiedTables(c.Postgres.Tables)
+	rc.MessagingSystem = c.Sink.Type
+	return rc
+}
+
+// QualifiedTables writes each table of tables as schema.name, leaving out
+// those that are not valid (Validate reports them).
+func QualifiedTables(tables []string) []string {
+	out := make([]string, 0, len(tables))
+	for _, t := range tables {
+		if schema, name, err := cdc.SplitTable(t); err == nil {
+			out = append(out, schema+"."+name)
+		}
 	}
+	return out
 }

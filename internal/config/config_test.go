@@ -6,8 +6,11 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/outboxrelay/outboxrelay/cdc"
 	"github.com/outboxrelay/outboxrelay/internal/redact"
+	"github.com/outboxrelay/outboxrelay/relay"
 	"github.com/outboxrelay/outboxrelay/sinks/kafka"
 	"github.com/outboxrelay/outboxrelay/sinks/nats"
 	"github.com/outboxrelay/outboxrelay/sinks/rabbitmq"
@@ -301,5 +304,61 @@ envelope:
 `
 	if _, err := Load(writeTemp(t, "c.yaml", ok), env(nil)); err != nil {
 		t.Fatalf("cloudevents-binary: %v", err)
+	}
+}
+
+// TestSectionsReachTheirPackages: the keys of the sections that embed
+// relay.Config and cdc.Config, and those of other sections that belong to
+// the relay or the stream, reach RelayConfig and CDC, from the file and
+// from the environment alike.
+func TestSectionsReachTheirPackages(t *testing.T) {
+	body := `postgres:
+  url: postgres://relay@127.0.0.1/shop
+  columns:
+    id: event_id
+  message_prefix: billing
+  status_interval: 2s
+sink:
+  kafka:
+    brokers: [127.0.0.1:9092]
+envelope:
+  format: cloudevents
+  source: /shop
+relay:
+  max_attempts: 9
+  dead_letter_order: pass
+  drain_timeout: 4s
+`
+	cfg, err := Load(writeTemp(t, "relay.yaml", body), env(map[string]string{
+		"OUTBOXRELAY_RELAY_MAX_INFLIGHT": "123", "OUTBOXRELAY_POSTGRES_TABLES": "app.events,outbox",
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc := cfg.RelayConfig()
+	if rc.Columns.ID != "event_id" || rc.Columns.Payload != "payload" || rc.MessagePrefix != "billing" {
+		t.Errorf("relay outbox: %+v", rc.Outbox)
+	}
+	if rc.Format != relay.FormatCloudEvents || rc.CloudEventsSource != "/shop" {
+		t.Errorf("relay envelope: %+v", rc.Envelope)
+	}
+	if rc.MaxAttempts != 9 || rc.MaxInFlight != 123 || rc.MaxInFlightBytes != 64<<20 || rc.DeadLetterOrder != relay.DeadLetterPass {
+		t.Errorf("relay section: %+v", rc)
+	}
+	if !reflect.DeepEqual(rc.Tables, []string{"app.events", "public.outbox"}) || rc.MessagingSystem != "kafka" {
+		t.Errorf("relay tables %q, messaging system %q", rc.Tables, rc.MessagingSystem)
+	}
+	cc := cfg.CDC()
+	if cc.StatusInterval != 2*time.Second || cc.DrainTimeout != 4*time.Second || cc.Slot != "outboxrelay" ||
+		!reflect.DeepEqual(cc.Tables, []string{"app.events", "outbox"}) || cc.URL != "postgres://relay@127.0.0.1/shop" {
+		t.Errorf("cdc: %+v", cc)
+	}
+	// The file's defaults are the packages' own.
+	def := Default()
+	if want := (relay.Config{}).WithDefaults(); def.Relay.MaxInFlight != want.MaxInFlight || def.Envelope != want.Envelope || def.Postgres.Outbox != want.Outbox {
+		t.Errorf("defaults: relay %+v, envelope %+v, outbox %+v; want those of relay.Config{}.WithDefaults()", def.Relay.Config, def.Envelope, def.Postgres.Outbox)
+	}
+	if want := (cdc.Config{}).WithDefaults(); def.Postgres.StatusInterval != want.StatusInterval || def.Relay.DrainTimeout != want.DrainTimeout {
+		t.Errorf("defaults: status interval %s, drain timeout %s; want those of cdc.Config{}.WithDefaults()", def.Postgres.StatusInterval, def.Relay.DrainTimeout)
 	}
 }

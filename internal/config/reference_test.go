@@ -3,6 +3,7 @@ package config
 import (
 	"flag"
 	"os"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -13,10 +14,30 @@ var updateReadme = flag.Bool("update-readme", false, "rewrite the configuration 
 
 func TestEveryKeyIsDocumented(t *testing.T) {
 	seen := map[string]bool{}
+	// described holds, per package struct whose Docs describe keys, the
+	// paths in it of the keys it declares.
+	described := map[reflect.Type]map[string]bool{}
 	for _, k := range Keys() {
 		seen[k.Path] = true
-		if description(k.Path) == "" {
-			t.Errorf("key %s has no description in internal/config/reference.go", k.Path)
+		if k.Doc == "" {
+			where := "internal/config/reference.go"
+			if k.docs != nil {
+				where = k.docs.String() + ".Docs"
+			}
+			t.Errorf("key %s has no description in %s", k.Path, where)
+		}
+		if k.docs != nil {
+			if described[k.docs] == nil {
+				described[k.docs] = map[string]bool{}
+			}
+			described[k.docs][k.docKey] = true
+		}
+	}
+	for typ, keys := range described {
+		for key := range reflect.Zero(typ).Interface().(documented).Docs() {
+			if !keys[key] {
+				t.Errorf("%s.Docs describes %s, which is not one of its configuration keys", typ, key)
+			}
 		}
 	}
 	for path := range descriptions {

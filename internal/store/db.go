@@ -27,7 +27,7 @@ type DB interface {
 
 // TxDB is DB that also begins transactions, as dead letters and parking
 // need. It must be safe for concurrent use when DeadLetters.Add is used as
-// relay.Config.DeadLetter (*pgxpool.Pool is).
+// relay.Options.DeadLetters (*pgxpool.Pool is).
 type TxDB interface {
 	DB
 	Begin(ctx context.Context) (pgx.Tx, error)

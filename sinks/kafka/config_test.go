@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/outboxrelay/outboxrelay/relay"
+	"github.com/outboxrelay/outboxrelay/sinks"
 )
 
 func TestValidate(t *testing.T) {
@@ -129,5 +130,29 @@ func TestTopicErrorNamesCharacter(t *testing.T) {
 	}
 	if r := ts.render(&relay.Message{AggregateType: "caf\xe9"}); r.err == nil || !strings.Contains(r.err.Error(), "not valid UTF-8 (byte 0xE9 at offset 10)") {
 		t.Errorf("topic error %v; want it to say the topic is not valid UTF-8", r.err)
+	}
+}
+
+// TestRelayOnly: only the relay's own sink is transactional, with the
+// slot's transactional.id unless one is set; every other sink is not, and
+// settings without exactly_once are the same for both.
+func TestRelayOnly(t *testing.T) {
+	eo := &Config{Brokers: []string{"a:9092"}, ExactlyOnce: true}
+	if got := eo.ForRelay("orders").(*Config); !got.ExactlyOnce || got.TransactionalID != TransactionalID("orders") {
+		t.Errorf("ForRelay: exactly_once %v, transactional_id %q", got.ExactlyOnce, got.TransactionalID)
+	}
+	if eo.TransactionalID != "" {
+		t.Errorf("ForRelay changed the configuration: transactional_id %q", eo.TransactionalID)
+	}
+	set := &Config{Brokers: []string{"a:9092"}, ExactlyOnce: true, TransactionalID: "mine"}
+	if got := set.ForRelay("orders").(*Config); got.TransactionalID != "mine" {
+		t.Errorf("ForRelay replaced transactional_id mine with %q", got.TransactionalID)
+	}
+	if got := eo.Detached().(*Config); got.ExactlyOnce || !eo.ExactlyOnce {
+		t.Errorf("Detached: exactly_once %v (original %v)", got.ExactlyOnce, eo.ExactlyOnce)
+	}
+	plain := &Config{Brokers: []string{"a:9092"}}
+	if plain.ForRelay("orders") != sinks.Settings(plain) || plain.Detached() != sinks.Settings(plain) {
+		t.Error("settings without exactly_once are not used as they are")
 	}
 }

@@ -143,7 +143,32 @@ func (s SASL) mechanism() sasl.Mechanism {
 	return nil
 }
 
-var _ sinks.Settings = (*Config)(nil)
+var (
+	_ sinks.Settings  = (*Config)(nil)
+	_ sinks.RelayOnly = (*Config)(nil)
+)
+
+// ForRelay returns c, with exactly_once and no transactional_id the
+// [TransactionalID] of slot, so that relays on one slot share it.
+func (c *Config) ForRelay(slot string) sinks.Settings {
+	if !c.ExactlyOnce || c.TransactionalID != "" {
+		return c
+	}
+	d := *c
+	d.TransactionalID = TransactionalID(slot)
+	return &d
+}
+
+// Detached returns c without exactly_once: a sink outside the relay does
+// not hold its position.
+func (c *Config) Detached() sinks.Settings {
+	if !c.ExactlyOnce {
+		return c
+	}
+	d := *c
+	d.ExactlyOnce = false
+	return &d
+}
 
 // ClientOpts are the franz-go options that reach the configured brokers
 // (seed brokers, TLS, SASL), for tools that read what the sink wrote.
