@@ -27,7 +27,7 @@ SERIAL_PKGS := ./sinks/rabbitmq ./integration
 # race and only slows the tests down; their code runs under it in the
 # tests of relay, sinks/kafka and cmd/outboxrelay. Tests that only run a
 # program skip themselves there (cmd/outboxrelay/race_test.go).
-NO_RACE_PKGS := ./envelope ./internal/config ./internal/schema ./sinks/route
+NO_RACE_PKGS := ./envelope ./internal/config ./internal/doccheck ./sinks/route
 RACE_PKGS = $(filter-out $(patsubst ./%,$(MODULE)/%,$(NO_RACE_PKGS)),$(shell $(GO) list ./cdc ./cmd/outboxrelay ./internal/... ./relay ./sinks/kafka))
 MODULE := github.com/outboxrelay/outboxrelay
 test: tidy-check lint
@@ -81,7 +81,7 @@ torture:
 
 # The outbox library is a module of its own (outbox/go.mod), which the
 # root ./... does not reach: its tests and examples, and again under the
-# race detector. envelope/outbox_test.go and internal/schema/outbox_test.go check,
+# race detector. envelope/outbox_test.go checks,
 # from the relay's module, that the relay reads what it writes.
 test-outbox:
 	cd outbox && $(GO) vet ./... && $(GO) test -count=1 ./... && $(GO) test -race -count=1 ./...
