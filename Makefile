@@ -139,14 +139,15 @@ demo:
 	$(GO) run ./cmd/outboxrelay-demo
 
 # Runs every fuzz target for FUZZTIME; go test fuzzes one target at a time.
-# The inbox modules' targets (in their top packages) run from their own
-# module.
+# The outbox module's targets (outbox/schema) and the inbox modules' (in
+# their top packages) run from their own module.
 fuzz:
 	@set -e; for dir in $$(grep -rl --include='*_test.go' --exclude-dir=inbox '^func Fuzz' . | xargs -n1 dirname | sort -u); do \
-		targets=$$($(GO) test -list '^Fuzz' $$dir); \
+		mod=.; case $$dir in ./outbox/*) mod=outbox; dir=./$${dir#./outbox/};; esac; \
+		targets=$$(cd $$mod && $(GO) test -list '^Fuzz' $$dir); \
 		for target in $$(printf '%s\n' "$$targets" | grep '^Fuzz'); do \
-			echo "fuzz $$dir $$target ($(FUZZTIME))"; \
-			$(GO) test -run='^$$' -fuzz="^$$target$$" -fuzztime=$(FUZZTIME) $$dir; \
+			echo "fuzz $$mod $$dir $$target ($(FUZZTIME))"; \
+			(cd $$mod && $(GO) test -run='^$$' -fuzz="^$$target$$" -fuzztime=$(FUZZTIME) $$dir); \
 		done; \
 	done
 	@set -e; for m in $(INBOX_MODULES); do \
