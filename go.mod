@@ -3,6 +3,7 @@ module github.com/outboxrelay/outboxrelay
 go 1.26.8
 
 require (
+	cel.dev/cel-go v0.33.2
 	github.com/cloudevents/sdk-go/v2 v2.16.2
 	github.com/google/uuid v1.6.0
 	github.com/hamba/avro/v2 v2.31.0
@@ -10,6 +11,7 @@ require (
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/klauspost/compress v1.20.3
 	github.com/nats-io/nats.go v1.55.0
+	github.com/outboxrelay/outboxrelay/inbox v0.0.0-00010101000000-000000000000
 	github.com/outboxrelay/outboxrelay/outbox v0.0.0-00010101000000-000000000000
 	github.com/pierrec/lz4/v4 v4.1.33
 	github.com/prometheus/client_golang v1.25.0
@@ -35,6 +37,12 @@ require (
 )
 
 require (
+	cel.dev/expr v0.25.2 // indirect
+	github.com/antlr4-go/antlr/v4 v4.13.1 // indirect
+	golang.org/x/exp v0.0.0-20260908205506-85c1c2202aba // indirect
+)
+
+require (
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cenkalti/backoff/v5 v5.0.3 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
@@ -52,6 +60,7 @@ require (
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
 	github.com/nats-io/nkeys v0.4.16 // indirect
 	github.com/nats-io/nuid v1.0.1 // indirect
+	github.com/outboxrelay/outboxrelay/inbox/kafka v0.0.0-00010101000000-000000000000
 	github.com/prometheus/common v0.72.0 // indirect
 	github.com/prometheus/procfs v0.22.0 // indirect
 	github.com/santhosh-tekuri/jsonschema/v6 v6.0.3 // indirect
@@ -74,3 +83,9 @@ require (
 // do not require the relay's broker clients; the relay builds against the
 // copy in this repository.
 replace github.com/outboxrelay/outboxrelay/outbox => ./outbox
+
+// The inbox core (inbox/, pgx only) is a module of its own for the same
+// reason; the CLI's migrate --inbox and inbox status use it.
+replace github.com/outboxrelay/outboxrelay/inbox => ./inbox
+
+replace github.com/outboxrelay/outboxrelay/inbox/kafka => ./inbox/kafka

@@ -254,3 +254,43 @@ func (in *Inbox) trySaved(ctx context.Context, sp pgx.Tx, m Message, h Handler) 
 	}
 	return out, nil, nil
 }
+
+// ReceiveBatch decodes raws and processes them as ProcessBatch does, in one
+// transaction: the runners' batch mode. A raw that cannot be decoded is
+// stored as a dead letter at once, as Receive does. The Results are
+// aligned with raws: results[i] is raws[i]'s, and its Outcome is zero when
+// nothing was decided for it (the error says why). Acknowledge exactly the
+// deliveries whose Outcome is not zero.
+func (in *Inbox) ReceiveBatch(ctx context.Context, raws []Raw, h Handler) ([]Result, error) {
+	results := make([]Result, len(raws))
+	ms := make([]Message, 0, len(raws))
+	at := make([]int, 0, len(raws)) // index in raws of ms[j]
+	for i, raw := range raws {
+		m, err := Decode(in.cfg.Format, raw)
+		if err != nil {
+			res, err := in.Receive(ctx, raw, h) // stores the dead letter
+			if err != nil {
+				return results, err
+			}
+			results[i] = res
+			continue
+		}
+		ms = append(ms, m)
+		at = append(at, i)
+	}
+	rs, err := in.ProcessBatch(ctx, ms, h)
+	// A message is decided when a Result names its id: a second copy of it
+	// in the batch is the same message, decided with the first.
+	byID := make(map[string]Result, len(rs))
+	for _, r := range rs {
+		if _, seen := byID[r.Message.ID]; !seen {
+			byID[r.Message.ID] = r
+		}
+	}
+	for j, m := range ms {
+		if r, ok := byID[m.ID]; ok {
+			results[at[j]] = r
+		}
+	}
+	return results, err
+}

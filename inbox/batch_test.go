@@ -108,3 +108,50 @@ func TestProcessBatchIsolatesAFailingHandler(t *testing.T) {
 		t.Fatalf("not exactly once: %v", r)
 	}
 }
+
+// TestReceiveBatchAlignsResults: ReceiveBatch's Results are aligned with
+// its raws: an undecodable one is dead-lettered in its place, a poison
+// message falls back to its own attempts and is dead-lettered, the rest
+// commit once, and a second copy in the batch is decided with the first.
+func TestReceiveBatchAlignsResults(t *testing.T) {
+	msgs := ledger.Generate(10, 3)
+	msgs[4].Poison = true
+	f := newFixture(t, msgs, Config{MaxAttempts: 2})
+	ctx := context.Background()
+	raws := []Raw{raw(msgs[0]), {Value: []byte("not an envelope")}}
+	for _, m := range msgs[1:] {
+		raws = append(raws, raw(m))
+	}
+	raws = append(raws, raw(msgs[2]))
+	results, err := f.in.ReceiveBatch(ctx, raws, f.handler)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Outcome{Processed, DeadLettered}
+	for i := range msgs[1:] {
+		switch {
+		case i+1 == 4:
+			want = append(want, DeadLettered)
+		case (i+1)%3 == 1 && i+1 > 4:
+			want = append(want, Parked) // behind the poison one, acct-001
+		default:
+			want = append(want, Processed)
+		}
+	}
+	want = append(want, Processed) // the copy of msgs[2], decided with it
+	if len(results) != len(raws) {
+		t.Fatalf("%d results for %d raws", len(results), len(raws))
+	}
+	for i, r := range results {
+		if r.Outcome != want[i] {
+			t.Errorf("raw %d: %v, want %v", i, r.Outcome, want[i])
+		}
+	}
+	r, err := ledger.Check(ctx, f.pool, msgs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Doubles != 0 || r.Runs != len(msgs)-2 {
+		t.Errorf("%v; want %d runs, no doubles (1 dead, 1 parked)", r, len(msgs)-2)
+	}
+}

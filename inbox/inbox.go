@@ -117,6 +117,20 @@ type Observer struct {
 	// Stale: the message occurred longer ago than Config.Retention, so its
 	// dedupe record may already be gone (it is processed all the same).
 	Stale func(m Message)
+	// Lag: the broker reports lag messages waiting for this consumer in
+	// source (a Kafka topic/partition, a RabbitMQ queue, a NATS stream
+	// consumer, a Redis stream group). The runners report it every
+	// LagInterval of their Config (see each runner for what its broker
+	// counts); it is called from the runner's own goroutine.
+	Lag func(source string, lag int64)
+}
+
+// ReportLag passes a broker's lag for source to Observer.Lag, if set: the
+// runners call it.
+func (in *Inbox) ReportLag(source string, lag int64) {
+	if f := in.cfg.Observer.Lag; f != nil {
+		f(source, lag)
+	}
 }
 
 // Outcome is what became of a message.

@@ -174,3 +174,33 @@ func (in *Inbox) replayOne(ctx context.Context, m Message, h Handler, then func(
 		}
 	}
 }
+
+// ErrDiscardReason is returned by Discard without a reason.
+var ErrDiscardReason = errors.New("a discard needs a reason: it is the operator's recorded decision")
+
+// Discard gives up on dead letter id: an operator's decision, recorded on
+// the dead letter with reason and the time (discarded_at,
+// discard_reason), that its message will not run. A redelivery of the
+// message stays a duplicate. The messages parked behind it then run as
+// Replay runs them, in arrival order through h, and the aggregate is
+// released; the result counts those. A dead letter whose message a
+// Replay already ran, or that was released, cannot be discarded
+// (ErrNotParked).
+func (in *Inbox) Discard(ctx context.Context, id int64, reason string, h Handler) (ReplayResult, error) {
+	if reason == "" {
+		return ReplayResult{}, fmt.Errorf("discard dead letter %d: %w", id, ErrDiscardReason)
+	}
+	tag, err := in.db.Exec(ctx, fmt.Sprintf(`UPDATE %s.dead_letters SET head_done_at = now(), discarded_at = now(), discard_reason = $3
+WHERE id = $1 AND consumer = $2 AND state <> 'released' AND head_done_at IS NULL`, in.q.schema), id, in.consumer, reason)
+	if err != nil {
+		return ReplayResult{}, fmt.Errorf("discard dead letter %d: %w", id, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return ReplayResult{}, fmt.Errorf("discard dead letter %d of consumer %s: %w", id, in.consumer, ErrNotParked)
+	}
+	res, err := in.Replay(ctx, id, h)
+	if err != nil {
+		return res, fmt.Errorf("discard dead letter %d: recorded; its chain: %w", id, err)
+	}
+	return res, nil
+}

@@ -25,6 +25,10 @@ const DefaultSchema = "inbox"
 //     aggregate; released means a replay ran it and its chain.
 //   - parked: messages that arrived behind a parked dead letter of their
 //     aggregate, in arrival order (seq), waiting for a replay.
+//   - status: a view, one row per consumer with processed records in the
+//     window or unreleased dead letters: the newest processed record, the
+//     dead letters not released, the aggregates parked and the messages
+//     waiting behind them (`outboxrelay inbox status` reads it).
 const schemaSQL = `CREATE SCHEMA IF NOT EXISTS {schema};
 
 CREATE TABLE IF NOT EXISTS {schema}.processed (
@@ -71,6 +75,34 @@ CREATE TABLE IF NOT EXISTS {schema}.parked (
 	UNIQUE (consumer, message_id)
 );
 CREATE INDEX IF NOT EXISTS parked_aggregate ON {schema}.parked (consumer, aggregate_type, aggregate_id, seq);
+
+-- An operator's Discard: the dead letter's message is given up on, when
+-- and why; its chain is replayed without it.
+ALTER TABLE {schema}.dead_letters ADD COLUMN IF NOT EXISTS discarded_at timestamptz;
+ALTER TABLE {schema}.dead_letters ADD COLUMN IF NOT EXISTS discard_reason text;
+
+-- The consumers are found by a skip scan of processed's primary key, so
+-- the view reads a few index pages per consumer, not the table.
+CREATE OR REPLACE VIEW {schema}.status AS
+WITH RECURSIVE seen(consumer) AS (
+	SELECT min(consumer) FROM {schema}.processed
+	UNION ALL
+	SELECT (SELECT min(p.consumer) FROM {schema}.processed p WHERE p.consumer > s.consumer)
+	FROM seen s WHERE s.consumer IS NOT NULL
+), consumers AS (
+	SELECT consumer FROM seen WHERE consumer IS NOT NULL
+	UNION
+	SELECT consumer FROM {schema}.dead_letters WHERE state <> 'released'
+)
+SELECT c.consumer,
+	newest.message_id   AS last_message_id,
+	newest.processed_at AS last_processed_at,
+	(SELECT count(*) FROM {schema}.dead_letters d WHERE d.consumer = c.consumer AND d.state <> 'released') AS dead_letters,
+	(SELECT count(*) FROM {schema}.dead_letters d WHERE d.consumer = c.consumer AND d.state = 'parked')    AS parked_aggregates,
+	(SELECT count(*) FROM {schema}.parked p WHERE p.consumer = c.consumer)                                  AS parked_messages
+FROM consumers c
+LEFT JOIN LATERAL (SELECT p.message_id, p.processed_at FROM {schema}.processed p
+	WHERE p.consumer = c.consumer ORDER BY p.processed_at DESC LIMIT 1) newest ON true;
 `
 
 // SQL returns the statements Migrate runs for schema ("" means

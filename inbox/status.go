@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // Prune deletes this consumer's processed records older than
@@ -105,4 +107,50 @@ FROM %[1]s.dead_letters d WHERE d.consumer = $1 AND d.state <> 'released' ORDER 
 		return st, fmt.Errorf("inbox status of consumer %s: %w", in.consumer, err)
 	}
 	return st, nil
+}
+
+// ConsumerStatus is one row of the status view: one consumer of the
+// inbox tables in a schema.
+type ConsumerStatus struct {
+	Consumer string
+	// LastMessageID and LastProcessedAt are the newest processed record;
+	// empty and zero when none is in the window.
+	LastMessageID   string
+	LastProcessedAt time.Time
+	// DeadLetters counts the dead letters not released, ParkedAggregates
+	// the aggregates held behind one, ParkedMessages the messages waiting
+	// behind those.
+	DeadLetters      int64
+	ParkedAggregates int64
+	ParkedMessages   int64
+}
+
+// Querier is what StatusAll needs: a *pgx.Conn, a *pgxpool.Pool or a
+// pgx.Tx.
+type Querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// StatusAll reads the status view of schema ("" means DefaultSchema):
+// every consumer with processed records in the window or dead letters not
+// released, by name.
+func StatusAll(ctx context.Context, db Querier, schema string) ([]ConsumerStatus, error) {
+	rows, err := db.Query(ctx, fmt.Sprintf(`SELECT consumer, coalesce(last_message_id, ''), last_processed_at,
+	dead_letters, parked_aggregates, parked_messages FROM %s.status ORDER BY consumer`, quoteSchema(schema)))
+	if err != nil {
+		return nil, fmt.Errorf("read the inbox status view in schema %s (created by Migrate): %w", quoteSchema(schema), err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (ConsumerStatus, error) {
+		var c ConsumerStatus
+		var at *time.Time
+		err := r.Scan(&c.Consumer, &c.LastMessageID, &at, &c.DeadLetters, &c.ParkedAggregates, &c.ParkedMessages)
+		if at != nil {
+			c.LastProcessedAt = *at
+		}
+		return c, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read the inbox status view in schema %s: %w", quoteSchema(schema), err)
+	}
+	return out, nil
 }

@@ -594,7 +594,8 @@ func TestProducerInvalidEventWritesNothing(t *testing.T) {
 }
 
 // TestProducerExamples runs examples/producer and examples/consumer with the
-// relay between them: the consumer processes the event the producer wrote,
+// relay between them: the consumer processes the event the producer wrote
+// through its inbox, in the consumer's database,
 // in the producer's trace.
 func TestProducerExamples(t *testing.T) {
 	dir := t.TempDir()
@@ -618,7 +619,7 @@ func TestProducerExamples(t *testing.T) {
 	}
 	traceID, msgID := m[1], m[2]
 
-	consumer := exec.Command(filepath.Join(dir, "consumer"), "-brokers", e.brokers, "-topic", "outbox.order", "-v")
+	consumer := exec.Command(filepath.Join(dir, "consumer"), "-brokers", e.brokers, "-topic", "outbox.order", "-database-url", e.dbURL, "-v")
 	var cout syncBuffer
 	consumer.Stdout, consumer.Stderr = &cout, &cout
 	if err := consumer.Start(); err != nil {

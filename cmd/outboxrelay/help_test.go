@@ -15,7 +15,9 @@ func TestSubcommandHelp(t *testing.T) {
 		usage string
 		flags []string
 	}{
-		{[]string{"migrate", "--help"}, "outboxrelay migrate", []string{"--config", "--database-url", "--slot", "--print-role", "--grant", "replication slot to create"}},
+		{[]string{"migrate", "--help"}, "outboxrelay migrate", []string{"--config", "--database-url", "--slot", "--print-role", "--grant", "replication slot to create", "--inbox", "--inbox-schema"}},
+		{[]string{"inbox", "--help"}, "outboxrelay inbox status", []string{"--database-url", "parked aggregates"}},
+		{[]string{"inbox", "status", "--help"}, "outboxrelay inbox status", []string{"--database-url", "--schema", "--json", "dead letters"}},
 		{[]string{"run", "-h"}, "outboxrelay run", []string{"--config", "--check-config", "--accept-config-change", "validate the configuration"}},
 		{[]string{"status", "--help"}, "outboxrelay status", []string{"--database-url", "--slot", "--json", "--max-lag-bytes"}},
 		{[]string{"maintain", "--help"}, "outboxrelay maintain", []string{"--config"}},

@@ -44,11 +44,14 @@ func commands() []command {
 	return []command{
 		{name: "migrate", run: cmdMigrate, usage: `  outboxrelay migrate (--database-url URL | --config FILE) [--print] [--grant ROLE] [--table T] [--publication P] [--slot S] [--debezium] [--partitioned]
   outboxrelay migrate --print-role [--role NAME] [--table T] [--publication P] [--debezium]
+  outboxrelay migrate --inbox --database-url URL [--inbox-schema S] [--print]
+                                                    create a consumer database's inbox tables (the inbox library's)
 `},
 		{name: "run", run: cmdRun, usage: "  outboxrelay run     --config FILE [--check-config] [--accept-config-change]\n"},
 		{name: "maintain", run: cmdMaintain, usage: "  outboxrelay maintain --config FILE                 create daily partitions ahead, drop those past postgres.retention\n"},
 		{name: "status", run: cmdStatus, usage: "  outboxrelay status  --database-url URL [--slot NAME | --all] [--json | -o json|wide] [--max-lag-bytes N] [--watch]\n"},
 		{name: "dlq", run: cmdDeadLetters, subcommands: dlqCommands, usage: "  outboxrelay dlq     list|show|replay|purge ...\n"},
+		{name: "inbox", run: cmdInbox, subcommands: inboxCommands, usage: "  outboxrelay inbox   status --database-url URL [--schema S] [--json]   a consumer database's inbox: last processed, dead letters, parked\n"},
 		{name: "verify", run: cmdVerify, usage: `  outboxrelay verify  --config FILE --since T [--until T] [--aggregate-type A] [--id ID] [--rabbitmq-queue Q] [--allow-uncovered]
                                                     prove committed rows reached the broker; exit 1 listing missing ids
 `},
@@ -61,6 +64,7 @@ func commands() []command {
 		{name: "healthcheck", run: cmdHealthcheck, usage: "  outboxrelay healthcheck [--url URL]               exit 0 when the relay's /healthz answers 200\n"},
 		{name: "completion", run: cmdCompletion, args: shells, usage: "  outboxrelay completion bash|zsh|fish               print the shell completion script\n"},
 		{name: "schema", run: cmdSchema, subcommands: []string{"check"}, usage: "  outboxrelay schema check DIR                      exit 1 when a schema version is not backward compatible with the one before\n"},
+		{name: "rules", run: cmdRules, subcommands: []string{"test"}, usage: "  outboxrelay rules test --config FILE ROWS.jsonl    dry-run the routing rules on sample rows: route, destination, key, headers\n"},
 		{name: "version", aliases: []string{"--version", "-v"}, run: cmdVersion, usage: "  outboxrelay version [--json]\n"},
 		{name: "help", aliases: []string{"-h", "--help"}, run: cmdHelp},
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxrelay/outboxrelay/cdc"
+	"github.com/outboxrelay/outboxrelay/inbox"
 	"github.com/outboxrelay/outboxrelay/internal/app"
 	"github.com/outboxrelay/outboxrelay/internal/config"
 	"github.com/outboxrelay/outboxrelay/internal/store"
@@ -44,8 +45,13 @@ func cmdMigrate(args []string, stdout, stderr io.Writer) error {
 	printRoleSQL := fs.Bool("print-role", false, "print the SQL that creates a least-privilege role for the relay, and exit")
 	role := fs.String("role", "outboxrelay", "role name for --print-role")
 	grant := fs.String("grant", "", "after migrating, grant this existing `role` (the relay's) what --print-role grants")
+	inboxOnly := fs.Bool("inbox", false, "create a consumer database's inbox tables (the inbox library's Migrate) instead, in --inbox-schema; with --print, print their SQL")
+	inboxSchema := fs.String("inbox-schema", inbox.DefaultSchema, "schema of the inbox tables, with --inbox")
 	if err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	if *inboxOnly {
+		return migrateInbox(fs, *url, *inboxSchema, *print, stdout)
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
@@ -146,6 +152,55 @@ func cmdMigrate(args []string, stdout, stderr io.Writer) error {
 		return nil
 	}
 	return migrateSlot(ctx, conn, *slot, slotSetting, *failoverSlot, set["slot"], *cfgPath != "", stdout)
+}
+
+// migrateInbox creates (or with print prints) the inbox tables in a
+// consumer's database: the consumer's, not the relay's, so the relay's
+// flags do not apply.
+func migrateInbox(fs *flag.FlagSet, url, schema string, print bool, stdout io.Writer) error {
+	var relayFlags []string
+	fs.Visit(func(f *flag.Flag) {
+		if !slices.Contains([]string{"inbox", "inbox-schema", "database-url", "print"}, f.Name) {
+			relayFlags = append(relayFlags, "--"+f.Name)
+		}
+	})
+	if len(relayFlags) > 0 {
+		return usageErr("migrate: --inbox creates a consumer database's inbox tables; %s apply to the relay's database, drop them", strings.Join(relayFlags, ", "))
+	}
+	if print {
+		fmt.Fprint(stdout, inbox.SQL(schema))
+		return nil
+	}
+	return withConn(url, 0, func(ctx context.Context, conn *pgx.Conn) error {
+		if err := inbox.Migrate(ctx, conn, schema); err != nil {
+			return usageErr("migrate: %v", err)
+		}
+		fmt.Fprintf(stdout, "migrated: inbox tables and status view in schema %s\n", schema)
+		return nil
+	})
+}
+
+// withConn runs f on a connection to the database flagURL (or the
+// environment, as databaseURL says) names, until SIGINT or SIGTERM, or
+// timeout if above 0.
+func withConn(flagURL string, timeout time.Duration, f func(context.Context, *pgx.Conn) error) error {
+	dbURL, err := databaseURL(flagURL)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, timeout)
+		defer cancel()
+	}
+	conn, err := connect(ctx, dbURL)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	return f(ctx, conn)
 }
 
 // distinctTables returns tables as schema.name, each once, in order.

@@ -1,246 +1,148 @@
-// Command consumer is an example Kafka consumer of outboxrelay envelopes.
+// Command consumer is an example Kafka consumer of outboxrelay envelopes,
+// effectively-once through the inbox (github.com/outboxrelay/outboxrelay/inbox).
 //
-// It shows the two things every consumer of an at-least-once relay needs:
+// The relay delivers every committed outbox row at least once: a relay
+// restart, a rebalance or a crash between this consumer's commit and its
+// offset commit delivers a message again. The inbox records each message
+// id in the consumer's database in the same transaction as the handler's
+// writes, so a redelivery finds the record and the handler does not run
+// twice. Here the handler counts each order's events, a write that would
+// be wrong if it ran twice; what it prints, it prints from the inbox's
+// Observer, after the commit.
 //
-//   - Dedupe on message_id. The relay may deliver a message again after a
-//     crash (and a consumer group rebalance may replay a few records); a
-//     message must take effect once. Here an in-memory LRU of recently
-//     processed ids is enough to show the idea. When processing writes to
-//     a database, make it exact instead: record the id in the same
-//     transaction as the effect, and skip the message when it was there:
+// What the inbox cannot cover: an effect outside this database (an email,
+// a payment API call) can happen and then its transaction roll back, and
+// happen again on the redelivery. Give such a call an idempotency key the
+// remote side dedupes on, the message id for instance.
 //
-//     CREATE TABLE processed_messages (message_id uuid PRIMARY KEY, processed_at timestamptz NOT NULL DEFAULT now());
-//     -- in the transaction that applies the message:
-//     INSERT INTO processed_messages (message_id) VALUES ($1) ON CONFLICT DO NOTHING;
-//     -- 0 rows affected: already processed; roll back and commit the offset.
+// The handler continues the producer's trace: the traceparent the relay
+// carries makes the producer's span its parent.
 //
-//   - Continue the producer's trace. The envelope and the record's
-//     traceparent header carry the trace of the request that wrote the
-//     outbox row; the processing span is its child.
-//
-// Offsets are committed only after the records of a poll are processed, so
-// a crash reprocesses rather than loses them, and the dedupe absorbs that.
-//
-//	go run ./examples/consumer -brokers 127.0.0.1:9092 -topic outbox.order
+//	go run ./examples/consumer -brokers 127.0.0.1:9092 -topic outbox.order -database-url postgres://...
 package main
 
 import (
-	"container/list"
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
 	"strings"
-	"sync"
 	"syscall"
+	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/outboxrelay/outboxrelay/inbox"
+	"github.com/outboxrelay/outboxrelay/inbox/kafka"
 )
 
+// Options are the consumer's settings: main's flags.
+type Options struct {
+	Brokers     []string
+	Topic       string
+	Group       string // the consumer group, and the inbox's consumer name
+	DatabaseURL string
+	Batch       int // > 1: that many records per transaction
+	Verbose     bool
+}
+
 func main() {
+	var o Options
 	brokers := flag.String("brokers", "127.0.0.1:9092", "Kafka brokers, comma-separated")
-	topic := flag.String("topic", "outbox.order", "topic to consume")
-	group := flag.String("group", "order-consumer", "consumer group")
-	verbose := flag.Bool("v", false, "log the Kafka client's activity to stderr")
+	flag.StringVar(&o.Topic, "topic", "outbox.order", "topic to consume")
+	flag.StringVar(&o.Group, "group", "order-consumer", "consumer group, and the inbox's consumer name")
+	flag.StringVar(&o.DatabaseURL, "database-url", os.Getenv("DATABASE_URL"), "the consumer's PostgreSQL (env DATABASE_URL)")
+	flag.IntVar(&o.Batch, "batch", 0, "records per transaction (0: one)")
+	flag.BoolVar(&o.Verbose, "v", false, "log the runner's warnings to stderr")
 	flag.Parse()
+	o.Brokers = strings.Split(*brokers, ",")
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	opts := []kgo.Opt{
-		kgo.SeedBrokers(strings.Split(*brokers, ",")...),
-		kgo.ConsumerGroup(*group),
-		kgo.ConsumeTopics(*topic),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-		kgo.DisableAutoCommit(),
-	}
-	if *verbose {
-		opts = append(opts, kgo.WithLogger(kgo.BasicLogger(os.Stderr, kgo.LogLevelInfo, nil)))
-	}
-	cl, err := kgo.NewClient(opts...)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "consumer:", err)
-		os.Exit(2)
-	}
-	defer cl.Close()
-
 	// A real service installs an SDK TracerProvider with an exporter here;
 	// with the default no-op provider the trace context is still carried.
-	h := &Handler{Seen: NewLRU(100_000), Tracer: otel.Tracer("examples/consumer"), Out: os.Stdout}
-	if err := Run(ctx, cl, h); err != nil && !errors.Is(err, context.Canceled) {
+	if err := Run(ctx, o, otel.Tracer("examples/consumer"), os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "consumer:", err)
 		os.Exit(1)
 	}
 }
 
-// Run polls until ctx is cancelled, hands every record to h and commits
-// the offsets of each poll once all its records are processed.
-func Run(ctx context.Context, cl *kgo.Client, h *Handler) error {
-	for {
-		fs := cl.PollFetches(ctx)
-		if err := ctx.Err(); err != nil {
-			return err
+// Tables is the handler's own table: events per order.
+const Tables = `CREATE TABLE IF NOT EXISTS order_event_counts (
+	order_id text PRIMARY KEY,
+	events   bigint NOT NULL
+)`
+
+// Run consumes until ctx ends (SIGTERM), then drains and returns nil.
+func Run(ctx context.Context, o Options, tracer trace.Tracer, out io.Writer) error {
+	if o.DatabaseURL == "" {
+		return errors.New("no database: set -database-url or DATABASE_URL")
+	}
+	pool, err := pgxpool.New(ctx, o.DatabaseURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if err := inbox.Migrate(ctx, pool, ""); err != nil { // or review inbox.SQL("") and migrate yourself
+		return err
+	}
+	if _, err := pool.Exec(ctx, Tables); err != nil {
+		return err
+	}
+	in, err := inbox.New(pool, o.Group, inbox.Config{Observer: inbox.Observer{
+		// Called after the commit: output is a side effect outside the
+		// database, so it comes only once the effect is durable.
+		Processed: func(m inbox.Message, _ time.Duration) {
+			fmt.Fprintf(out, "processed %s %s aggregate=%s/%s trace_id=%s payload=%s\n", m.ID, m.EventType,
+				m.AggregateType, m.AggregateID, traceOf(m), m.Payload)
+		},
+		Duplicate:    func(m inbox.Message) { fmt.Fprintf(out, "duplicate %s\n", m.ID) },
+		DeadLettered: func(m inbox.Message, err error) { fmt.Fprintf(out, "dead letter %s: %v\n", m.ID, err) },
+	}})
+	if err != nil {
+		return err
+	}
+	log := slog.New(slog.DiscardHandler)
+	if o.Verbose {
+		log = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	r, err := kafka.New(in, handler(tracer), kafka.Config{Brokers: o.Brokers, Group: o.Group, Topics: []string{o.Topic},
+		Batch: o.Batch, Logger: log, Opts: []kgo.Opt{kgo.ConsumeResetOffset(kgo.NewOffset().AtStart())}})
+	if err != nil {
+		return err
+	}
+	return r.Run(ctx)
+}
+
+// handler is the business logic, in the inbox's transaction: it commits
+// with the message's inbox record or not at all.
+func handler(tracer trace.Tracer) inbox.Handler {
+	return func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
+		ctx = propagation.TraceContext{}.Extract(ctx, propagation.MapCarrier{"traceparent": m.Traceparent})
+		ctx, span := tracer.Start(ctx, "process "+m.EventType, trace.WithSpanKind(trace.SpanKindConsumer),
+			trace.WithAttributes(attribute.String("messaging.system", "kafka"), attribute.String("messaging.message.id", m.ID)))
+		defer span.End()
+		_, err := tx.Exec(ctx, `INSERT INTO order_event_counts (order_id, events) VALUES ($1, 1)
+ON CONFLICT (order_id) DO UPDATE SET events = order_event_counts.events + 1`, m.AggregateID)
+		if err != nil {
+			span.RecordError(err)
 		}
-		var errs []error
-		fs.EachError(func(topic string, p int32, err error) {
-			errs = append(errs, fmt.Errorf("fetch %s[%d]: %w", topic, p, err))
-		})
-		if len(errs) > 0 {
-			return errors.Join(errs...)
-		}
-		var failed error
-		fs.EachRecord(func(r *kgo.Record) {
-			if failed == nil {
-				failed = h.Handle(ctx, r)
-			}
-		})
-		if failed != nil {
-			// Do not commit: the records are delivered again after a
-			// restart, and the ones already processed are deduped.
-			return failed
-		}
-		// Commit even when ctx was cancelled meanwhile: these records are
-		// processed, and a shutdown should not make them come back.
-		if err := cl.CommitUncommittedOffsets(context.WithoutCancel(ctx)); err != nil {
-			return fmt.Errorf("commit offsets: %w", err)
-		}
+		return err
 	}
 }
 
-// Envelope is the part of an outboxrelay envelope (version 1) this
-// consumer reads. Unknown fields are ignored, as the contract requires.
-type Envelope struct {
-	EnvelopeVersion int             `json:"envelope_version"`
-	MessageID       string          `json:"message_id"`
-	EventType       string          `json:"event_type"`
-	SchemaVersion   int             `json:"schema_version"`
-	AggregateType   string          `json:"aggregate_type"`
-	AggregateID     string          `json:"aggregate_id"`
-	TraceID         string          `json:"trace_id"`
-	Traceparent     string          `json:"traceparent"`
-	Payload         json.RawMessage `json:"payload"`
-}
-
-// Handler processes one record at a time; it is used by one goroutine.
-type Handler struct {
-	Seen   *LRU
-	Tracer trace.Tracer
-	Out    io.Writer
-}
-
-var propagator = propagation.TraceContext{}
-
-// Handle processes r once per message_id.
-func (h *Handler) Handle(ctx context.Context, r *kgo.Record) error {
-	var env Envelope
-	if err := json.Unmarshal(r.Value, &env); err != nil || env.MessageID == "" {
-		// A poison record: log it and move on rather than block the partition.
-		fmt.Fprintf(h.Out, "skipped undecodable record %s[%d]@%d\n", r.Topic, r.Partition, r.Offset)
-		return nil
-	}
-	if h.Seen.Contains(env.MessageID) {
-		fmt.Fprintf(h.Out, "duplicate %s\n", env.MessageID)
-		return nil
-	}
-
-	// The traceparent header makes the producer's span our parent.
-	ctx = propagator.Extract(ctx, headerCarrier{r})
-	ctx, span := h.Tracer.Start(ctx, "process "+env.EventType,
-		trace.WithSpanKind(trace.SpanKindConsumer),
-		trace.WithAttributes(
-			attribute.String("messaging.system", "kafka"),
-			attribute.String("messaging.destination.name", r.Topic),
-			attribute.String("messaging.message.id", env.MessageID),
-		))
-	defer span.End()
-
-	if err := process(ctx, h.Out, &env); err != nil {
-		span.RecordError(err)
-		span.SetStatus(codes.Error, err.Error())
-		return fmt.Errorf("process %s: %w", env.MessageID, err)
-	}
-	// Remember the id only once the message took effect, so that a failed
-	// message is processed again.
-	h.Seen.Add(env.MessageID)
-	return nil
-}
-
-// process is the business logic.
-func process(ctx context.Context, out io.Writer, env *Envelope) error {
-	fmt.Fprintf(out, "processed %s %s aggregate=%s/%s trace_id=%s payload=%s\n", env.MessageID, env.EventType,
-		env.AggregateType, env.AggregateID, trace.SpanContextFromContext(ctx).TraceID(), env.Payload)
-	return nil
-}
-
-// headerCarrier lets OpenTelemetry propagators read Kafka record headers.
-type headerCarrier struct{ r *kgo.Record }
-
-func (c headerCarrier) Get(key string) string {
-	for _, h := range c.r.Headers {
-		if strings.EqualFold(h.Key, key) {
-			return string(h.Value)
-		}
-	}
-	return ""
-}
-
-func (c headerCarrier) Set(key, value string) {
-	c.r.Headers = append(c.r.Headers, kgo.RecordHeader{Key: key, Value: []byte(value)})
-}
-
-func (c headerCarrier) Keys() []string {
-	keys := make([]string, len(c.r.Headers))
-	for i, h := range c.r.Headers {
-		keys[i] = h.Key
-	}
-	return keys
-}
-
-// LRU remembers the most recently processed message ids. It is safe for
-// concurrent use.
-type LRU struct {
-	mu    sync.Mutex
-	size  int
-	order *list.List // front: most recent
-	items map[string]*list.Element
-}
-
-// NewLRU returns an LRU that holds up to size ids.
-func NewLRU(size int) *LRU {
-	return &LRU{size: size, order: list.New(), items: make(map[string]*list.Element, size)}
-}
-
-// Contains reports whether id was added and not yet evicted.
-func (l *LRU) Contains(id string) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if e, ok := l.items[id]; ok {
-		l.order.MoveToFront(e)
-		return true
-	}
-	return false
-}
-
-// Add remembers id, evicting the least recently used id when full.
-func (l *LRU) Add(id string) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if e, ok := l.items[id]; ok {
-		l.order.MoveToFront(e)
-		return
-	}
-	l.items[id] = l.order.PushFront(id)
-	if l.order.Len() > l.size {
-		oldest := l.order.Back()
-		l.order.Remove(oldest)
-		delete(l.items, oldest.Value.(string))
-	}
+// traceOf is the trace the message's traceparent names, for the output.
+func traceOf(m inbox.Message) string {
+	ctx := propagation.TraceContext{}.Extract(context.Background(), propagation.MapCarrier{"traceparent": m.Traceparent})
+	return trace.SpanContextFromContext(ctx).TraceID().String()
 }

@@ -8,12 +8,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
-	"go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/outboxrelay/outboxrelay/integration/pgserver"
 )
 
 const (
@@ -30,7 +32,7 @@ func record(id string) *kgo.Record {
 	}
 }
 
-// syncBuffer is written by the consumer goroutine and read by the test.
+// syncBuffer is written by the consumer's goroutines and read by the test.
 type syncBuffer struct {
 	mu sync.Mutex
 	b  bytes.Buffer
@@ -48,50 +50,29 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-func TestHandleDedupesAndContinuesTrace(t *testing.T) {
-	rec := tracetest.NewSpanRecorder()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
-	var out syncBuffer
-	h := &Handler{Seen: NewLRU(2), Tracer: tp.Tracer("test"), Out: &out}
-	ctx := context.Background()
-	for _, id := range []string{"a", "a", "b", "c", "a"} {
-		if err := h.Handle(ctx, record(id)); err != nil {
-			t.Fatal(err)
-		}
+// TestRunAppliesEachMessageOnce runs the example against kfake over TCP
+// and a real PostgreSQL: a message delivered twice counts once, the
+// handler's span continues the producer's trace, and a restarted consumer
+// of the group resumes after what it committed, in either mode.
+func TestRunAppliesEachMessageOnce(t *testing.T) {
+	srv, err := pgserver.Start(t.Context(), pgserver.Options{})
+	if err != nil {
+		t.Fatal(err)
 	}
-	// "a" was evicted by "b" and "c" (size 2): the LRU bounds memory, and a
-	// redelivery older than its window is processed again. A processed-ids
-	// table has no such window.
-	want := "processed a order.created aggregate=order/42 trace_id=" + traceID + ` payload={"order_id":42}
-duplicate a
-processed b order.created aggregate=order/42 trace_id=` + traceID + ` payload={"order_id":42}
-processed c order.created aggregate=order/42 trace_id=` + traceID + ` payload={"order_id":42}
-processed a order.created aggregate=order/42 trace_id=` + traceID + ` payload={"order_id":42}
-`
-	if out.String() != want {
-		t.Errorf("output\n%s\nwant\n%s", out.String(), want)
-	}
-	spans := rec.Ended()
-	if len(spans) != 4 {
-		t.Fatalf("%d spans, want one per processed message", len(spans))
-	}
-	for _, s := range spans {
-		if s.Parent().TraceID().String() != traceID || s.Parent().SpanID().String() != "00f067aa0ba902b7" || !s.Parent().IsRemote() {
-			t.Errorf("span %s has parent %v, want the producer's span from traceparent", s.Name(), s.Parent())
-		}
-		if s.SpanContext().TraceID().String() != traceID || s.SpanKind() != trace.SpanKindConsumer || s.Name() != "process order.created" {
-			t.Errorf("span %s: trace %s kind %s", s.Name(), s.SpanContext().TraceID(), s.SpanKind())
-		}
-	}
-	if err := h.Handle(ctx, &kgo.Record{Value: []byte("not json")}); err != nil {
-		t.Errorf("undecodable record: %v", err)
+	t.Cleanup(func() { _ = srv.Stop() })
+	for _, batch := range []int{0, 8} {
+		t.Run(map[int]string{0: "per message", 8: "batch"}[batch], func(t *testing.T) {
+			testRun(t, srv, batch)
+		})
 	}
 }
 
-// TestRunCommitsAfterProcessing runs the example against a Kafka broker
-// (kfake): duplicates are skipped, and a restarted consumer of the same
-// group resumes after the committed offsets.
-func TestRunCommitsAfterProcessing(t *testing.T) {
+func testRun(t *testing.T, srv *pgserver.Server, batch int) {
+	ctx := t.Context()
+	dbURL, err := srv.CreateDatabase(ctx, strings.ReplaceAll(t.Name(), "/", "_"))
+	if err != nil {
+		t.Fatal(err)
+	}
 	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(4))
 	if err != nil {
 		t.Fatal(err)
@@ -104,25 +85,20 @@ func TestRunCommitsAfterProcessing(t *testing.T) {
 	defer prod.Close()
 	produce := func(ids ...string) {
 		for _, id := range ids {
-			if err := prod.ProduceSync(t.Context(), record(id)).FirstErr(); err != nil {
+			if err := prod.ProduceSync(ctx, record(id)).FirstErr(); err != nil {
 				t.Fatal(err)
 			}
 		}
 	}
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	o := Options{Brokers: cluster.ListenAddrs(), Topic: "outbox.order", Group: "g", DatabaseURL: dbURL, Batch: batch}
 	consume := func(until string) string {
 		t.Helper()
-		cl, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...), kgo.ConsumerGroup("g"),
-			kgo.ConsumeTopics("outbox.order"), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-			kgo.DisableAutoCommit(), kgo.FetchMaxWait(100*time.Millisecond))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer cl.Close()
 		var out syncBuffer
-		h := &Handler{Seen: NewLRU(100), Tracer: noop.NewTracerProvider().Tracer(""), Out: &out}
-		ctx, cancel := context.WithCancel(t.Context())
+		rctx, cancel := context.WithCancel(ctx)
 		done := make(chan error, 1)
-		go func() { done <- Run(ctx, cl, h) }()
+		go func() { done <- Run(rctx, o, tp.Tracer("test"), &out) }()
 		deadline := time.After(30 * time.Second)
 		for !strings.Contains(out.String(), until) {
 			select {
@@ -133,19 +109,52 @@ func TestRunCommitsAfterProcessing(t *testing.T) {
 			case <-time.After(20 * time.Millisecond):
 			}
 		}
-		cancel() // Run commits what it processed before it returns
-		<-done
+		cancel() // Run drains and commits what it processed before it returns
+		if err := <-done; err != nil {
+			t.Fatalf("Run: %v", err)
+		}
 		return out.String()
 	}
+	events := func() int64 {
+		t.Helper()
+		conn, err := pgx.Connect(ctx, dbURL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close(ctx)
+		var n int64
+		if err := conn.QueryRow(ctx, "SELECT events FROM order_event_counts WHERE order_id = '42'").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
 
-	produce("a", "a", "b")
-	first := consume("processed b")
-	if strings.Count(first, "processed a") != 1 || !strings.Contains(first, "duplicate a") {
-		t.Errorf("first run:\n%s", first)
+	produce("a", "a", "b") // a twice: a relay restarted with kill -9 resends
+	out := consume("processed b")
+	want := "processed a order.created aggregate=order/42 trace_id=" + traceID + ` payload={"order_id":42}`
+	if !strings.Contains(out, want) || !strings.Contains(out, "duplicate a") || strings.Count(out, "processed ") != 2 {
+		t.Errorf("first run:\n%s\nwant a and b processed once, a's second delivery a duplicate", out)
+	}
+	if n := events(); n != 2 {
+		t.Errorf("order 42 counted %d events, want 2", n)
 	}
 	produce("c")
-	second := consume("processed c")
-	if strings.Contains(second, "processed a") || strings.Contains(second, "processed b") {
-		t.Errorf("second run reprocessed committed records:\n%s", second)
+	if out := consume("processed c"); strings.Contains(out, "processed a") || strings.Contains(out, "processed b") {
+		t.Errorf("the restarted consumer processed again:\n%s", out)
+	}
+	if n := events(); n != 3 {
+		t.Errorf("order 42 counted %d events after c, want 3", n)
+	}
+	spans := rec.Ended()
+	if len(spans) != 3 {
+		t.Fatalf("%d spans, want one per handler run (3)", len(spans))
+	}
+	for _, s := range spans {
+		if s.Parent().TraceID().String() != traceID || s.Parent().SpanID().String() != "00f067aa0ba902b7" || !s.Parent().IsRemote() {
+			t.Errorf("span %s has parent %v, want the producer's span from traceparent", s.Name(), s.Parent())
+		}
+		if s.SpanKind() != trace.SpanKindConsumer || s.Name() != "process order.created" {
+			t.Errorf("span %s: kind %s", s.Name(), s.SpanKind())
+		}
 	}
 }

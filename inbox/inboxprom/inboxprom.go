@@ -14,6 +14,8 @@
 //	outboxrelay_inbox_parked_total          messages parked behind a dead letter
 //	outboxrelay_inbox_stale_total           messages older than the dedupe window
 //	outboxrelay_inbox_handler_seconds       first attempt to commit, per processed message
+//	outboxrelay_inbox_lag                   messages the broker holds for the consumer, label source
+//	                                        (set by the runners where the broker reports it)
 package inboxprom
 
 import (
@@ -60,7 +62,15 @@ func Observer(reg prometheus.Registerer, consumer string) (inbox.Observer, error
 	if err != nil {
 		return inbox.Observer{}, err
 	}
+	lag, err := register(reg, prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "outboxrelay_inbox_lag", Help: "Messages the broker holds for the consumer and it has not finished, per source (topic/partition, queue, stream), as the runner last read them.",
+		ConstLabels: labels,
+	}, []string{"source"}))
+	if err != nil {
+		return inbox.Observer{}, err
+	}
 	return inbox.Observer{
+		Lag: func(source string, n int64) { lag.WithLabelValues(source).Set(float64(n)) },
 		Processed: func(_ inbox.Message, took time.Duration) {
 			processed.Inc()
 			hist.Observe(took.Seconds())

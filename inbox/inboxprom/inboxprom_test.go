@@ -31,8 +31,11 @@ func TestObserverCounts(t *testing.T) {
 	obs.Parked(m)
 	obs.Parked(m)
 	obs.Stale(m)
+	obs.Lag("deposits/0", 9)
+	obs.Lag("deposits/0", 7) // a gauge: the last reading
+	again.Lag("deposits/1", 3)
 	want := map[string]float64{"processed_total": 2, "duplicates_total": 1, "retries_total": 1,
-		"dead_letters_total": 1, "parked_total": 2, "stale_total": 1}
+		"dead_letters_total": 1, "parked_total": 2, "stale_total": 1, "lag/deposits/0": 7, "lag/deposits/1": 3}
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -46,6 +49,9 @@ func TestObserverCounts(t *testing.T) {
 			}
 			if c := m.GetCounter(); c != nil {
 				got[name] += c.GetValue()
+			}
+			if g := m.GetGauge(); g != nil {
+				got[name+"/"+m.GetLabel()[1].GetValue()] = g.GetValue()
 			}
 		}
 	}

@@ -28,6 +28,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -35,6 +36,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outboxrelay/outboxrelay/inbox"
+	"github.com/outboxrelay/outboxrelay/inbox/internal/dispatch"
 )
 
 // Config configures a Runner.
@@ -54,6 +56,20 @@ type Config struct {
 	// CommitInterval is how often finished offsets are committed; 1s by
 	// default. A stop and a revoke always commit.
 	CommitInterval time.Duration
+	// Batch > 1 turns on batch mode: up to Batch records of one
+	// partition, of any aggregates, are processed in one transaction
+	// (inbox.ReceiveBatch), each aggregate's in offset order, and their
+	// offsets become committable only after the commit. A record whose
+	// handler fails falls back to its own transaction (retries, then a
+	// dead letter) without failing the others. Keep it at or below
+	// MaxInFlight; 0 or 1: one transaction per record.
+	Batch int
+	// LagInterval is how often the consumer lag of each assigned
+	// partition, its high watermark minus the group's committed offset
+	// (the log start offset while the group has none), as of the last
+	// fetch, goes to the inbox's Observer.Lag, source topic/partition;
+	// 10s by default.
+	LagInterval time.Duration
 	// Opts are further franz-go options (TLS, SASL, session timeout,
 	// client id). The Runner sets the seed brokers, the group, the topics,
 	// manual commits and its rebalance callbacks itself.
@@ -90,6 +106,9 @@ func New(in *inbox.Inbox, h inbox.Handler, cfg Config) (*Runner, error) {
 	if cfg.CommitInterval <= 0 {
 		cfg.CommitInterval = time.Second
 	}
+	if cfg.LagInterval <= 0 {
+		cfg.LagInterval = 10 * time.Second
+	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -102,15 +121,15 @@ type tp struct {
 	partition int32
 }
 
-// aggKey is an aggregate within one assignment of a partition: a
-// partition assigned again gets new queues, whatever the old ones hold.
-type aggKey struct {
+// item is a record taken from partition p.
+type item struct {
+	rec *kgo.Record
 	p   *part
-	key string
 }
 
 // part is one assigned partition.
 type part struct {
+	id     string          // unique within the Run: an assignment's aggregates are its own
 	ctx    context.Context // cancelled when its work is abandoned
 	cancel context.CancelFunc
 	// taken are the offsets taken and not yet trimmed, ascending; done
@@ -120,8 +139,9 @@ type part struct {
 	done      map[int64]bool
 	mark      int64
 	committed int64
-	stopping  bool // revoked, lost or shutting down: start nothing more
-	inflight  int  // taken and not finished or dropped
+	hw, start int64 // high watermark and log start offset, as of the last fetch; -1: none yet
+	stopping  bool  // revoked, lost or shutting down: start nothing more
+	inflight  int   // taken and not finished or dropped
 }
 
 // finish records that offset o is done and trims the finished prefix.
@@ -136,17 +156,16 @@ func (p *part) finish(o int64) {
 
 // session is the state of one Run.
 type session struct {
-	r        *Runner
-	cl       *kgo.Client
-	workCtx  context.Context // outlives Run's ctx by the drain
-	mu       sync.Mutex
-	cond     *sync.Cond // signalled when inflight falls
-	parts    map[tp]*part
-	queues   map[aggKey][]*kgo.Record
-	inflight int
-	closing  bool
-	workers  sync.WaitGroup
-	commitMu sync.Mutex // one commit at a time, the revoke's last
+	r           *Runner
+	cl          *kgo.Client
+	workCtx     context.Context // outlives Run's ctx by the drain
+	d           *dispatch.Dispatcher[item]
+	mu          sync.Mutex
+	cond        *sync.Cond // signalled when a partition's inflight falls
+	parts       map[tp]*part
+	assignments int // so far: the parts' ids
+	closing     bool
+	commitMu    sync.Mutex // one commit at a time, the revoke's last
 }
 
 // Run consumes until ctx is cancelled, then stops fetching, waits up to
@@ -156,8 +175,9 @@ type session struct {
 func (r *Runner) Run(ctx context.Context) error {
 	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWork()
-	s := &session{r: r, workCtx: workCtx, parts: map[tp]*part{}, queues: map[aggKey][]*kgo.Record{}}
+	s := &session{r: r, workCtx: workCtx, parts: map[tp]*part{}}
 	s.cond = sync.NewCond(&s.mu)
+	s.d = s.dispatcher()
 	opts := append(slices.Clone(r.cfg.Opts),
 		kgo.SeedBrokers(r.cfg.Brokers...),
 		kgo.ConsumerGroup(r.cfg.Group),
@@ -179,12 +199,16 @@ func (r *Runner) Run(ctx context.Context) error {
 		defer close(commitDone)
 		t := time.NewTicker(r.cfg.CommitInterval)
 		defer t.Stop()
+		lag := time.NewTicker(r.cfg.LagInterval)
+		defer lag.Stop()
 		for {
 			select {
 			case <-ctx.Done():
 				return
 			case <-t.C:
 				s.commit(ctx, nil)
+			case <-lag.C:
+				s.reportLag()
 			}
 		}
 	}()
@@ -209,19 +233,14 @@ func (r *Runner) Run(ctx context.Context) error {
 	cancel()
 	cl.Close()
 	cancelWork()
-	s.workers.Wait()
+	s.d.Close()
 	return err
 }
 
 func (s *session) poll(ctx context.Context) error {
 	for {
-		s.mu.Lock()
-		for s.inflight >= s.r.cfg.MaxInFlight && ctx.Err() == nil {
-			s.cond.Wait()
-		}
-		free := s.r.cfg.MaxInFlight - s.inflight
-		s.mu.Unlock()
-		if ctx.Err() != nil {
+		free := s.d.Wait(ctx)
+		if free == 0 {
 			return nil
 		}
 		fs := s.cl.PollRecords(ctx, free)
@@ -235,109 +254,125 @@ func (s *session) poll(ctx context.Context) error {
 			}
 			s.r.log.Warn("kafka inbox: fetch failed", "topic", fe.Topic, "partition", fe.Partition, "error", fe.Err)
 		}
+		var items []item
 		s.mu.Lock()
-		fs.EachRecord(s.takeLocked)
+		fs.EachPartition(func(fp kgo.FetchTopicPartition) {
+			if p := s.parts[tp{fp.Topic, fp.Partition}]; p != nil && fp.Err == nil {
+				p.hw, p.start = fp.HighWatermark, fp.LogStartOffset
+			}
+		})
+		fs.EachRecord(func(rec *kgo.Record) {
+			if it, ok := s.takeLocked(rec); ok {
+				items = append(items, it)
+			}
+		})
 		s.mu.Unlock()
+		for _, it := range items {
+			s.d.Take(it.p.id+"\x00"+string(it.rec.Key), it)
+		}
 		s.cl.AllowRebalance()
 	}
 }
 
-// takeLocked queues rec behind its aggregate and starts a worker for the
-// aggregate if none runs.
-func (s *session) takeLocked(rec *kgo.Record) {
-	k := tp{rec.Topic, rec.Partition}
-	p := s.parts[k]
+// takeLocked counts rec as taken from its partition; false when the
+// partition is not this member's any more (the next owner fetches it).
+func (s *session) takeLocked(rec *kgo.Record) (item, bool) {
+	p := s.parts[tp{rec.Topic, rec.Partition}]
 	if p == nil || p.stopping {
-		return // not ours any more: the next owner fetches it
+		return item{}, false
 	}
 	p.taken = append(p.taken, rec.Offset)
 	p.inflight++
-	s.inflight++
-	ak := aggKey{p, string(rec.Key)}
-	q, running := s.queues[ak]
-	s.queues[ak] = append(q, rec)
-	if !running {
-		s.workers.Add(1)
-		go s.work(ak, p)
-	}
+	return item{rec, p}, true
 }
 
-// work processes the queue of one aggregate until it is empty.
-func (s *session) work(ak aggKey, p *part) {
-	defer s.workers.Done()
-	for {
-		s.mu.Lock()
-		q := s.queues[ak]
-		if len(q) == 0 {
-			delete(s.queues, ak)
-			s.mu.Unlock()
-			return
-		}
-		if p.stopping {
-			// Drop what has not started: it is not committed, the next
-			// owner of the partition gets it again.
-			delete(s.queues, ak)
-			s.releaseLocked(p, len(q))
-			s.mu.Unlock()
-			return
-		}
-		rec := q[0]
-		s.mu.Unlock()
+const what = "kafka inbox"
 
-		ok := s.process(p.ctx, rec)
-
+// dispatcher runs records through the inbox, one at a time per aggregate
+// (record key within its partition's assignment) or in batches of one
+// partition's records. A record that finished moves its partition's
+// commit mark; one dropped or abandoned does not, so it is never
+// committed and the partition's next owner gets it again.
+func (s *session) dispatcher() *dispatch.Dispatcher[item] {
+	r := s.r
+	release := func(its ...item) {
 		s.mu.Lock()
-		s.queues[ak] = s.queues[ak][1:]
-		if ok {
-			p.finish(rec.Offset)
+		for _, it := range its {
+			it.p.inflight--
 		}
-		s.releaseLocked(p, 1)
-		if !ok {
-			// Abandoned: nothing after it of this aggregate may run.
-			s.releaseLocked(p, len(s.queues[ak]))
-			delete(s.queues, ak)
-			s.mu.Unlock()
-			return
-		}
+		s.cond.Broadcast()
 		s.mu.Unlock()
 	}
+	return dispatch.New(dispatch.Config[item]{
+		MaxInFlight: r.cfg.MaxInFlight,
+		Batch:       r.cfg.Batch,
+		Group:       func(it item) string { return it.p.id },
+		Process: func(it item) bool {
+			_, ok := dispatch.Receive(it.p.ctx, r.in, r.h, r.log, what, raw(it.rec))
+			return ok
+		},
+		ProcessBatch: func(its []item) []bool {
+			rs := dispatch.ReceiveBatch(its[0].p.ctx, r.in, r.h, r.log, what, its, // one partition's
+				func(it item) inbox.Raw { return raw(it.rec) })
+			oks := make([]bool, len(its))
+			for i := range its {
+				oks[i] = rs[i].Outcome != 0
+			}
+			return oks
+		},
+		Skip: func(it item) bool {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			return it.p.stopping // not started: not committed, the next owner gets it
+		},
+		Done: func(it item, ok bool) {
+			if ok {
+				s.mu.Lock()
+				it.p.finish(it.rec.Offset)
+				s.mu.Unlock()
+			}
+			release(it)
+		},
+		Dropped: func(its []item) { release(its...) },
+	})
 }
 
-func (s *session) releaseLocked(p *part, n int) {
-	p.inflight -= n
-	s.inflight -= n
-	s.cond.Broadcast()
-}
-
-// process runs rec through the inbox until it has a durable outcome
-// (true) or ctx ends (false: abandoned). An inbox error means the database
-// failed; Receive is idempotent, so it is retried.
-func (s *session) process(ctx context.Context, rec *kgo.Record) bool {
+// raw is rec as the inbox's broker-independent input.
+func raw(rec *kgo.Record) inbox.Raw {
 	raw := inbox.Raw{Key: rec.Key, Value: rec.Value, Headers: make(map[string]string, len(rec.Headers))}
 	for _, h := range rec.Headers {
 		raw.Headers[h.Key] = string(h.Value)
 	}
-	wait := 100 * time.Millisecond
-	for {
-		res, err := s.r.in.Receive(ctx, raw, s.r.h)
-		if err == nil {
-			if res.Outcome == inbox.DeadLettered {
-				s.r.log.Warn("kafka inbox: message dead-lettered", "topic", rec.Topic, "partition", rec.Partition,
-					"offset", rec.Offset, "message_id", res.Message.ID, "error", res.Err)
-			}
-			return true
+	return raw
+}
+
+// reportLag reports each assigned partition's lag to the inbox's
+// Observer: its high watermark minus the group's committed offset, or
+// minus the log start offset while the group has committed none.
+func (s *session) reportLag() {
+	committed := s.cl.CommittedOffsets()
+	type reading struct {
+		source string
+		lag    int64
+	}
+	var rs []reading
+	s.mu.Lock()
+	for k, p := range s.parts {
+		if p.hw < 0 {
+			continue // not fetched yet: unknown, not 0
 		}
-		if ctx.Err() != nil {
-			return false
+		from := p.start
+		if eo, ok := committed[k.topic][k.partition]; ok && eo.Offset >= 0 {
+			from = eo.Offset
 		}
-		s.r.log.Warn("kafka inbox: processing failed, retrying", "topic", rec.Topic, "partition", rec.Partition,
-			"offset", rec.Offset, "error", err)
-		select {
-		case <-ctx.Done():
-			return false
-		case <-time.After(wait):
+		if from < 0 {
+			continue
 		}
-		wait = min(2*wait, 10*time.Second)
+		rs = append(rs, reading{k.topic + "/" + strconv.Itoa(int(k.partition)), max(p.hw-from, 0)})
+	}
+	s.mu.Unlock()
+	for _, r := range rs {
+		s.r.in.ReportLag(r.source, r.lag)
 	}
 }
 
@@ -347,7 +382,8 @@ func (s *session) assigned(_ context.Context, _ *kgo.Client, assigned map[string
 	for topic, ps := range assigned {
 		for _, n := range ps {
 			ctx, cancel := context.WithCancel(s.workCtx)
-			s.parts[tp{topic, n}] = &part{ctx: ctx, cancel: cancel, done: map[int64]bool{}, mark: -1, committed: -1}
+			s.assignments++
+			s.parts[tp{topic, n}] = &part{id: strconv.Itoa(s.assignments), ctx: ctx, cancel: cancel, done: map[int64]bool{}, mark: -1, committed: -1, hw: -1, start: -1}
 		}
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/outboxrelay/outboxrelay/inbox"
+	"github.com/outboxrelay/outboxrelay/inbox/internal/consumertest"
 	"github.com/outboxrelay/outboxrelay/inbox/internal/ledger"
 	"github.com/outboxrelay/outboxrelay/inbox/internal/pgtest"
 )
@@ -67,7 +68,7 @@ func TestRunReturnsAndLeavesNoGoroutine(t *testing.T) {
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- r.Run(runCtx) }()
-	waitFor(t, "200 messages", 60*time.Second, func() bool { return runs(ctx, t, pool) >= 200 })
+	consumertest.WaitFor(t, "200 messages", 60*time.Second, func() bool { return consumertest.Runs(ctx, t, pool) >= 200 })
 	produced := make(chan error, 1)
 	go func() { produced <- produce(msgs[300:]) }() // still arriving when the stop comes
 	stop()
@@ -80,7 +81,7 @@ func TestRunReturnsAndLeavesNoGoroutine(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("Run did not return within 10s of its context's end (drain 5s)")
 	}
-	t.Logf("stopped after %d of 400 messages in %v", runs(ctx, t, pool), time.Since(stopped))
+	t.Logf("stopped after %d of 400 messages in %v", consumertest.Runs(ctx, t, pool), time.Since(stopped))
 	if err := <-produced; err != nil {
 		t.Fatal(err)
 	}

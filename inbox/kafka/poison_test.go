@@ -12,6 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxrelay/outboxrelay/inbox"
+	"github.com/outboxrelay/outboxrelay/inbox/internal/consumertest"
 	"github.com/outboxrelay/outboxrelay/inbox/internal/ledger"
 	"github.com/outboxrelay/outboxrelay/inbox/internal/pgtest"
 )
@@ -21,7 +22,15 @@ import (
 // parked, while the runner moves on and commits past all of them; a replay
 // releases the chain in order, and a consumer started afterwards finds
 // nothing new to do.
+//
+// In batch mode the poison message fails inside a batch: the batch's other
+// records commit, and the poison one falls back to its own transaction.
 func TestPoisonParkedThroughKafka(t *testing.T) {
+	t.Run("per message", func(t *testing.T) { testPoison(t, 0) })
+	t.Run("batch", func(t *testing.T) { testPoison(t, 16) })
+}
+
+func testPoison(t *testing.T, batch int) {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, pgtest.Database(t))
 	if err != nil {
@@ -73,7 +82,7 @@ func TestPoisonParkedThroughKafka(t *testing.T) {
 	}
 	run := func() (stop func()) {
 		r, err := New(in, handler, Config{Brokers: cluster.ListenAddrs(), Group: group, Topics: []string{topic},
-			CommitInterval: 50 * time.Millisecond, Opts: []kgo.Opt{kgo.ConsumeResetOffset(kgo.NewOffset().AtStart())}})
+			Batch: batch, CommitInterval: 50 * time.Millisecond, Opts: []kgo.Opt{kgo.ConsumeResetOffset(kgo.NewOffset().AtStart())}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -89,7 +98,7 @@ func TestPoisonParkedThroughKafka(t *testing.T) {
 	}
 	stop := run()
 	behind := int64(len(msgs)/3 - 11) // acct-000's messages after the poison one
-	waitFor(t, "the poison message and its chain", 60*time.Second, func() bool {
+	consumertest.WaitFor(t, "the poison message and its chain", 60*time.Second, func() bool {
 		return dead.Load() == 1 && parked.Load() == behind && processed.Load() == int64(len(msgs))-1-behind
 	})
 	stop()
@@ -120,7 +129,7 @@ func TestPoisonParkedThroughKafka(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("poison through Kafka: dead letters %d, parked %d, replayed %d; %v", dead.Load(), parked.Load(), rr.Processed, r)
+	t.Logf("batch %d: poison through Kafka: dead letters %d, parked %d, replayed %d; %v", batch, dead.Load(), parked.Load(), rr.Processed, r)
 	if !r.ExactlyOnce() {
 		t.Fatalf("not exactly once: %v", r)
 	}

@@ -2,9 +2,6 @@ package nats
 
 import (
 	"context"
-	"fmt"
-	"os"
-	"strings"
 	"testing"
 	"time"
 
@@ -15,6 +12,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/outboxrelay/outboxrelay/inbox"
+	"github.com/outboxrelay/outboxrelay/inbox/internal/consumertest"
 	"github.com/outboxrelay/outboxrelay/inbox/internal/ledger"
 	"github.com/outboxrelay/outboxrelay/inbox/internal/pgtest"
 )
@@ -25,22 +23,7 @@ import (
 // in-progress tickers, the NATS connection's).
 func TestRunReturnsAndLeavesNoGoroutine(t *testing.T) {
 	ctx := context.Background()
-	nc, err := nats.Connect(natsURL())
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("NATS: %v", err)
-		}
-		t.Skipf("NATS not reachable (CI=true makes this a failure): %v", err)
-	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stream := fmt.Sprintf("INBOXLEAK_%d_%d", os.Getpid(), time.Now().UnixNano())
-	subject := strings.ToLower(stream)
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: stream, Subjects: []string{subject + ".>"}}); err != nil {
-		t.Fatal(err)
-	}
+	nc, js, stream, subject := newStream(ctx, t, "INBOXLEAK")
 	if _, err := js.CreateOrUpdateConsumer(ctx, stream, jetstream.ConsumerConfig{Durable: "billing",
 		AckPolicy: jetstream.AckExplicitPolicy, AckWait: 3 * time.Second, MaxAckPending: 256}); err != nil {
 		t.Fatal(err)
@@ -86,7 +69,7 @@ func TestRunReturnsAndLeavesNoGoroutine(t *testing.T) {
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- r.Run(runCtx) }()
-	waitFor(t, "200 messages", 60*time.Second, func() bool { return runs(ctx, t, pool) >= 200 })
+	consumertest.WaitFor(t, "200 messages", 60*time.Second, func() bool { return consumertest.Runs(ctx, t, pool) >= 200 })
 	published := make(chan error, 1)
 	go func() { published <- publish(msgs[300:]) }() // still arriving when the stop comes
 	stop()
@@ -99,7 +82,7 @@ func TestRunReturnsAndLeavesNoGoroutine(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("Run did not return within 10s of its context's end (drain 5s)")
 	}
-	t.Logf("stopped after %d of 400 messages in %v", runs(ctx, t, pool), time.Since(stopped))
+	t.Logf("stopped after %d of 400 messages in %v", consumertest.Runs(ctx, t, pool), time.Since(stopped))
 	if err := <-published; err != nil {
 		t.Fatal(err)
 	}

@@ -27,13 +27,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/outboxrelay/outboxrelay/inbox"
+	"github.com/outboxrelay/outboxrelay/inbox/internal/dispatch"
 )
 
 // Config configures a Runner.
@@ -50,6 +50,19 @@ type Config struct {
 	// abandoning them (not acknowledged: JetStream delivers them again
 	// after AckWait); 10s by default.
 	DrainTimeout time.Duration
+	// Batch > 1 turns on batch mode: up to Batch messages, of any
+	// aggregates, are processed in one transaction (inbox.ReceiveBatch),
+	// each aggregate's in delivery order, and acknowledged only after the
+	// commit. A message whose handler fails falls back to its own
+	// transaction (retries, then a dead letter) without failing the
+	// others. Keep it at or below MaxInFlight; 0 or 1: one transaction per
+	// message.
+	Batch int
+	// LagInterval is how often the consumer's lag, the messages JetStream
+	// holds for it (num_pending, not yet delivered, plus num_ack_pending,
+	// delivered and not acknowledged), goes to the inbox's Observer.Lag,
+	// source stream/consumer; 10s by default.
+	LagInterval time.Duration
 	// Options are further nats.Connect options (credentials, TLS).
 	Options []nats.Option
 	// Logger, nil for none.
@@ -77,6 +90,9 @@ func New(in *inbox.Inbox, h inbox.Handler, cfg Config) (*Runner, error) {
 	}
 	if cfg.DrainTimeout <= 0 {
 		cfg.DrainTimeout = 10 * time.Second
+	}
+	if cfg.LagInterval <= 0 {
+		cfg.LagInterval = 10 * time.Second
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -131,17 +147,12 @@ func (r *Runner) Run(ctx context.Context) error {
 
 	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWork()
-	s := &session{r: r, ctx: workCtx, ackWait: ackWait, queues: map[string][]jetstream.Msg{}}
-	s.cond = sync.NewCond(&s.mu)
-	for {
-		s.mu.Lock()
-		for s.inflight >= r.cfg.MaxInFlight && ctx.Err() == nil {
-			s.cond.Wait()
-		}
-		s.mu.Unlock()
-		if ctx.Err() != nil {
-			break
-		}
+	d := r.dispatcher(workCtx, ackWait)
+	lagCtx, stopLag := context.WithCancel(ctx)
+	lagDone := make(chan struct{})
+	go func() { defer close(lagDone); r.reportLag(lagCtx, cons) }()
+	defer func() { stopLag(); <-lagDone }()
+	for d.Wait(ctx) > 0 {
 		msg, err := it.Next()
 		if err != nil {
 			if errors.Is(err, jetstream.ErrMsgIteratorClosed) || ctx.Err() != nil {
@@ -150,139 +161,101 @@ func (r *Runner) Run(ctx context.Context) error {
 			r.log.Warn("nats inbox: pull failed", "error", err)
 			continue
 		}
-		s.take(msg)
+		h := msg.Headers()
+		// Dropped unstarted: JetStream delivers it again after AckWait.
+		d.Take(h.Get("aggregate_type")+"\x00"+h.Get("aggregate_id"), msg)
 	}
 	it.Stop()
-	s.drain()
+	if !d.Drain(r.cfg.DrainTimeout) {
+		r.log.Warn("nats inbox: drain timeout; abandoning the handlers still running")
+	}
 	cancelWork()
-	s.workers.Wait()
+	d.Close()
 	return nil
 }
 
-type session struct {
-	r        *Runner
-	ctx      context.Context
-	ackWait  time.Duration
-	mu       sync.Mutex
-	cond     *sync.Cond
-	queues   map[string][]jetstream.Msg
-	inflight int
-	stopping bool
-	workers  sync.WaitGroup
-}
+const what = "nats inbox"
 
-func (s *session) take(m jetstream.Msg) {
-	h := m.Headers()
-	k := h.Get("aggregate_type") + "\x00" + h.Get("aggregate_id")
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	q, running := s.queues[k]
-	s.queues[k] = append(q, m)
-	s.inflight++
-	if !running {
-		s.workers.Add(1)
-		go s.work(k)
-	}
-}
-
-func (s *session) work(k string) {
-	defer s.workers.Done()
+// reportLag reports the consumer's lag every LagInterval until ctx ends.
+func (r *Runner) reportLag(ctx context.Context, cons jetstream.Consumer) {
+	t := time.NewTicker(r.cfg.LagInterval)
+	defer t.Stop()
 	for {
-		s.mu.Lock()
-		q := s.queues[k]
-		if len(q) == 0 || s.stopping {
-			delete(s.queues, k) // not started: JetStream delivers it again after AckWait
-			s.inflight -= len(q)
-			s.cond.Broadcast()
-			s.mu.Unlock()
+		select {
+		case <-ctx.Done():
 			return
+		case <-t.C:
 		}
-		m := q[0]
-		s.mu.Unlock()
-
-		ok := s.process(m)
-
-		s.mu.Lock()
-		s.queues[k] = s.queues[k][1:]
-		s.inflight--
-		if !ok {
-			s.inflight -= len(s.queues[k])
-			delete(s.queues, k)
+		info, err := cons.Info(ctx)
+		if err != nil {
+			if ctx.Err() == nil {
+				r.log.Warn("nats inbox: consumer info for its lag", "error", err)
+			}
+			continue
 		}
-		s.cond.Broadcast()
-		s.mu.Unlock()
-		if !ok {
-			return
-		}
+		r.in.ReportLag(r.cfg.Stream+"/"+r.cfg.Consumer, int64(info.NumPending)+int64(info.NumAckPending))
 	}
 }
 
-// process runs m through the inbox and acknowledges it once the outcome is
-// durable; false means abandoned (not acknowledged).
-func (s *session) process(m jetstream.Msg) bool {
-	if s.ackWait > 0 {
-		t := time.NewTicker(s.ackWait / 3)
-		done := make(chan struct{})
-		defer func() { close(done); t.Stop() }()
-		go func() {
-			for {
-				select {
-				case <-done:
-					return
-				case <-t.C:
+// dispatcher runs messages through the inbox, one at a time per aggregate
+// or in batches, and acknowledges each once its outcome is durable.
+func (r *Runner) dispatcher(ctx context.Context, ackWait time.Duration) *dispatch.Dispatcher[jetstream.Msg] {
+	ack := func(m jetstream.Msg, res inbox.Result) {
+		actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		if err := m.DoubleAck(actx); err != nil {
+			// JetStream delivers it again; the inbox reports that delivery
+			// as a duplicate.
+			r.log.Warn("nats inbox: ack failed", "message_id", res.Message.ID, "error", err)
+		}
+	}
+	return dispatch.New(dispatch.Config[jetstream.Msg]{
+		MaxInFlight: r.cfg.MaxInFlight,
+		Batch:       r.cfg.Batch,
+		Process: func(m jetstream.Msg) bool {
+			defer inProgress(ackWait, m)()
+			res, ok := dispatch.Receive(ctx, r.in, r.h, r.log, what, Raw(m))
+			if ok {
+				ack(m, res)
+			}
+			return ok
+		},
+		ProcessBatch: func(ms []jetstream.Msg) []bool {
+			defer inProgress(ackWait, ms...)()
+			rs := dispatch.ReceiveBatch(ctx, r.in, r.h, r.log, what, ms, Raw)
+			oks := make([]bool, len(ms))
+			for i, m := range ms {
+				if oks[i] = rs[i].Outcome != 0; oks[i] {
+					ack(m, rs[i])
+				}
+			}
+			return oks
+		},
+	})
+}
+
+// inProgress tells the server, every third of ackWait until the returned
+// stop is called, that ms are being worked on, so that a slow handler's
+// messages are not redelivered meanwhile.
+func inProgress(ackWait time.Duration, ms ...jetstream.Msg) (stop func()) {
+	if ackWait <= 0 {
+		return func() {}
+	}
+	t := time.NewTicker(ackWait / 3)
+	done := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				for _, m := range ms {
 					_ = m.InProgress()
 				}
 			}
-		}()
-	}
-	raw := Raw(m)
-	wait := 100 * time.Millisecond
-	for {
-		res, err := s.r.in.Receive(s.ctx, raw, s.r.h)
-		if err == nil {
-			if res.Outcome == inbox.DeadLettered {
-				s.r.log.Warn("nats inbox: message dead-lettered", "message_id", res.Message.ID, "error", res.Err)
-			}
-			actx, cancel := context.WithTimeout(s.ctx, 10*time.Second)
-			defer cancel()
-			if err := m.DoubleAck(actx); err != nil {
-				// JetStream delivers it again; the inbox reports that
-				// delivery as a duplicate.
-				s.r.log.Warn("nats inbox: ack failed", "message_id", res.Message.ID, "error", err)
-			}
-			return true
 		}
-		if s.ctx.Err() != nil {
-			return false
-		}
-		s.r.log.Warn("nats inbox: processing failed, retrying", "error", err)
-		select {
-		case <-s.ctx.Done():
-			return false
-		case <-time.After(wait):
-		}
-		wait = min(2*wait, 10*time.Second)
-	}
-}
-
-func (s *session) drain() {
-	timer := time.AfterFunc(s.r.cfg.DrainTimeout, func() {
-		s.mu.Lock()
-		s.cond.Broadcast()
-		s.mu.Unlock()
-	})
-	defer timer.Stop()
-	deadline := time.Now().Add(s.r.cfg.DrainTimeout)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.stopping = true
-	s.cond.Broadcast()
-	for s.inflight > 0 && time.Now().Before(deadline) {
-		s.cond.Wait()
-	}
-	if s.inflight > 0 {
-		s.r.log.Warn("nats inbox: drain timeout; abandoning the handlers still running")
-	}
+	}()
+	return func() { close(done); t.Stop() }
 }
 
 // Raw maps a JetStream message onto the inbox's broker-independent input:

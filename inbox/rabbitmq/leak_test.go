@@ -2,8 +2,6 @@ package rabbitmq
 
 import (
 	"context"
-	"fmt"
-	"os"
 	"testing"
 	"time"
 
@@ -13,6 +11,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/outboxrelay/outboxrelay/inbox"
+	"github.com/outboxrelay/outboxrelay/inbox/internal/consumertest"
 	"github.com/outboxrelay/outboxrelay/inbox/internal/ledger"
 	"github.com/outboxrelay/outboxrelay/inbox/internal/pgtest"
 )
@@ -23,21 +22,7 @@ import (
 // AMQP connection's).
 func TestRunReturnsAndLeavesNoGoroutine(t *testing.T) {
 	ctx := context.Background()
-	conn, err := amqp.Dial(amqpURL())
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("RabbitMQ: %v", err)
-		}
-		t.Skipf("RabbitMQ not reachable (CI=true makes this a failure): %v", err)
-	}
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	queue := fmt.Sprintf("inbox-leak-%d-%d", os.Getpid(), time.Now().UnixNano())
-	if _, err := ch.QueueDeclare(queue, true, false, false, false, nil); err != nil {
-		t.Fatal(err)
-	}
+	conn, ch, queue := newQueue(t, "inbox-leak", nil)
 	pool, err := pgxpool.New(ctx, pgtest.Database(t))
 	if err != nil {
 		t.Fatal(err)
@@ -78,7 +63,7 @@ func TestRunReturnsAndLeavesNoGoroutine(t *testing.T) {
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- r.Run(runCtx) }()
-	waitFor(t, "200 messages", 60*time.Second, func() bool { return runs(ctx, t, pool) >= 200 })
+	consumertest.WaitFor(t, "200 messages", 60*time.Second, func() bool { return consumertest.Runs(ctx, t, pool) >= 200 })
 	published := make(chan error, 1)
 	go func() { published <- publish(msgs[300:]) }() // still arriving when the stop comes
 	stop()
@@ -91,7 +76,7 @@ func TestRunReturnsAndLeavesNoGoroutine(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("Run did not return within 10s of its context's end (drain 5s)")
 	}
-	t.Logf("stopped after %d of 400 messages in %v", runs(ctx, t, pool), time.Since(stopped))
+	t.Logf("stopped after %d of 400 messages in %v", consumertest.Runs(ctx, t, pool), time.Since(stopped))
 	if err := <-published; err != nil {
 		t.Fatal(err)
 	}

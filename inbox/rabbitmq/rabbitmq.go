@@ -25,12 +25,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outboxrelay/outboxrelay/inbox"
+	"github.com/outboxrelay/outboxrelay/inbox/internal/dispatch"
 )
 
 // Config configures a Runner.
@@ -46,6 +46,19 @@ type Config struct {
 	// running handlers before abandoning them (not acknowledged: RabbitMQ
 	// delivers them again); 10s by default.
 	DrainTimeout time.Duration
+	// LagInterval is how often the queue's lag, its messages ready (a
+	// passive declare's count: not yet delivered; AMQP does not report
+	// the unacknowledged ones), goes to the inbox's Observer.Lag, source
+	// the queue's name; 10s by default.
+	LagInterval time.Duration
+	// Batch > 1 turns on batch mode: up to Batch deliveries, of any
+	// aggregates, are processed in one transaction (inbox.ReceiveBatch),
+	// each aggregate's in delivery order, and acknowledged only after the
+	// commit. A delivery whose handler fails falls back to its own
+	// transaction (retries, then a dead letter) without failing the
+	// others. Keep it at or below Prefetch; 0 or 1: one transaction per
+	// delivery.
+	Batch int
 	// Logger, nil for none.
 	Logger *slog.Logger
 }
@@ -71,6 +84,9 @@ func New(in *inbox.Inbox, h inbox.Handler, cfg Config) (*Runner, error) {
 	}
 	if cfg.DrainTimeout <= 0 {
 		cfg.DrainTimeout = 10 * time.Second
+	}
+	if cfg.LagInterval <= 0 {
+		cfg.LagInterval = 10 * time.Second
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -131,8 +147,11 @@ func (r *Runner) session(ctx context.Context) (started bool, err error) {
 
 	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWork()
-	s := &session{r: r, ch: ch, ctx: workCtx, queues: map[string][]amqp.Delivery{}}
-	s.cond = sync.NewCond(&s.mu)
+	d := r.dispatcher(workCtx)
+	lagCtx, stopLag := context.WithCancel(ctx)
+	lagDone := make(chan struct{})
+	go func() { defer close(lagDone); r.reportLag(lagCtx, conn) }()
+	defer func() { stopLag(); <-lagDone }()
 
 	var cause error
 loop:
@@ -148,136 +167,97 @@ loop:
 				cause = errors.New("channel closed")
 			}
 			break loop
-		case d, ok := <-deliveries:
+		case dl, ok := <-deliveries:
 			if !ok {
 				cause = errors.New("delivery channel closed")
 				break loop
 			}
-			s.take(d)
+			// What is dropped unstarted stays unacknowledged: RabbitMQ
+			// delivers it again when the channel closes.
+			d.Take(aggregate(dl), dl)
 		}
 	}
-	s.drain()
+	if !d.Drain(r.cfg.DrainTimeout) {
+		r.log.Warn("rabbitmq inbox: drain timeout; abandoning the handlers still running")
+	}
 	cancelWork()
-	s.workers.Wait()
+	d.Close()
 	return true, cause
 }
 
-type session struct {
-	r        *Runner
-	ch       *amqp.Channel
-	ctx      context.Context
-	mu       sync.Mutex
-	cond     *sync.Cond
-	queues   map[string][]amqp.Delivery
-	inflight int
-	stopping bool
-	workers  sync.WaitGroup
+const what = "rabbitmq inbox"
+
+// reportLag reports the queue's ready messages every LagInterval until ctx
+// ends, over a channel of its own (a failed passive declare closes its
+// channel; the next tick opens another).
+func (r *Runner) reportLag(ctx context.Context, conn *amqp.Connection) {
+	t := time.NewTicker(r.cfg.LagInterval)
+	defer t.Stop()
+	var ch *amqp.Channel
+	defer func() {
+		if ch != nil {
+			_ = ch.Close()
+		}
+	}()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if ch == nil || ch.IsClosed() {
+			var err error
+			if ch, err = conn.Channel(); err != nil {
+				ch = nil
+				continue // the connection is gone; the session ends too
+			}
+		}
+		q, err := ch.QueueDeclarePassive(r.cfg.Queue, false, false, false, false, nil)
+		if err != nil {
+			r.log.Warn("rabbitmq inbox: passive declare for the lag", "queue", r.cfg.Queue, "error", err)
+			continue
+		}
+		r.in.ReportLag(r.cfg.Queue, int64(q.Messages))
+	}
+}
+
+// dispatcher runs deliveries through the inbox, one at a time per
+// aggregate or in batches, and acknowledges each once its outcome is
+// durable; a delivery not acknowledged is abandoned.
+func (r *Runner) dispatcher(ctx context.Context) *dispatch.Dispatcher[amqp.Delivery] {
+	ack := func(dl amqp.Delivery, res inbox.Result) bool {
+		if err := dl.Ack(false); err != nil {
+			// The channel is gone: RabbitMQ delivers it again, and the
+			// inbox reports that delivery as a duplicate.
+			r.log.Warn("rabbitmq inbox: ack failed", "message_id", res.Message.ID, "error", err)
+			return false
+		}
+		return true
+	}
+	return dispatch.New(dispatch.Config[amqp.Delivery]{
+		// Prefetch bounds what the broker hands over; the channel is
+		// never blocked on, so every delivery is taken.
+		MaxInFlight: r.cfg.Prefetch,
+		Batch:       r.cfg.Batch,
+		Process: func(dl amqp.Delivery) bool {
+			res, ok := dispatch.Receive(ctx, r.in, r.h, r.log, what, Raw(dl))
+			return ok && ack(dl, res)
+		},
+		ProcessBatch: func(dls []amqp.Delivery) []bool {
+			rs := dispatch.ReceiveBatch(ctx, r.in, r.h, r.log, what, dls, Raw)
+			oks := make([]bool, len(dls))
+			for i, dl := range dls {
+				oks[i] = rs[i].Outcome != 0 && ack(dl, rs[i])
+			}
+			return oks
+		},
+	})
 }
 
 func aggregate(d amqp.Delivery) string {
 	t, _ := d.Headers["aggregate_type"].(string)
 	id, _ := d.Headers["aggregate_id"].(string)
 	return t + "\x00" + id
-}
-
-func (s *session) take(d amqp.Delivery) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	k := aggregate(d)
-	q, running := s.queues[k]
-	s.queues[k] = append(q, d)
-	s.inflight++
-	if !running {
-		s.workers.Add(1)
-		go s.work(k)
-	}
-}
-
-func (s *session) work(k string) {
-	defer s.workers.Done()
-	for {
-		s.mu.Lock()
-		q := s.queues[k]
-		if len(q) == 0 || s.stopping {
-			// What has not started stays unacknowledged: RabbitMQ delivers
-			// it again when the channel closes.
-			delete(s.queues, k)
-			s.inflight -= len(q)
-			s.cond.Broadcast()
-			s.mu.Unlock()
-			return
-		}
-		d := q[0]
-		s.mu.Unlock()
-
-		ok := s.process(d)
-
-		s.mu.Lock()
-		s.queues[k] = s.queues[k][1:]
-		s.inflight--
-		s.cond.Broadcast()
-		if !ok {
-			s.inflight -= len(s.queues[k])
-			delete(s.queues, k)
-			s.mu.Unlock()
-			return
-		}
-		s.mu.Unlock()
-	}
-}
-
-// process runs d through the inbox and acknowledges it once the outcome is
-// durable; false means abandoned (not acknowledged).
-func (s *session) process(d amqp.Delivery) bool {
-	raw := Raw(d)
-	wait := 100 * time.Millisecond
-	for {
-		res, err := s.r.in.Receive(s.ctx, raw, s.r.h)
-		if err == nil {
-			if res.Outcome == inbox.DeadLettered {
-				s.r.log.Warn("rabbitmq inbox: message dead-lettered", "message_id", res.Message.ID, "error", res.Err)
-			}
-			if err := d.Ack(false); err != nil {
-				// The channel is gone: RabbitMQ delivers it again, and the
-				// inbox reports that delivery as a duplicate.
-				s.r.log.Warn("rabbitmq inbox: ack failed", "message_id", res.Message.ID, "error", err)
-				return false
-			}
-			return true
-		}
-		if s.ctx.Err() != nil {
-			return false
-		}
-		s.r.log.Warn("rabbitmq inbox: processing failed, retrying", "error", err)
-		select {
-		case <-s.ctx.Done():
-			return false
-		case <-time.After(wait):
-		}
-		wait = min(2*wait, 10*time.Second)
-	}
-}
-
-// drain stops starting work, waits up to DrainTimeout for the running
-// handlers, then abandons the rest.
-func (s *session) drain() {
-	timer := time.AfterFunc(s.r.cfg.DrainTimeout, func() {
-		s.mu.Lock()
-		s.cond.Broadcast()
-		s.mu.Unlock()
-	})
-	defer timer.Stop()
-	deadline := time.Now().Add(s.r.cfg.DrainTimeout)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.stopping = true
-	s.cond.Broadcast()
-	for s.inflight > 0 && time.Now().Before(deadline) {
-		s.cond.Wait()
-	}
-	if s.inflight > 0 {
-		s.r.log.Warn("rabbitmq inbox: drain timeout; abandoning the handlers still running")
-	}
 }
 
 // Raw maps a delivery onto the inbox's broker-independent input: the

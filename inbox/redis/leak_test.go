@@ -2,8 +2,6 @@ package redis
 
 import (
 	"context"
-	"fmt"
-	"os"
 	"testing"
 	"time"
 
@@ -13,6 +11,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/outboxrelay/outboxrelay/inbox"
+	"github.com/outboxrelay/outboxrelay/inbox/internal/consumertest"
 	"github.com/outboxrelay/outboxrelay/inbox/internal/ledger"
 	"github.com/outboxrelay/outboxrelay/inbox/internal/pgtest"
 )
@@ -24,21 +23,7 @@ import (
 // refresher, go-redis's pool).
 func TestRunReturnsAndLeavesNoGoroutine(t *testing.T) {
 	ctx := context.Background()
-	opt, err := goredis.ParseURL(redisURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	rdb := goredis.NewClient(opt)
-	if err := rdb.Ping(ctx).Err(); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("Redis: %v", err)
-		}
-		t.Skipf("Redis not reachable (CI=true makes this a failure): %v", err)
-	}
-	stream := fmt.Sprintf("inboxtest:leak:%d:%d", os.Getpid(), time.Now().UnixNano())
-	if err := rdb.XGroupCreateMkStream(ctx, stream, "billing", "0").Err(); err != nil {
-		t.Fatal(err)
-	}
+	rdb, stream := newGroup(ctx, t, "inboxtest:leak")
 	pool, err := pgxpool.New(ctx, pgtest.Database(t))
 	if err != nil {
 		t.Fatal(err)
@@ -76,7 +61,7 @@ func TestRunReturnsAndLeavesNoGoroutine(t *testing.T) {
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- r.Run(runCtx) }()
-	waitFor(t, "200 messages", 60*time.Second, func() bool { return runs(ctx, t, pool) >= 200 })
+	consumertest.WaitFor(t, "200 messages", 60*time.Second, func() bool { return consumertest.Runs(ctx, t, pool) >= 200 })
 	added := make(chan error, 1)
 	go func() { added <- add(msgs[300:]) }() // still arriving when the stop comes
 	stop()
@@ -93,7 +78,7 @@ func TestRunReturnsAndLeavesNoGoroutine(t *testing.T) {
 	if err := <-added; err != nil {
 		t.Fatal(err)
 	}
-	done2 := runs(ctx, t, pool)
+	done2 := consumertest.Runs(ctx, t, pool)
 	// Every committed message is acknowledged: what is still pending for
 	// this consumer was never processed.
 	pend, err := rdb.XPendingExt(ctx, &goredis.XPendingExtArgs{Stream: stream, Group: "billing", Start: "-", End: "+", Count: 1000}).Result()

@@ -43,6 +43,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/outboxrelay/outboxrelay/inbox"
+	"github.com/outboxrelay/outboxrelay/inbox/internal/dispatch"
 )
 
 // Field names of the relay's stream entries (sinks/redis).
@@ -77,6 +78,20 @@ type Config struct {
 	// Block is how long one XREADGROUP waits for new entries; 1s by
 	// default. A stop waits for it at most this long.
 	Block time.Duration
+	// Batch > 1 turns on batch mode: up to Batch entries, of any
+	// aggregates, are processed in one transaction (inbox.ReceiveBatch),
+	// each aggregate's in stream order, and acknowledged by one XACK only
+	// after the commit. An entry whose handler fails falls back to its own
+	// transaction (retries, then a dead letter) without failing the
+	// others. Keep it at or below MaxInFlight; 0 or 1: one transaction per
+	// entry.
+	Batch int
+	// LagInterval is how often the group's lag, the entries it has not
+	// finished (XINFO GROUPS: lag, not yet read by the group, plus
+	// pending, read and not acknowledged), goes to the inbox's
+	// Observer.Lag, source stream/group; 10s by default. A reading Redis
+	// cannot give (lag unknown after an XDEL or XSETID) is skipped.
+	LagInterval time.Duration
 	// DrainTimeout is how long a stop waits for running handlers before
 	// abandoning them (not acknowledged: they stay pending, and come back
 	// to this consumer name at once, to others after MinIdle); 10s by
@@ -126,6 +141,9 @@ func New(in *inbox.Inbox, h inbox.Handler, cfg Config) (*Runner, error) {
 	if cfg.DrainTimeout <= 0 {
 		cfg.DrainTimeout = 10 * time.Second
 	}
+	if cfg.LagInterval <= 0 {
+		cfg.LagInterval = 10 * time.Second
+	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -145,18 +163,24 @@ func (r *Runner) Run(ctx context.Context) error {
 	}
 	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWork()
-	s := &session{r: r, rdb: rdb, ctx: workCtx, queues: map[string][]goredis.XMessage{}, running: map[string]bool{}}
-	s.cond = sync.NewCond(&s.mu)
-	s.workers.Add(1)
-	go s.touch()
+	s := &session{r: r, rdb: rdb, ctx: workCtx, running: map[string]bool{}}
+	s.d = r.dispatcher(s)
+	touched := make(chan struct{})
+	go func() { defer close(touched); s.touch() }()
+	lagged := make(chan struct{})
+	go func() { defer close(lagged); s.reportLag() }()
 
 	err := s.recover(ctx)
 	if err == nil {
 		s.read(ctx)
 	}
-	s.drain()
+	if !s.d.Drain(r.cfg.DrainTimeout) {
+		r.log.Warn("redis inbox: drain timeout; abandoning the handlers still running")
+	}
 	cancelWork()
-	s.workers.Wait()
+	s.d.Close()
+	<-touched
+	<-lagged
 	return err
 }
 
@@ -175,16 +199,12 @@ func (r *Runner) checkGroup(ctx context.Context, rdb *goredis.Client) error {
 }
 
 type session struct {
-	r        *Runner
-	rdb      *goredis.Client
-	ctx      context.Context // the handlers'; outlives Run's ctx by the drain
-	mu       sync.Mutex
-	cond     *sync.Cond
-	queues   map[string][]goredis.XMessage
-	running  map[string]bool // entry ids taken and not finished
-	inflight int
-	stopping bool
-	workers  sync.WaitGroup
+	r       *Runner
+	rdb     *goredis.Client
+	ctx     context.Context // the handlers'; outlives Run's ctx by the drain
+	d       *dispatch.Dispatcher[goredis.XMessage]
+	mu      sync.Mutex
+	running map[string]bool // entry ids taken and not finished
 }
 
 // recover takes the entries pending in the group before any new one: this
@@ -315,20 +335,7 @@ func (s *session) claim(ctx context.Context) ([]goredis.XMessage, error) {
 
 // wait blocks while MaxInFlight entries are unfinished; false when ctx
 // ended.
-func (s *session) wait(ctx context.Context) bool {
-	stop := context.AfterFunc(ctx, func() {
-		s.mu.Lock()
-		s.cond.Broadcast()
-		s.mu.Unlock()
-	})
-	defer stop()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for s.inflight >= s.r.cfg.MaxInFlight && ctx.Err() == nil {
-		s.cond.Wait()
-	}
-	return ctx.Err() == nil
-}
+func (s *session) wait(ctx context.Context) bool { return s.d.Wait(ctx) > 0 }
 
 // read reads new entries, and claims idle ones every ClaimInterval, until
 // ctx ends.
@@ -347,9 +354,7 @@ func (s *session) read(ctx context.Context) {
 				s.take(m) // one of its own running entries is skipped
 			}
 		}
-		s.mu.Lock()
-		room := cfg.MaxInFlight - s.inflight
-		s.mu.Unlock()
+		room := s.d.Wait(ctx)
 		res, err := s.rdb.XReadGroup(ctx, &goredis.XReadGroupArgs{Group: cfg.Group, Consumer: cfg.Consumer,
 			Streams: []string{cfg.Stream, ">"}, Count: int64(max(room, 1)), Block: cfg.Block}).Result()
 		if errors.Is(err, goredis.Nil) {
@@ -380,20 +385,14 @@ func (s *session) read(ctx context.Context) {
 // take queues m behind the unfinished entries of its aggregate, unless it
 // is one of them already (claimed back from this very consumer).
 func (s *session) take(m goredis.XMessage) {
-	k := aggregateKey(m)
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.running[m.ID] {
+		s.mu.Unlock()
 		return
 	}
 	s.running[m.ID] = true
-	q, busy := s.queues[k]
-	s.queues[k] = append(q, m)
-	s.inflight++
-	if !busy {
-		s.workers.Add(1)
-		go s.work(k)
-	}
+	s.mu.Unlock()
+	s.d.Take(aggregateKey(m), m)
 }
 
 func aggregateKey(m goredis.XMessage) string {
@@ -402,85 +401,67 @@ func aggregateKey(m goredis.XMessage) string {
 	return t + "\x00" + id
 }
 
-func (s *session) work(k string) {
-	defer s.workers.Done()
-	for {
-		s.mu.Lock()
-		q := s.queues[k]
-		if len(q) == 0 || s.stopping {
-			// Not started: still pending, read again by this consumer name
-			// or claimed by another after MinIdle.
-			for _, m := range q {
-				delete(s.running, m.ID)
-			}
-			delete(s.queues, k)
-			s.inflight -= len(q)
-			s.cond.Broadcast()
-			s.mu.Unlock()
+const what = "redis inbox"
+
+// dispatcher runs entries through the inbox, one at a time per aggregate
+// or in batches, and acknowledges them (XACK) once their outcome is
+// durable. An entry dropped or abandoned stays pending: read again by this
+// consumer name, or claimed by another after MinIdle.
+func (r *Runner) dispatcher(s *session) *dispatch.Dispatcher[goredis.XMessage] {
+	ack := func(ms []goredis.XMessage) {
+		if len(ms) == 0 {
 			return
 		}
-		m := q[0]
-		s.mu.Unlock()
-
-		ok := s.process(m)
-
+		ids := make([]string, len(ms))
+		for i, m := range ms {
+			ids[i] = m.ID
+		}
+		actx, cancel := context.WithTimeout(s.ctx, 10*time.Second)
+		defer cancel()
+		if err := s.rdb.XAck(actx, r.cfg.Stream, r.cfg.Group, ids...).Err(); err != nil {
+			// Still pending: claimed again after MinIdle, and the inbox
+			// reports that delivery as a duplicate.
+			r.log.Warn("redis inbox: ack failed", "entries", len(ids), "error", err)
+		}
+	}
+	forget := func(ms ...goredis.XMessage) {
 		s.mu.Lock()
-		s.queues[k] = s.queues[k][1:]
-		delete(s.running, m.ID)
-		s.inflight--
-		if !ok {
-			for _, m := range s.queues[k] {
-				delete(s.running, m.ID)
-			}
-			s.inflight -= len(s.queues[k])
-			delete(s.queues, k)
+		for _, m := range ms {
+			delete(s.running, m.ID)
 		}
-		s.cond.Broadcast()
 		s.mu.Unlock()
-		if !ok {
-			return
-		}
 	}
-}
-
-// process runs m through the inbox and acknowledges it once the outcome is
-// durable; false means abandoned (not acknowledged).
-func (s *session) process(m goredis.XMessage) bool {
-	raw := Raw(m)
-	wait := 100 * time.Millisecond
-	for {
-		res, err := s.r.in.Receive(s.ctx, raw, s.r.h)
-		if err == nil {
-			if res.Outcome == inbox.DeadLettered {
-				s.r.log.Warn("redis inbox: message dead-lettered", "message_id", res.Message.ID, "error", res.Err)
+	return dispatch.New(dispatch.Config[goredis.XMessage]{
+		MaxInFlight: r.cfg.MaxInFlight,
+		Batch:       r.cfg.Batch,
+		Process: func(m goredis.XMessage) bool {
+			_, ok := dispatch.Receive(s.ctx, r.in, r.h, r.log, what, Raw(m))
+			if ok {
+				ack([]goredis.XMessage{m})
 			}
-			actx, cancel := context.WithTimeout(s.ctx, 10*time.Second)
-			defer cancel()
-			if err := s.rdb.XAck(actx, s.r.cfg.Stream, s.r.cfg.Group, m.ID).Err(); err != nil {
-				// Still pending: it is claimed again after MinIdle, and the
-				// inbox reports that delivery as a duplicate.
-				s.r.log.Warn("redis inbox: ack failed", "message_id", res.Message.ID, "error", err)
+			return ok
+		},
+		ProcessBatch: func(ms []goredis.XMessage) []bool {
+			rs := dispatch.ReceiveBatch(s.ctx, r.in, r.h, r.log, what, ms, Raw)
+			oks := make([]bool, len(ms))
+			var done []goredis.XMessage
+			for i, m := range ms {
+				if oks[i] = rs[i].Outcome != 0; oks[i] {
+					done = append(done, m)
+				}
 			}
-			return true
-		}
-		if s.ctx.Err() != nil {
-			return false
-		}
-		s.r.log.Warn("redis inbox: processing failed, retrying", "error", err)
-		select {
-		case <-s.ctx.Done():
-			return false
-		case <-time.After(wait):
-		}
-		wait = min(2*wait, 10*time.Second)
-	}
+			ack(done)
+			return oks
+		},
+		Done:    func(m goredis.XMessage, _ bool) { forget(m) },
+		Dropped: func(ms []goredis.XMessage) { forget(ms...) },
+	})
 }
 
 // touch resets the idle time of the entries being processed every third of
 // MinIdle (XCLAIM to this consumer, JUSTID), so that a slow handler's
 // entry is not claimed by another consumer meanwhile.
 func (s *session) touch() {
-	defer s.workers.Done()
 	t := time.NewTicker(s.r.cfg.MinIdle / 3)
 	defer t.Stop()
 	for {
@@ -506,23 +487,30 @@ func (s *session) touch() {
 	}
 }
 
-func (s *session) drain() {
-	timer := time.AfterFunc(s.r.cfg.DrainTimeout, func() {
-		s.mu.Lock()
-		s.cond.Broadcast()
-		s.mu.Unlock()
-	})
-	defer timer.Stop()
-	deadline := time.Now().Add(s.r.cfg.DrainTimeout)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.stopping = true
-	s.cond.Broadcast()
-	for s.inflight > 0 && time.Now().Before(deadline) {
-		s.cond.Wait()
-	}
-	if s.inflight > 0 {
-		s.r.log.Warn("redis inbox: drain timeout; abandoning the handlers still running")
+// reportLag reports the group's lag every LagInterval until the session's
+// work ends.
+func (s *session) reportLag() {
+	cfg := s.r.cfg
+	t := time.NewTicker(cfg.LagInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-t.C:
+		}
+		groups, err := s.rdb.XInfoGroups(s.ctx, cfg.Stream).Result()
+		if err != nil {
+			if s.ctx.Err() == nil {
+				s.r.log.Warn("redis inbox: groups of the stream, for the lag", "error", err)
+			}
+			continue
+		}
+		for _, g := range groups {
+			if g.Name == cfg.Group && g.Lag >= 0 {
+				s.r.in.ReportLag(cfg.Stream+"/"+cfg.Group, g.Lag+g.Pending)
+			}
+		}
 	}
 }
 

@@ -355,7 +355,7 @@ relay:
 	}
 	// The file's defaults are the packages' own.
 	def := Default()
-	if want := (relay.Config{}).WithDefaults(); def.Relay.MaxInFlight != want.MaxInFlight || def.Envelope != want.Envelope || def.Postgres.Outbox != want.Outbox {
+	if want := (relay.Config{}).WithDefaults(); def.Relay.MaxInFlight != want.MaxInFlight || def.Envelope != want.Envelope || !reflect.DeepEqual(def.Postgres.Outbox, want.Outbox) {
 		t.Errorf("defaults: relay %+v, envelope %+v, outbox %+v; want those of relay.Config{}.WithDefaults()", def.Relay.Config, def.Envelope, def.Postgres.Outbox)
 	}
 	if want := (cdc.Config{}).WithDefaults(); def.Postgres.StatusInterval != want.StatusInterval || def.Relay.DrainTimeout != want.DrainTimeout {

@@ -11,6 +11,7 @@ import (
 	"math"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
@@ -78,7 +79,12 @@ type Metrics struct {
 	log      *zap.Logger
 	registry *prometheus.Registry
 
-	published     *prometheus.CounterVec
+	published *prometheus.CounterVec
+	// publishedTo caches published's counter per destination (string to
+	// prometheus.Counter): the per-message hook then hashes no label values
+	// and validates no UTF-8. It holds what published holds, so it is
+	// bounded by the same destinations.
+	publishedTo   sync.Map
 	publishErrors *prometheus.CounterVec
 	deadLetters   *prometheus.CounterVec
 	skipped       *prometheus.CounterVec
@@ -331,7 +337,7 @@ func (m *Metrics) LagSeconds() float64 { return m.lagSeconds() }
 
 func (m *Metrics) observePublished(msg *relay.Message, ackedAt time.Time) {
 	m.acknowledged.Add(1)
-	m.published.WithLabelValues(m.cfg.Sink, label(msg.Destination)).Inc()
+	m.publishedCounter(msg.Destination).Inc()
 	if !msg.CommitTime.IsZero() {
 		// The commit time is the database server's clock: clamp skew.
 		m.latency.Observe(math.Max(0, ackedAt.Sub(msg.CommitTime).Seconds()))
@@ -343,6 +349,15 @@ func (m *Metrics) observePublished(msg *relay.Message, ackedAt time.Time) {
 			return
 		}
 	}
+}
+
+// publishedCounter returns published's counter for destination d.
+func (m *Metrics) publishedCounter(d string) prometheus.Counter {
+	if c, ok := m.publishedTo.Load(d); ok {
+		return c.(prometheus.Counter)
+	}
+	c, _ := m.publishedTo.LoadOrStore(d, m.published.WithLabelValues(m.cfg.Sink, label(d)))
+	return c.(prometheus.Counter)
 }
 
 // A dead letter the broker never refused is one the relay could not build.

@@ -404,6 +404,9 @@ func (s *Sink) prepare(m *relay.Message, done func(*relay.Message, error)) (*pen
 	}
 	if !m.CommitTime.IsZero() {
 		pub.Timestamp = m.CommitTime.UTC().Truncate(time.Second)
+		if !m.Timestamp.IsZero() {
+			pub.Timestamp = m.Timestamp.UTC().Truncate(time.Second)
+		}
 	}
 	return &pending{m: m, done: done, key: key, pub: pub, frame: headerFrameSize(&pub)}, nil
 }

@@ -12,8 +12,9 @@
 //	bare           Decode, begin, the handler (UPDATE accounts, INSERT ledger), commit
 //	inbox          Inbox.Receive: the same, plus the dedupe record, in one transaction
 //	bare-batch     -batch messages per transaction, the handler for each
-//	inbox-batch    Inbox.ProcessBatch: -batch messages per transaction, a savepoint
-//	               and a dedupe record each
+//	inbox-batch    Inbox.ReceiveBatch (the runners' batch mode: Decode, then
+//	               ProcessBatch): -batch messages per transaction, the dedupe
+//	               records of all in one statement
 //
 // The modes run -reps times, interleaved, each on fresh message ids; the
 // table shows medians. CPU per message is this process's and PostgreSQL's
@@ -89,15 +90,17 @@ type measurement struct {
 	Messages       int     `json:"messages"`
 	Seconds        float64 `json:"seconds"`
 	MessagesPerSec float64 `json:"messages_per_sec"`
-	// CPU per message, µs: this process, PostgreSQL, both.
-	ClientCPUus float64 `json:"client_cpu_us_per_msg"`
-	ServerCPUus float64 `json:"server_cpu_us_per_msg"`
-	CPUus       float64 `json:"cpu_us_per_msg"`
+	// CPU per message, µs: this process, PostgreSQL, both. PostgreSQL's
+	// (and so both, and the CPU ratio) is null when /proc did not show
+	// the postmaster: missing, never 0.
+	ClientCPUus float64  `json:"client_cpu_us_per_msg"`
+	ServerCPUus *float64 `json:"server_cpu_us_per_msg"`
+	CPUus       *float64 `json:"cpu_us_per_msg"`
 	// Ratio is MessagesPerSec / the bare consumer's, CPURatio the same of
 	// CPU per message (medians), in the summary.
-	Ratio    float64 `json:"ratio,omitempty"`
-	CPURatio float64 `json:"cpu_ratio,omitempty"`
-	RatioOf  string  `json:"ratio_of,omitempty"`
+	Ratio    float64  `json:"ratio,omitempty"`
+	CPURatio *float64 `json:"cpu_ratio,omitempty"`
+	RatioOf  string   `json:"ratio_of,omitempty"`
 }
 
 type results struct {
@@ -179,7 +182,7 @@ func run(o options) error {
 			}
 			m.Rep = rep
 			res.Runs = append(res.Runs, m)
-			fmt.Fprintf(os.Stderr, "  %-12s rep %d: %6.0f msg/s, %5.0f µs CPU/msg\n", mode, rep, m.MessagesPerSec, m.CPUus)
+			fmt.Fprintf(os.Stderr, "  %-12s rep %d: %6.0f msg/s, %5s µs CPU/msg\n", mode, rep, m.MessagesPerSec, show(m.CPUus, "%.0f"))
 		}
 	}
 	rep, err := ledger.Check(ctx, pool, all)
@@ -208,7 +211,8 @@ func measure(ctx context.Context, pool *pgxpool.Pool, in *inbox.Inbox, pid int, 
 		return ledger.Apply(ctx, tx, m.ID, m.Payload, false)
 	}
 	runtime.GC()
-	c0, s0 := selfCPU(), serverCPU(pid)
+	c0 := selfCPU()
+	s0, ok0 := serverCPU(pid)
 	start := time.Now()
 	var wg sync.WaitGroup
 	errs := make(chan error, o.workers)
@@ -221,15 +225,20 @@ func measure(ctx context.Context, pool *pgxpool.Pool, in *inbox.Inbox, pid int, 
 	}
 	wg.Wait()
 	took := time.Since(start)
-	c1, s1 := selfCPU(), serverCPU(pid)
+	c1 := selfCPU()
+	s1, ok1 := serverCPU(pid)
 	close(errs)
 	if err := <-errs; err != nil {
 		return measurement{}, err
 	}
 	n := float64(len(ms))
 	m := measurement{Mode: mode, Messages: len(ms), Seconds: took.Seconds(), MessagesPerSec: n / took.Seconds(),
-		ClientCPUus: (c1 - c0).Seconds() * 1e6 / n, ServerCPUus: (s1 - s0).Seconds() * 1e6 / n}
-	m.CPUus = m.ClientCPUus + m.ServerCPUus
+		ClientCPUus: (c1 - c0).Seconds() * 1e6 / n}
+	if ok0 && ok1 {
+		server := (s1 - s0).Seconds() * 1e6 / n
+		both := m.ClientCPUus + server
+		m.ServerCPUus, m.CPUus = &server, &both
+	}
 	return m, nil
 }
 
@@ -255,7 +264,7 @@ func consume(ctx context.Context, pool *pgxpool.Pool, in *inbox.Inbox, mode stri
 				return fmt.Errorf("message %s: %v, want processed", res.Message.ID, res.Outcome)
 			}
 		}
-	case mBareBatch, mInboxBatch:
+	case mBareBatch:
 		for len(raws) > 0 {
 			n := min(batch, len(raws))
 			ms := make([]inbox.Message, n)
@@ -267,24 +276,26 @@ func consume(ctx context.Context, pool *pgxpool.Pool, in *inbox.Inbox, mode stri
 				ms[i] = m
 			}
 			raws = raws[n:]
-			if mode == mBareBatch {
-				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-					for _, m := range ms {
-						if err := h(ctx, tx, m); err != nil {
-							return err
-						}
+			err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				for _, m := range ms {
+					if err := h(ctx, tx, m); err != nil {
+						return err
 					}
-					return nil
-				})
-				if err != nil {
-					return err
 				}
-				continue
-			}
-			results, err := in.ProcessBatch(ctx, ms, h)
+				return nil
+			})
 			if err != nil {
 				return err
 			}
+		}
+	case mInboxBatch:
+		for len(raws) > 0 {
+			n := min(batch, len(raws))
+			results, err := in.ReceiveBatch(ctx, raws[:n], h)
+			if err != nil {
+				return err
+			}
+			raws = raws[n:]
 			for _, r := range results {
 				if r.Outcome != inbox.Processed {
 					return fmt.Errorf("message %s: %v, want processed", r.Message.ID, r.Outcome)
@@ -311,16 +322,20 @@ func summarize(runs []measurement) []measurement {
 		slices.SortFunc(rs, func(a, b measurement) int { return cmp.Compare(a.MessagesPerSec, b.MessagesPerSec) })
 		m := rs[len(rs)/2]
 		// The medians of CPU per message, each on its own, as of the rate.
-		m.CPUus = median(rs, func(r measurement) float64 { return r.CPUus })
+		m.CPUus = medianOf(rs, func(r measurement) *float64 { return r.CPUus })
 		m.ClientCPUus = median(rs, func(r measurement) float64 { return r.ClientCPUus })
-		m.ServerCPUus = median(rs, func(r measurement) float64 { return r.ServerCPUus })
+		m.ServerCPUus = medianOf(rs, func(r measurement) *float64 { return r.ServerCPUus })
 		m.Rep = 0
 		med[mode] = m
 		out = append(out, m)
 	}
 	ratio := func(m *measurement, of string) {
 		m.Ratio = m.MessagesPerSec / med[of].MessagesPerSec
-		m.CPURatio = m.CPUus / med[of].CPUus
+		m.CPURatio = nil
+		if m.CPUus != nil && med[of].CPUus != nil {
+			r := *m.CPUus / *med[of].CPUus
+			m.CPURatio = &r
+		}
 		m.RatioOf = of
 	}
 	ratio(&out[1], mBare)
@@ -329,6 +344,26 @@ func summarize(runs []measurement) []measurement {
 	ratio(&extra, mBareBatch)
 	extra.Mode = mInboxBatch + " / " + mBareBatch
 	return append(out, extra)
+}
+
+// medianOf is median of a figure that may be missing: missing if any
+// run's is.
+func medianOf(rs []measurement, f func(measurement) *float64) *float64 {
+	for _, r := range rs {
+		if f(r) == nil {
+			return nil
+		}
+	}
+	v := median(rs, func(r measurement) float64 { return *f(r) })
+	return &v
+}
+
+// show formats a figure that may be missing.
+func show(v *float64, format string) string {
+	if v == nil {
+		return "missing"
+	}
+	return fmt.Sprintf(format, *v)
 }
 
 func median(rs []measurement, f func(measurement) float64) float64 {
@@ -350,10 +385,10 @@ func targets(sum []measurement, o options) []string {
 		ts = append(ts, mark+" "+fmt.Sprintf(format, args...))
 	}
 	in, bare, batch, bareBatch := sum[1], sum[0], sum[3], sum[2]
-	check(in.Ratio >= 0.8, "inbox, 1 message per transaction: %.0f msg/s, x%.2f of the bare consumer's %.0f (medians of %d interleaved reps), CPU per message x%.2f (%.0f against %.0f µs) (target >= 0.80)",
-		in.MessagesPerSec, in.Ratio, bare.MessagesPerSec, o.reps, in.CPURatio, in.CPUus, bare.CPUus)
-	check(batch.Ratio >= 0.8, "inbox batch mode (ProcessBatch, %d per transaction): %.0f msg/s, x%.2f of the bare consumer's %.0f, CPU per message x%.2f; against the bare consumer batching the same way (%.0f msg/s) x%.2f, CPU x%.2f (target >= 0.80 of the bare consumer)",
-		o.batch, batch.MessagesPerSec, batch.Ratio, bare.MessagesPerSec, batch.CPURatio, bareBatch.MessagesPerSec, sum[4].Ratio, sum[4].CPURatio)
+	check(in.Ratio >= 0.8, "inbox, 1 message per transaction: %.0f msg/s, x%.2f of the bare consumer's %.0f (medians of %d interleaved reps), CPU per message x%s (%s against %s µs) (target >= 0.80)",
+		in.MessagesPerSec, in.Ratio, bare.MessagesPerSec, o.reps, show(in.CPURatio, "%.2f"), show(in.CPUus, "%.0f"), show(bare.CPUus, "%.0f"))
+	check(batch.Ratio >= 0.8, "inbox batch mode (ReceiveBatch, %d per transaction): %.0f msg/s, x%.2f of the bare consumer's %.0f, CPU per message x%s; against the bare consumer batching the same way (%.0f msg/s) x%.2f, CPU x%s (target >= 0.80 of the bare consumer)",
+		o.batch, batch.MessagesPerSec, batch.Ratio, bare.MessagesPerSec, show(batch.CPURatio, "%.2f"), bareBatch.MessagesPerSec, sum[4].Ratio, show(sum[4].CPURatio, "%.2f"))
 	return ts
 }
 
@@ -366,9 +401,9 @@ func printResults(res results) {
 	for _, m := range res.Summary {
 		r, c := "", ""
 		if m.RatioOf != "" {
-			r, c = fmt.Sprintf("%.2f", m.Ratio), fmt.Sprintf("%.2f", m.CPURatio)
+			r, c = fmt.Sprintf("%.2f", m.Ratio), show(m.CPURatio, "%.2f")
 		}
-		fmt.Fprintf(tw, "%s\t%.0f\t%.0f\t%.0f\t%.0f\t%s\t%s\t%s\t\n", m.Mode, m.MessagesPerSec, m.CPUus, m.ClientCPUus, m.ServerCPUus, r, c, m.RatioOf)
+		fmt.Fprintf(tw, "%s\t%.0f\t%s\t%.0f\t%s\t%s\t%s\t%s\t\n", m.Mode, m.MessagesPerSec, show(m.CPUus, "%.0f"), m.ClientCPUus, show(m.ServerCPUus, "%.0f"), r, c, m.RatioOf)
 	}
 	_ = tw.Flush()
 	fmt.Fprintln(out, "  ledger:", res.Check)
@@ -400,9 +435,11 @@ func selfCPU() time.Duration {
 }
 
 // serverCPU sums the user and system time of the postmaster and its
-// children (the backends live as long as the pool's connections).
-func serverCPU(postmaster int) time.Duration {
+// children (the backends live as long as the pool's connections); false
+// when /proc did not show the postmaster.
+func serverCPU(postmaster int) (time.Duration, bool) {
 	var ticks int64
+	found := false
 	dirs, _ := os.ReadDir("/proc")
 	for _, d := range dirs {
 		pid, err := strconv.Atoi(d.Name())
@@ -426,11 +463,12 @@ func serverCPU(postmaster int) time.Duration {
 		if pid != postmaster && ppid != postmaster {
 			continue
 		}
+		found = found || pid == postmaster
 		u, _ := strconv.ParseInt(f[11], 10, 64)
 		s, _ := strconv.ParseInt(f[12], 10, 64)
 		ticks += u + s
 	}
-	return time.Duration(ticks) * time.Second / 100 // USER_HZ
+	return time.Duration(ticks) * time.Second / 100, found // USER_HZ
 }
 
 func loadAvg() float64 {

@@ -1,0 +1,62 @@
+package dispatch
+
+import (
+	"context"
+	"log/slog"
+
+	"github.com/outboxrelay/outboxrelay/inbox"
+)
+
+// Receive runs raw through in until it has a durable outcome (true) or ctx
+// ends (false: abandoned, do not acknowledge). An inbox error means the
+// database failed; Receive is idempotent, so it is retried.
+func Receive(ctx context.Context, in *inbox.Inbox, h inbox.Handler, log *slog.Logger, what string, raw inbox.Raw) (inbox.Result, bool) {
+	var res inbox.Result
+	ok := Retry(ctx, log, what, func() (err error) {
+		res, err = in.Receive(ctx, raw, h)
+		return err
+	})
+	if ok && res.Outcome == inbox.DeadLettered {
+		log.Warn(what+": message dead-lettered", "message_id", res.Message.ID, "error", res.Err)
+	}
+	return res, ok
+}
+
+// ReceiveBatch runs ms, as raw maps them, through in.ReceiveBatch, in one
+// transaction, until each has a durable outcome or ctx ends. The Results
+// are aligned with ms; a zero Outcome means abandoned (do not acknowledge). The
+// undecided messages of a failed call go again, in order, so a message
+// whose handler fails falls back to Process (retries, then a dead letter)
+// inside ReceiveBatch and never holds the batch back for good.
+func ReceiveBatch[T any](ctx context.Context, in *inbox.Inbox, h inbox.Handler, log *slog.Logger, what string, ms []T, raw func(T) inbox.Raw) []inbox.Result {
+	raws := make([]inbox.Raw, len(ms))
+	for i, m := range ms {
+		raws[i] = raw(m)
+	}
+	results := make([]inbox.Result, len(raws))
+	todo := make([]int, len(raws))
+	for i := range todo {
+		todo[i] = i
+	}
+	Retry(ctx, log, what, func() error {
+		batch := make([]inbox.Raw, len(todo))
+		for j, i := range todo {
+			batch[j] = raws[i]
+		}
+		rs, err := in.ReceiveBatch(ctx, batch, h)
+		left := todo[:0]
+		for j, i := range todo {
+			if rs[j].Outcome == 0 {
+				left = append(left, i)
+				continue
+			}
+			results[i] = rs[j]
+			if rs[j].Outcome == inbox.DeadLettered {
+				log.Warn(what+": message dead-lettered", "message_id", rs[j].Message.ID, "error", rs[j].Err)
+			}
+		}
+		todo = left
+		return err
+	})
+	return results
+}
