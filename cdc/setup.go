@@ -177,7 +177,7 @@ const (
 )
 
 // EnsurePublication creates the publication for tables (inserts only,
-// publish_via_partition_root) or verifies and repairs an existing one: it
+// publish_via_partition_root) or checks and repairs an existing one: it
 // must contain the tables, publish inserts and publish partitions under
 // their root. A repair that would change what the publication sends for
 // other tables is refused. In ModeRun, a state in which inserts may already

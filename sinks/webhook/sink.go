@@ -55,7 +55,7 @@ type Sink struct {
 	client *http.Client
 	now    func() time.Time
 
-	slots chan struct{} // one per message queued or in flight (MaxPending)
+	slots chan struct{} // one per message queued or in flight (MaxInFlight)
 	queue chan *item    // aggregates' heads, ready to send
 
 	mu     sync.Mutex            // guards chains; orders Publish against Close
@@ -112,8 +112,8 @@ func New(cfg Config, log *zap.Logger) (*Sink, error) {
 		ep:     ep,
 		signer: sg,
 		now:    time.Now,
-		slots:  make(chan struct{}, cfg.MaxPending),
-		queue:  make(chan *item, cfg.MaxPending),
+		slots:  make(chan struct{}, cfg.MaxInFlight),
+		queue:  make(chan *item, cfg.MaxInFlight),
 		chains: map[aggregate][]*item{},
 		run:    sinks.NewLifecycle("webhook"),
 	}
@@ -167,7 +167,7 @@ func (s *Sink) Connect(ctx context.Context) error {
 // Publish queues m for Run; done is called exactly once, from one of Run's
 // goroutines once the receiver has answered m, or before Publish returns
 // when ctx ends or the sink is closed first (ctx.Err() or ErrClosed, both
-// retryable). done must not block. Publish blocks while Config.MaxPending
+// retryable). done must not block. Publish blocks while Config.MaxInFlight
 // messages are queued or in flight. Messages of one aggregate are sent in
 // the order of the Publish calls, each once the one before has been
 // answered.
