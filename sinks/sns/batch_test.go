@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/outboxrelay/outboxrelay/relay"
+	"github.com/outboxrelay/outboxrelay/sinks/internal/awssink"
 	"github.com/outboxrelay/outboxrelay/sinks/sinktest"
 )
 
@@ -67,8 +68,8 @@ func TestPublishBatchOutcomes(t *testing.T) {
 	p := &publishBatchServer{ids: map[string][2]string{}}
 	srv := httptest.NewServer(p)
 	defer srv.Close()
-	s := newSink(t, Config{TopicARN: "arn:aws:sns:us-east-1:000000000000:orders.fifo", Region: "us-east-1", Endpoint: srv.URL,
-		AccessKeyID: "k", SecretAccessKey: "s", Linger: 50 * time.Millisecond})
+	s := newSink(t, Config{TopicARN: "arn:aws:sns:us-east-1:000000000000:orders.fifo", Common: awssink.Common{Region: "us-east-1", Endpoint: srv.URL,
+		AccessKeyID: "k", SecretAccessKey: "s", Linger: 50 * time.Millisecond}})
 	msgs := sinktest.Messages("batch", 4, 4)
 	msgs[1].AggregateID, msgs[2].AggregateID = "bad", "flaky"
 	rec := sinktest.NewRecorder()

@@ -9,6 +9,7 @@ import (
 
 	"github.com/outboxrelay/outboxrelay/relay"
 	"github.com/outboxrelay/outboxrelay/sinks"
+	"github.com/outboxrelay/outboxrelay/sinks/internal/awssink"
 	"github.com/outboxrelay/outboxrelay/verify"
 )
 
@@ -20,35 +21,9 @@ var (
 // The configuration file's sink.sns section is a Config.
 func init() {
 	sinks.Register(sinks.Type{
-		Name: "sns",
-		Defaults: func() sinks.Settings {
-			return &Config{
-				BatchSize: DefaultBatchSize, Linger: DefaultLinger, MaxConcurrentBatches: DefaultMaxConcurrentBatches,
-				MaxInFlight: DefaultMaxInFlight, MaxMessageBytes: DefaultMaxMessageBytes, Timeout: DefaultTimeout,
-			}
-		},
-		Docs: map[string]string{
-			"topic_arn":                "topic ARN, or a template with `{aggregate_type}`, `{event_type}`, `{table}` in the topic name only; a name ending in `.fifo` is a FIFO topic (required)",
-			"region":                   "AWS region (default: `AWS_REGION`, the shared configuration)",
-			"endpoint":                 "endpoint URL replacing the service's (a VPC endpoint, an emulator)",
-			"access_key_id":            "static credentials; without it the SDK's default chain (environment, shared files, web identity, instance role)",
-			"secret_access_key":        "secret of `sink.sns.access_key_id`",
-			"secret_access_key_file":   "file holding `sink.sns.secret_access_key`",
-			"session_token":            "session token of temporary credentials",
-			"session_token_file":       "file holding `sink.sns.session_token`",
-			"batch_size":               "most messages in one `PublishBatch`, 1 to 10, one of each aggregate; 1 uses `Publish`",
-			"linger":                   "how long a batch of fewer waits for more messages",
-			"max_concurrent_batches":   "batches sent at once",
-			"max_inflight":             "messages published and not yet answered; Publish blocks beyond it",
-			"max_message_bytes":        "largest message, body and attributes, up to 256 KiB; a larger one is dead-lettered",
-			"timeout":                  "bound of one request",
-			"tls.enabled":              "use the TLS settings below",
-			"tls.ca_file":              "CA bundle that signs the endpoint's certificate",
-			"tls.cert_file":            "client certificate (mutual TLS)",
-			"tls.key_file":             "client key (mutual TLS)",
-			"tls.server_name":          "name to verify in the endpoint's certificate",
-			"tls.insecure_skip_verify": "skip certificate verification (tests only)",
-		},
+		Name:     "sns",
+		Defaults: func() sinks.Settings { return &Config{Common: awssink.Defaults()} },
+		Docs:     awssink.Docs(service, "topic_arn", "topic ARN, or a template with `{aggregate_type}`, `{event_type}`, `{table}` in the topic name only; a name ending in `.fifo` is a FIFO topic (required)"),
 	})
 }
 
@@ -64,10 +39,7 @@ func (c *Config) Warnings() []string {
 	if c.TopicARN != "" && !strings.HasSuffix(c.TopicARN, ".fifo") {
 		ws = append(ws, "sink.sns.topic_arn is a standard topic, which may deliver an aggregate's messages out of order and twice; use a FIFO topic (.fifo) where subscribers need per-aggregate order")
 	}
-	if c.TLSFiles.InsecureSkipVerify {
-		ws = append(ws, "sink.sns.tls.insecure_skip_verify accepts any endpoint certificate; use sink.sns.tls.ca_file instead")
-	}
-	return ws
+	return append(ws, c.Common.Warnings(service)...)
 }
 
 // StaticDestinations returns the topic ARN when it has no placeholder.

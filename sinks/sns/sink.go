@@ -61,19 +61,12 @@ func New(cfg Config, log *zap.Logger) (*Sink, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sink.sns.topic_arn: %w", err)
 	}
-	tlsCfg, err := cfg.tlsConfig()
-	if err != nil {
-		return nil, err
-	}
 	if log == nil {
 		log = zap.NewNop()
 	}
-	acfg, err := awssink.Client{
-		Region: cfg.Region, Endpoint: cfg.Endpoint, AccessKeyID: cfg.AccessKeyID, SecretAccessKey: cfg.SecretAccessKey,
-		SessionToken: cfg.SessionToken, Timeout: cfg.Timeout, TLS: tlsCfg,
-	}.Config(context.Background())
+	acfg, err := cfg.AWSConfig(service)
 	if err != nil {
-		return nil, fmt.Errorf("sink.sns: %w", err)
+		return nil, err
 	}
 	s := &Sink{cfg: cfg, log: log.Named("sns"), tmpl: tmpl, client: sns.NewFromConfig(acfg)}
 	s.q = batch.New(batch.Options{

@@ -16,7 +16,7 @@ import (
 
 func testConfig(srv *goawstest.Server, arn string) Config {
 	// goaws has no PublishBatch: a batch size of 1 publishes with Publish.
-	return Config{TopicARN: arn, Region: goawstest.Region, Endpoint: srv.URL, AccessKeyID: "test", SecretAccessKey: "test", BatchSize: 1, Timeout: 5 * time.Second}
+	return Config{TopicARN: arn, Common: awssink.Common{Region: goawstest.Region, Endpoint: srv.URL, AccessKeyID: "test", SecretAccessKey: "test", BatchSize: 1, Timeout: 5 * time.Second}}
 }
 
 func newSink(t testing.TB, cfg Config) *Sink {
@@ -129,7 +129,7 @@ func TestRefused(t *testing.T) {
 }
 
 func TestValidate(t *testing.T) {
-	err := Config{TopicARN: "arn:aws:sns:{aggregate_type}:1:t", BatchSize: 11}.Validate()
+	err := Config{TopicARN: "arn:aws:sns:{aggregate_type}:1:t", Common: awssink.Common{BatchSize: 11}}.Validate()
 	for _, want := range []string{"sink.sns.topic_arn", "placeholder outside the topic name", "sink.sns.batch_size is 11"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Validate: %v; want %q", err, want)
@@ -140,7 +140,7 @@ func TestValidate(t *testing.T) {
 // TestConnectUnreachable: no answer at all is an error, not an emulator's
 // odd answer.
 func TestConnectUnreachable(t *testing.T) {
-	s, err := New(Config{TopicARN: "arn:aws:sns:us-east-1:000000000000:t", Region: "us-east-1", Endpoint: "http://127.0.0.1:1", AccessKeyID: "k", SecretAccessKey: "s"}, nil)
+	s, err := New(Config{TopicARN: "arn:aws:sns:us-east-1:000000000000:t", Common: awssink.Common{Region: "us-east-1", Endpoint: "http://127.0.0.1:1", AccessKeyID: "k", SecretAccessKey: "s"}}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

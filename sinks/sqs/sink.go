@@ -57,19 +57,12 @@ func New(cfg Config, log *zap.Logger) (*Sink, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sink.sqs.queue_url: %w", err)
 	}
-	tlsCfg, err := cfg.tlsConfig()
-	if err != nil {
-		return nil, err
-	}
 	if log == nil {
 		log = zap.NewNop()
 	}
-	acfg, err := awssink.Client{
-		Region: cfg.Region, Endpoint: cfg.Endpoint, AccessKeyID: cfg.AccessKeyID, SecretAccessKey: cfg.SecretAccessKey,
-		SessionToken: cfg.SessionToken, Timeout: cfg.Timeout, TLS: tlsCfg,
-	}.Config(context.Background())
+	acfg, err := cfg.AWSConfig(service)
 	if err != nil {
-		return nil, fmt.Errorf("sink.sqs: %w", err)
+		return nil, err
 	}
 	s := &Sink{cfg: cfg, log: log.Named("sqs"), tmpl: tmpl, client: sqs.NewFromConfig(acfg)}
 	s.q = batch.New(batch.Options{

@@ -23,7 +23,7 @@ import (
 )
 
 func testConfig(srv *sqstest.Server, queueURL string) Config {
-	return Config{QueueURL: queueURL, Region: sqstest.Region, Endpoint: srv.URL, AccessKeyID: "test", SecretAccessKey: "test", Timeout: 5 * time.Second}
+	return Config{QueueURL: queueURL, Common: awssink.Common{Region: sqstest.Region, Endpoint: srv.URL, AccessKeyID: "test", SecretAccessKey: "test", Timeout: 5 * time.Second}}
 }
 
 func newSink(t testing.TB, cfg Config) *Sink {
@@ -192,7 +192,7 @@ func TestRefusedEntry(t *testing.T) {
 		}
 		return ""
 	}})
-	s := newSink(t, Config{QueueURL: url, Region: sqstest.Region, Endpoint: srv.URL, AccessKeyID: "k", SecretAccessKey: "s", Linger: 50 * time.Millisecond})
+	s := newSink(t, Config{QueueURL: url, Common: awssink.Common{Region: sqstest.Region, Endpoint: srv.URL, AccessKeyID: "k", SecretAccessKey: "s", Linger: 50 * time.Millisecond}})
 	msgs := sinktest.Messages("refuse", 5, 5)
 	msgs[2].AggregateID = "bad"
 	rec := sinktest.NewRecorder()
@@ -310,7 +310,7 @@ func TestConnect(t *testing.T) {
 }
 
 func TestValidate(t *testing.T) {
-	err := Config{QueueURL: "https://sqs.example/1/{aggregate_type}/q", BatchSize: 11, AccessKeyID: "k"}.Validate()
+	err := Config{QueueURL: "https://sqs.example/1/{aggregate_type}/q", Common: awssink.Common{BatchSize: 11, AccessKeyID: "k"}}.Validate()
 	for _, want := range []string{"sink.sqs.queue_url", "placeholder outside the queue name", "sink.sqs.batch_size is 11", "sink.sqs.access_key_id is set without sink.sqs.secret_access_key"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Validate: %v; want %q", err, want)
