@@ -9,16 +9,6 @@ import (
 	"github.com/outboxrelay/outboxrelay/sinks/route"
 )
 
-// Defaults applied by [New] to zero fields of a [Config].
-const (
-	DefaultMaxInFlight          = awssink.DefaultMaxInFlight
-	DefaultBatchSize            = awssink.DefaultBatchSize
-	DefaultLinger               = awssink.DefaultLinger
-	DefaultMaxConcurrentBatches = awssink.DefaultMaxConcurrentBatches
-	DefaultMaxMessageBytes      = awssink.DefaultMaxMessageBytes
-	DefaultTimeout              = awssink.DefaultTimeout
-)
-
 // MaxMessageBytesLimit is the largest message SNS accepts, 256 KiB.
 const MaxMessageBytesLimit = 256 << 10
 
@@ -35,11 +25,6 @@ type Config struct {
 
 // service is what the shared settings' messages say of this sink.
 var service = awssink.Service{Name: "sns", Title: "SNS", BatchCall: "PublishBatch", MaxMessageBytes: MaxMessageBytesLimit, MaxBytesText: "256 KiB", BatchDoc: "1 uses `Publish`"}
-
-func (c Config) withDefaults() Config {
-	c.Common = c.Common.WithDefaults()
-	return c
-}
 
 // Validate reports every problem with c, each one sentence naming the
 // setting to fix.

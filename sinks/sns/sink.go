@@ -5,9 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
-	"sync/atomic"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
@@ -19,8 +17,6 @@ import (
 	"github.com/outboxrelay/outboxrelay/relay"
 	"github.com/outboxrelay/outboxrelay/sinks"
 	"github.com/outboxrelay/outboxrelay/sinks/internal/awssink"
-	"github.com/outboxrelay/outboxrelay/sinks/internal/batch"
-	"github.com/outboxrelay/outboxrelay/sinks/route"
 )
 
 var (
@@ -42,37 +38,21 @@ var ErrClosed = sinks.Closed("sns sink closed before SNS answered the message")
 // Connect, run Run for as long as it relays and Close it. It is safe for
 // concurrent use.
 type Sink struct {
+	awssink.Base
 	cfg    Config
-	log    *zap.Logger
-	tmpl   route.Template
 	client *sns.Client
-	q      *batch.Queue
-	ready  atomic.Bool
 }
 
 // New checks cfg, applies its defaults and returns a Sink. It neither
 // connects nor starts goroutines. A nil log means zap.NewNop().
 func New(cfg Config, log *zap.Logger) (*Sink, error) {
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	cfg = cfg.withDefaults()
-	tmpl, err := parseTopicARN(cfg.TopicARN)
-	if err != nil {
-		return nil, fmt.Errorf("sink.sns.topic_arn: %w", err)
-	}
-	if log == nil {
-		log = zap.NewNop()
-	}
-	acfg, err := cfg.AWSConfig(service)
+	common, tmpl, acfg, err := awssink.Prepare(service, cfg.Validate(), cfg.Common, "topic_arn", cfg.TopicARN, parseTopicARN)
 	if err != nil {
 		return nil, err
 	}
-	s := &Sink{cfg: cfg, log: log.Named("sns"), tmpl: tmpl, client: sns.NewFromConfig(acfg)}
-	s.q = batch.New(batch.Options{
-		Name: "sns", MaxInFlight: cfg.MaxInFlight, Workers: cfg.MaxConcurrentBatches,
-		MaxBatch: cfg.BatchSize, Linger: cfg.Linger, Send: s.send, Closed: ErrClosed,
-	})
+	cfg.Common = common
+	s := &Sink{cfg: cfg, client: sns.NewFromConfig(acfg)}
+	s.Init(service, common, tmpl, log, s.send, ErrClosed)
 	return s, nil
 }
 
@@ -85,10 +65,7 @@ var probeRefusals = []string{"NotFound", "AuthorizationError", "InvalidClientTok
 // one clear error. An endpoint that answers without knowing the call (an
 // emulator) counts as reachable.
 func (s *Sink) Connect(ctx context.Context) error {
-	arn, constant := s.tmpl.Constant()
-	if !constant {
-		arn = s.tmpl.Render(&relay.Message{AggregateType: "outboxrelay-probe", EventType: "outboxrelay-probe", Table: "outboxrelay-probe"}, nil)
-	}
+	arn, constant := s.Probe()
 	_, err := s.client.GetTopicAttributes(ctx, &sns.GetTopicAttributesInput{TopicArn: aws.String(arn)})
 	var ae smithy.APIError
 	var answered *awshttp.ResponseError
@@ -100,47 +77,23 @@ func (s *Sink) Connect(ctx context.Context) error {
 		}
 	case errors.As(err, &answered) && answered.HTTPStatusCode() > 0:
 		// An answer, if not one SNS gives (an emulator without the call).
-		s.log.Warn("the SNS endpoint answered the probe with an error; taking it as reachable", zap.Error(err))
+		s.Log.Warn("the SNS endpoint answered the probe with an error; taking it as reachable", zap.Error(err))
 		err = nil
 	}
 	if err != nil {
-		s.ready.Store(false)
+		s.Answer(false)
 		return fmt.Errorf("cannot reach the SNS topic %s (%w); check sink.sns.topic_arn, region, endpoint and the credentials", arn, err)
 	}
-	s.ready.Store(!s.q.Lifecycle().Stopped())
+	s.Answer(true)
 	return nil
 }
-
-// Publish queues m for Run; done is called exactly once, from one of
-// Run's goroutines once SNS has answered m, or before Publish returns when
-// ctx ends or the sink is closed first (ctx.Err() or ErrClosed, both
-// retryable). done must not block. Messages of one aggregate are sent in
-// the order of the Publish calls, each once the one before has been
-// answered.
-func (s *Sink) Publish(ctx context.Context, m *relay.Message, done func(*relay.Message, error)) {
-	s.q.Publish(ctx, m, done)
-}
-
-// Run sends the queued messages until ctx is done or the sink is closed.
-func (s *Sink) Run(ctx context.Context) error { return s.q.Run(ctx) }
 
 type entry = awssink.Entry[types.PublishBatchRequestEntry]
 
 // send is the queue's Send: the messages' entries, grouped by topic, in
 // requests of at most MaxMessageBytes in all, one outcome per message.
 func (s *Sink) send(ctx context.Context, ms []*relay.Message) []error {
-	errs := make([]error, len(ms))
-	var es []entry
-	for i, m := range ms {
-		e, err := s.entry(m)
-		if err != nil {
-			errs[i] = relay.Permanent(err)
-			continue
-		}
-		e.I = i
-		es = append(es, e)
-	}
-	awssink.Requests(es, s.cfg.MaxMessageBytes, func(arn string, es []entry) {
+	return awssink.Send(ms, s.cfg.MaxMessageBytes, s.entry, func(arn string, es []entry, errs []error) {
 		if s.cfg.BatchSize == 1 {
 			for _, e := range es {
 				errs[e.I] = s.publishOne(ctx, arn, e.In)
@@ -149,12 +102,11 @@ func (s *Sink) send(ctx context.Context, ms []*relay.Message) []error {
 		}
 		s.publishBatch(ctx, arn, es, errs)
 	})
-	return errs
 }
 
 // entry builds m's batch entry.
 func (s *Sink) entry(m *relay.Message) (entry, error) {
-	arn := s.tmpl.Render(m, nil)
+	arn := s.Tmpl.Render(m, nil)
 	m.Destination = arn
 	if err := sinks.CheckDestination("sns topic ARN", arn); err != nil {
 		return entry{}, err
@@ -186,57 +138,31 @@ func (s *Sink) publishOne(ctx context.Context, arn string, e types.PublishBatchR
 	_, err := s.client.Publish(ctx, &sns.PublishInput{TopicArn: aws.String(arn), Message: e.Message, MessageAttributes: e.MessageAttributes,
 		MessageGroupId: e.MessageGroupId, MessageDeduplicationId: e.MessageDeduplicationId})
 	if err == nil {
-		s.ready.Store(!s.q.Lifecycle().Stopped())
+		s.Answer(true)
 		return nil
 	}
 	var ae smithy.APIError
 	if errors.As(err, &ae) && ae.ErrorFault() != smithy.FaultServer && (ae.ErrorCode() == "InvalidParameter" || ae.ErrorCode() == "InvalidParameterValue" || ae.ErrorCode() == "ParameterValueInvalid") {
 		return awssink.EntryOutcome("sns topic "+arn, true, ae.ErrorCode(), ae.ErrorMessage())
 	}
-	s.ready.Store(false)
+	s.Answer(false)
 	return awssink.RequestOutcome(ctx, "publish to sns topic "+arn, err)
 }
 
 // publishBatch publishes es to the topic arn in one PublishBatch and sets
 // each one's outcome in errs.
 func (s *Sink) publishBatch(ctx context.Context, arn string, es []entry, errs []error) {
-	in := &sns.PublishBatchInput{TopicArn: aws.String(arn), PublishBatchRequestEntries: make([]types.PublishBatchRequestEntry, len(es))}
-	for k, e := range es {
-		in.PublishBatchRequestEntries[k] = e.In
-		in.PublishBatchRequestEntries[k].Id = aws.String(strconv.Itoa(k))
-	}
-	out, err := s.client.PublishBatch(ctx, in)
-	if err != nil {
-		s.ready.Store(false)
-		err = awssink.RequestOutcome(ctx, "publish to sns topic "+arn, err)
-		for _, e := range es {
-			errs[e.I] = err
+	ins := awssink.IDs(es, func(in *types.PublishBatchRequestEntry, id *string) { in.Id = id })
+	out, err := s.client.PublishBatch(ctx, &sns.PublishBatchInput{TopicArn: aws.String(arn), PublishBatchRequestEntries: ins})
+	var ok []string
+	var failed []awssink.Failure
+	if err == nil {
+		for _, e := range out.Successful {
+			ok = append(ok, aws.ToString(e.Id))
 		}
-		return
-	}
-	s.ready.Store(!s.q.Lifecycle().Stopped())
-	answered := map[string]bool{}
-	for _, ok := range out.Successful {
-		answered[aws.ToString(ok.Id)] = true
-	}
-	for _, f := range out.Failed {
-		if k, err := strconv.Atoi(aws.ToString(f.Id)); err == nil && k >= 0 && k < len(es) {
-			answered[aws.ToString(f.Id)] = true
-			errs[es[k].I] = awssink.EntryOutcome("sns topic "+arn, f.SenderFault, aws.ToString(f.Code), aws.ToString(f.Message))
+		for _, f := range out.Failed {
+			failed = append(failed, awssink.Failure{ID: aws.ToString(f.Id), Code: aws.ToString(f.Code), Message: aws.ToString(f.Message), SenderFault: f.SenderFault})
 		}
 	}
-	awssink.Answered("sns topic "+arn, es, answered, errs)
-}
-
-// Ready reports whether SNS answered the latest request; false before the
-// first one and after Close.
-func (s *Sink) Ready() bool { return s.ready.Load() }
-
-// Close stops Run (after the batches in flight) and reports every queued
-// message with ErrClosed. Every done has been called when it returns.
-func (s *Sink) Close() error {
-	if s.q.Close() {
-		s.ready.Store(false)
-	}
-	return nil
+	awssink.Settle(ctx, &s.Base, "publish to", "sns topic "+arn, es, errs, err, ok, failed)
 }

@@ -9,16 +9,6 @@ import (
 	"github.com/outboxrelay/outboxrelay/sinks/route"
 )
 
-// Defaults applied by [New] to zero fields of a [Config].
-const (
-	DefaultMaxInFlight          = awssink.DefaultMaxInFlight
-	DefaultBatchSize            = awssink.DefaultBatchSize
-	DefaultLinger               = awssink.DefaultLinger
-	DefaultMaxConcurrentBatches = awssink.DefaultMaxConcurrentBatches
-	DefaultMaxMessageBytes      = awssink.DefaultMaxMessageBytes
-	DefaultTimeout              = awssink.DefaultTimeout
-)
-
 // MaxMessageBytesLimit is the largest message SQS accepts, 1 MiB.
 const MaxMessageBytesLimit = 1 << 20
 
@@ -35,11 +25,6 @@ type Config struct {
 
 // service is what the shared settings' messages say of this sink.
 var service = awssink.Service{Name: "sqs", Title: "SQS", BatchCall: "SendMessageBatch", MaxMessageBytes: MaxMessageBytesLimit, MaxBytesText: "1 MiB", BatchDoc: ""}
-
-func (c Config) withDefaults() Config {
-	c.Common = c.Common.WithDefaults()
-	return c
-}
 
 // Validate reports every problem with c, each one sentence naming the
 // setting to fix.
