@@ -53,6 +53,23 @@ func RunSink(tb testing.TB, s RunnerSink) {
 	})
 }
 
+// Started fails tb unless err (of the sink's New) is nil and s connects,
+// then runs s until the test ends (RunSink) and returns it.
+func Started[S interface {
+	RunnerSink
+	Connect(context.Context) error
+}](tb testing.TB, s S, err error) S {
+	tb.Helper()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := s.Connect(context.Background()); err != nil {
+		tb.Fatal(err)
+	}
+	RunSink(tb, s)
+	return s
+}
+
 // Recorder collects the outcome reported for each message, for tests that
 // publish messages not known in advance (a Tracker needs them). Done is
 // safe for concurrent use.

@@ -25,9 +25,8 @@ var (
 	_ sinks.Connector = (*Sink)(nil)
 )
 
-// Binding is how the sink carries a message's metadata: every header as a
-// String message attribute, the aggregate's among them.
-var Binding = sinks.Binding{Aggregate: true, CloudEventsPrefix: "ce-"}
+// Binding is how the sink carries a message's metadata (awssink.Binding).
+var Binding = awssink.Binding
 
 // ErrClosed is reported for messages whose outcome was still open when the
 // sink stopped; it matches sinks.ErrClosed too. It is retryable.

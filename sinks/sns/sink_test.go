@@ -22,14 +22,7 @@ func testConfig(srv *goawstest.Server, arn string) Config {
 func newSink(t testing.TB, cfg Config) *Sink {
 	t.Helper()
 	s, err := New(cfg, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Connect(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	sinktest.RunSink(t, s)
-	return s
+	return sinktest.Started(t, s, err)
 }
 
 // consumer reads the queue subscribed to a topic, with raw delivery, as a

@@ -29,14 +29,7 @@ func testConfig(srv *sqstest.Server, queueURL string) Config {
 func newSink(t testing.TB, cfg Config) *Sink {
 	t.Helper()
 	s, err := New(cfg, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Connect(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	sinktest.RunSink(t, s)
-	return s
+	return sinktest.Started(t, s, err)
 }
 
 // client is the bare SDK client the tests read back with.

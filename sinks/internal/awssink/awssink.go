@@ -71,6 +71,10 @@ func (c Client) Config(ctx context.Context) (aws.Config, error) {
 	return cfg, nil
 }
 
+// Binding is how the sqs and sns sinks carry a message's metadata: every
+// header as a String message attribute, the aggregate's among them.
+var Binding = sinks.Binding{Aggregate: true, CloudEventsPrefix: "ce-"}
+
 // MaxAttributes is the most message attributes SQS and SNS accept on one
 // message.
 const MaxAttributes = 10
