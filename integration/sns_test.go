@@ -140,31 +140,7 @@ func TestSNSEndToEnd(t *testing.T) {
 relay:
   max_attempts: 2`, goawstest.TopicARN("orders"), front.URL, goawstest.Region)
 
-	ids := map[string][]string{}
-	aggs := []string{"1", "2", "3", "4", "5", "6"}
-	var refused []string
-	insert := func(rounds int) {
-		for range rounds {
-			for _, agg := range aggs {
-				ids[agg] = append(ids[agg], e.insert("public.outbox", "order", agg, 20)...)
-			}
-			refused = append(refused, e.insert("public.outbox", "order", "refused", 2)...)
-		}
-	}
-	p := e.startSinkRelay("sns", sinkYAML)
-	insert(2)
-	r.waitDelivered(t, 100, 2*time.Minute)
-	p.kill()
-	if atKill, first := r.delivered(), 2*20*len(aggs); atKill >= first {
-		t.Errorf("the kill came after all %d rows of the first run were delivered (%d): it tested no crash mid-way", first, atKill)
-	}
-	insert(2)
-	want := 0
-	for _, list := range ids {
-		want += len(list)
-	}
-	p = e.startSinkRelay("sns", sinkYAML)
-	r.waitDelivered(t, want, 2*time.Minute)
+	p, ids, refused, want := e.crashMidway(t, r, "sns", sinkYAML, []string{"1", "2", "3", "4", "5", "6"}, 20, 2, 100)
 
 	var letters, parked, withReason int
 	deadline := time.Now().Add(30 * time.Second)

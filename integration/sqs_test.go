@@ -100,31 +100,7 @@ func TestSQSEndToEnd(t *testing.T) {
 relay:
   max_attempts: 2`, url, srv.URL, sqstest.Region)
 
-	ids := map[string][]string{}
-	aggs := []string{"1", "2", "3", "4", "5", "6", "7", "8"}
-	var refused []string
-	insert := func(rounds int) {
-		for range rounds {
-			for _, agg := range aggs {
-				ids[agg] = append(ids[agg], e.insert("public.outbox", "order", agg, 25)...)
-			}
-			refused = append(refused, e.insert("public.outbox", "order", "refused", 2)...)
-		}
-	}
-	p := e.startSinkRelay("sqs", sinkYAML)
-	insert(3)
-	r.waitDelivered(t, 200, 2*time.Minute)
-	p.kill()
-	if atKill, first := r.delivered(), 3*25*len(aggs); atKill >= first {
-		t.Errorf("the kill came after all %d rows of the first run were delivered (%d): it tested no crash mid-way", first, atKill)
-	}
-	insert(3)
-	want := 0
-	for _, list := range ids {
-		want += len(list)
-	}
-	p = e.startSinkRelay("sqs", sinkYAML)
-	r.waitDelivered(t, want, 2*time.Minute)
+	p, ids, refused, want := e.crashMidway(t, r, "sqs", sinkYAML, []string{"1", "2", "3", "4", "5", "6", "7", "8"}, 25, 3, 200)
 
 	_, body := get(t, "http://"+p.httpAddr()+"/metrics")
 	series := fmt.Sprintf(`{destination="%s",sink="sqs",slot="outboxrelay"}`, url)
@@ -207,4 +183,40 @@ func TestAWSBadInput(t *testing.T) {
 			checkBadStart(t, e, "aws_bad_"+strings.ReplaceAll(c.name, " ", "_"), c.typ, c.sink, c.want)
 		})
 	}
+}
+
+// crashMidway runs the relay of sinkType with sinkYAML while rounds of
+// rows go in (per rows of each of aggs and 2 of the aggregate "refused" a
+// round), kills it once atKill rows are delivered (failing t when the
+// kill came after the whole first run), inserts as many rows again and
+// restarts it until every row of aggs is delivered. It returns the
+// relay, the ids of each aggregate's rows, those of "refused" and how
+// many rows of aggs there are.
+func (e *env) crashMidway(t *testing.T, r *queueReader, sinkType, sinkYAML string, aggs []string, per, rounds, atKill int) (*proc, map[string][]string, []string, int) {
+	t.Helper()
+	ids := map[string][]string{}
+	var refused []string
+	insert := func() {
+		for range rounds {
+			for _, agg := range aggs {
+				ids[agg] = append(ids[agg], e.insert("public.outbox", "order", agg, per)...)
+			}
+			refused = append(refused, e.insert("public.outbox", "order", "refused", 2)...)
+		}
+	}
+	p := e.startSinkRelay(sinkType, sinkYAML)
+	insert()
+	r.waitDelivered(t, atKill, 2*time.Minute)
+	p.kill()
+	if delivered, first := r.delivered(), rounds*per*len(aggs); delivered >= first {
+		t.Errorf("the kill came after all %d rows of the first run were delivered (%d): it tested no crash mid-way", first, delivered)
+	}
+	insert()
+	want := 0
+	for _, list := range ids {
+		want += len(list)
+	}
+	p = e.startSinkRelay(sinkType, sinkYAML)
+	r.waitDelivered(t, want, 2*time.Minute)
+	return p, ids, refused, want
 }
