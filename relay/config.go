@@ -70,6 +70,12 @@ type Config struct {
 	// DeadLetterOrder is DeadLetterPark (default) or DeadLetterPass. It
 	// applies to messages the broker refused, when Options.Parking is set.
 	DeadLetterOrder DeadLetterOrder `yaml:"dead_letter_order"`
+	// Order is OrderAggregate (default: one message per aggregate at the
+	// sink at a time) or OrderNone (no gate: an aggregate's messages are
+	// in flight together, up to the window, and a retry or a dead letter
+	// can reorder them). OrderNone cannot park, so it requires
+	// DeadLetterOrder to be DeadLetterPass.
+	Order Order `yaml:"order"`
 	// RetryMin and RetryMax bound the exponential retry backoff (defaults 100ms, 30s).
 	RetryMin time.Duration `yaml:"-"`
 	RetryMax time.Duration `yaml:"-"`
@@ -120,6 +126,19 @@ type Envelope struct {
 	CloudEventsSource string `yaml:"source"`
 }
 
+// Order is the delivery order the relay keeps.
+type Order string
+
+// The delivery orders.
+const (
+	// OrderAggregate hands an aggregate's next message to the sink only
+	// once the previous one is settled.
+	OrderAggregate Order = "aggregate"
+	// OrderNone hands every message over at once: an aggregate's first
+	// deliveries keep the commit order only while nothing fails.
+	OrderNone Order = "none"
+)
+
 // Format is the body format of published messages.
 type Format string
 
@@ -142,6 +161,7 @@ func (c Config) WithDefaults() Config {
 	c.MaxInFlightBytes = cmp.Or(c.MaxInFlightBytes, 64<<20)
 	c.MaxAttempts = cmp.Or(c.MaxAttempts, 5)
 	c.DeadLetterOrder = cmp.Or(c.DeadLetterOrder, DeadLetterPark)
+	c.Order = cmp.Or(c.Order, OrderAggregate)
 	c.RetryMin = cmp.Or(c.RetryMin, 100*time.Millisecond)
 	c.RetryMax = cmp.Or(c.RetryMax, 30*time.Second)
 	c.CheckpointInterval = cmp.Or(c.CheckpointInterval, 100*time.Millisecond)
@@ -168,6 +188,15 @@ func (c Config) Validate() error {
 	default:
 		errs = append(errs, fmt.Errorf("relay.dead_letter_order %q is not one of park, pass", c.DeadLetterOrder))
 	}
+	switch c.Order {
+	case OrderAggregate:
+	case OrderNone:
+		if c.DeadLetterOrder == DeadLetterPark {
+			errs = append(errs, errors.New("relay.order: none cannot hold relay.dead_letter_order: park (a dead letter's later messages are already sent); set relay.dead_letter_order: pass"))
+		}
+	default:
+		errs = append(errs, fmt.Errorf("relay.order %q is not one of aggregate, none", c.Order))
+	}
 	return errors.Join(errs...)
 }
 
@@ -178,6 +207,7 @@ func (Config) Docs() map[string]string {
 		"max_inflight":       "messages handed to the broker and not yet acknowledged (backpressure)",
 		"max_inflight_bytes": "bytes of such messages",
 		"max_attempts":       "attempts for a message the broker rejects permanently, before it is dead-lettered",
+		"order":              "`aggregate`: one message per aggregate at the broker at a time, so retries and dead letters keep its order; `none`: no gate, an aggregate's messages are in flight together up to the window, a retry or a dead letter can reorder them, and it requires `dead_letter_order: pass`",
 		"dead_letter_order":  "`park`: the later messages of a dead letter's aggregate wait behind it in `outboxrelay.parked` until `dlq replay` publishes the chain in order; `pass`: they are published, leaving a gap",
 	}
 }
