@@ -338,7 +338,7 @@ func retentionIndex(ctx context.Context, conn *pgx.Conn, o Options) error {
 	}
 	for _, c := range o.Columns.required() {
 		if !slices.Contains(cols, c[0]) {
-			return fmt.Errorf("outbox table %s.%s has no column %q (postgres.columns.%s); map postgres.columns to its columns and run `outboxrelay migrate --config FILE` (see the README's \"Coming from Debezium\")", schema, name, c[0], c[1])
+			return fmt.Errorf("outbox table %s.%s has no column %q (postgres.columns.%s); map postgres.columns to its columns and run `outboxrelay migrate --config FILE` (see docs/debezium.md)", schema, name, c[0], c[1])
 		}
 	}
 	if o.Columns.CreatedAt == "" {

@@ -138,7 +138,7 @@ func main() {
 	flag.IntVar(&o.count, "count", 5, "repetitions of the PostgreSQL-side consumers; the table shows the median")
 	flag.IntVar(&o.countMaxRows, "count-max-rows", 200_000, "workloads with more rows run at most twice (the table then shows the faster run)")
 	flag.DurationVar(&o.timeout, "timeout", 30*time.Minute, "give up after this long")
-	flag.BoolVar(&o.micro, "micro", true, "run the cdc, envelope and internal/schema micro-benchmarks (go test -bench)")
+	flag.BoolVar(&o.micro, "micro", true, "run the cdc, envelope and outbox/schema micro-benchmarks (go test -bench)")
 	flag.Parse()
 	if o.quick {
 		o.rows, o.bigTxRows, o.latencyFor = 20_000, 200_000, 5*time.Second
@@ -255,7 +255,7 @@ func run(ctx context.Context, o options) error {
 	}
 
 	if o.micro {
-		fmt.Println("== micro-benchmarks: go test -run='^$' -bench=. -benchmem ./cdc ./envelope ./internal/schema")
+		fmt.Println("== micro-benchmarks: go test -run='^$' -bench=. -benchmem ./cdc ./envelope github.com/outboxrelay/outboxrelay/outbox/schema")
 		lines, err := microBenchmarks(ctx, root)
 		res.Micro = lines
 		if err != nil {
@@ -857,7 +857,7 @@ func gitState(root string) (commit string, dirty bool) {
 // microBenchmarks runs the Go benchmarks, streaming their output, and
 // returns the result lines.
 func microBenchmarks(ctx context.Context, root string) ([]string, error) {
-	cmd := exec.CommandContext(ctx, "go", "test", "-run=^$", "-bench=.", "-benchmem", "./cdc", "./envelope", "./internal/schema")
+	cmd := exec.CommandContext(ctx, "go", "test", "-run=^$", "-bench=.", "-benchmem", "./cdc", "./envelope", "github.com/outboxrelay/outboxrelay/outbox/schema")
 	cmd.Dir, cmd.Stderr = root, os.Stderr
 	pr, err := cmd.StdoutPipe()
 	if err != nil {

@@ -241,7 +241,7 @@ func (r *run) wire(ctx context.Context) error {
 		Slot:           slot,
 		Version:        r.opts.Version,
 		Revision:       r.opts.Revision,
-		Inflight:       func() int { return r.relay.Inflight() },
+		InFlight:       func() int { return r.relay.InFlight() },
 		Unanswered:     func() time.Duration { d, _ := r.relay.Unanswered(); return d },
 		LagSince:       func() time.Time { return r.relay.LagSince() },
 		Standby:        r.stream.Standby,
@@ -353,7 +353,7 @@ func (r *run) serve(ctx context.Context) error {
 	})
 	g.Go(func() error {
 		p := &progressLog{log: log, interval: 30 * time.Second, acknowledged: r.metrics.Acknowledged,
-			inflight: func() int { return r.relay.Inflight() }, lagBytes: r.metrics.LagBytes, lagSeconds: r.metrics.LagSeconds}
+			inFlight: func() int { return r.relay.InFlight() }, lagBytes: r.metrics.LagBytes, lagSeconds: r.metrics.LagSeconds}
 		p.run(relayCtx)
 		return nil
 	})

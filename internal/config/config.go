@@ -561,7 +561,7 @@ func docsOf(t reflect.Type) reflect.Type {
 }
 
 // Keys lists every configuration key with its environment name, default
-// and description, in file order. The README's reference is checked
+// and description, in file order. docs/configuration.md's reference is checked
 // against it.
 func Keys() []Key {
 	var keys []Key
@@ -667,7 +667,7 @@ func UnknownEnv(environ []string) []string {
 			warnings = append(warnings, fmt.Sprintf("environment %s is not a configuration key and is ignored; did you mean %s?", name, near))
 			continue
 		}
-		warnings = append(warnings, fmt.Sprintf("environment %s is not a configuration key and is ignored; no key is close (the README's Configuration section lists them)", name))
+		warnings = append(warnings, fmt.Sprintf("environment %s is not a configuration key and is ignored; no key is close (docs/configuration.md lists them)", name))
 	}
 	return warnings
 }

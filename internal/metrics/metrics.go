@@ -65,9 +65,9 @@ type Config struct {
 	// DropsUnmatched (the rules say unmatched: drop) starts
 	// messages_filtered_total{route="unmatched"} at 0.
 	DropsUnmatched bool
-	// Inflight reports the messages handed to the sink and not yet
-	// acknowledged (relay.Relay.Inflight); read on every scrape.
-	Inflight func() int
+	// InFlight reports the messages handed to the sink and not yet
+	// acknowledged (relay.Relay.InFlight); read on every scrape.
+	InFlight func() int
 	// Status reads the slot's status (store.ReadStatus) for the slot's series.
 	// Run calls it every
 	// PollInterval (default 5s), each call bounded by PollInterval.
@@ -193,10 +193,10 @@ func New(cfg Config) *Metrics {
 		Namespace: Namespace, Name: "inflight_messages",
 		Help: "Messages handed to the sink and not yet acknowledged.",
 	}, func() float64 {
-		if cfg.Inflight == nil {
+		if cfg.InFlight == nil {
 			return 0
 		}
-		return float64(cfg.Inflight())
+		return float64(cfg.InFlight())
 	})
 	last := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Namespace: Namespace, Name: "last_published_timestamp_seconds",

@@ -47,7 +47,7 @@ func labels(m *dto.Metric) map[string]string {
 
 func TestHooks(t *testing.T) {
 	inflight := 7
-	m := New(Config{Sink: "kafka", Inflight: func() int { return inflight }})
+	m := New(Config{Sink: "kafka", InFlight: func() int { return inflight }})
 	h := m.Hooks()
 	commit := time.Date(2026, 11, 29, 8, 0, 0, 0, time.UTC)
 	for i, d := range []time.Duration{3 * time.Millisecond, 40 * time.Millisecond, 2 * time.Second} {

@@ -114,7 +114,7 @@ func (c Config) producerOpts(log *zap.Logger, h *health) ([]kgo.Opt, error) {
 		kgo.WithHooks(h),
 		kgo.RequiredAcks(kgo.AllISRAcks()),
 		kgo.ProducerLinger(c.Linger),
-		kgo.MaxBufferedRecords(c.MaxBufferedRecords),
+		kgo.MaxBufferedRecords(c.MaxInFlight),
 		kgo.ProducerBatchMaxBytes(int32(c.MaxMessageBytes)),
 		// Uncompressed is the fallback for brokers that predate the
 		// codec's support in the protocol.
@@ -187,7 +187,7 @@ type pending struct {
 // otherwise: ctx cancelled before
 // Publish handed the record over, or the sink closed. Once handed over, the
 // record no longer depends on ctx. Publish blocks while
-// Config.MaxBufferedRecords records are unacknowledged, until one is or ctx
+// Config.MaxInFlight records are unacknowledged, until one is or ctx
 // is cancelled. Records with the same AggregateID are sent in the order of
 // the Publish calls.
 func (s *Sink) Publish(ctx context.Context, m *relay.Message, done func(*relay.Message, error)) {
