@@ -21,8 +21,8 @@ import (
 // routed row on its route's topic and nowhere else, per-aggregate order, 0
 // lost, no topic but the routes', the dropped rows counted in
 // outboxrelay_messages_filtered_total and the slot confirmed past them, the
-// failing row in the dead letters with the rule's error, and `verify`
-// reporting nothing missing.
+// failing row in the dead letters with the rule's error, `verify`
+// reporting nothing missing, and `replay` republishing only routed rows.
 func TestRoutingRulesKafka(t *testing.T) {
 	e := newEnv(t)
 	ctx := t.Context()
@@ -141,6 +141,15 @@ unmatched: drop
 	_, metrics := get(t, "http://"+p.httpAddr()+"/metrics")
 	p.stop()
 	filtered := metricValues(metrics, "outboxrelay_messages_filtered_total")[`{route="unmatched",slot="outboxrelay"}`]
+
+	// A replay of the window publishes the routed rows again, to their
+	// routes' topics, and never a dropped one; the row whose rule fails is
+	// refused again with the rule's error (exit 1).
+	replayOut, replayCode := e.cli("replay", "--config", cfg, "--since", "1h")
+	t.Logf("replay exit %d: %s", replayCode, replayOut)
+	if replayCode != 1 || !strings.Contains(replayOut, fmt.Sprintf("replayed %d of ", len(topicOf))) || !strings.Contains(replayOut, "no such key: amount") {
+		t.Errorf("replay exit %d: %s; want the %d routed rows replayed", replayCode, replayOut, len(topicOf))
+	}
 
 	cl, err := kgo.NewClient(kgo.SeedBrokers(e.brokers))
 	if err != nil {

@@ -55,7 +55,19 @@ func newBuilder(cfg *settings, log *zap.Logger) *Builder {
 // PostgreSQL's text output, one per column of rel, as pgoutput sends them.
 // tx is the row's transaction as far as it is known. As in the relay, an
 // invalid row still yields a message, with the reason it cannot be sent.
+// With routing rules it is the row's first message (see Rows).
 func (b *Builder) Row(ctx context.Context, rel *cdc.Relation, ins *cdc.Insert, tx cdc.Begin) (*Message, error) {
+	ms, err := b.Rows(ctx, rel, ins, tx)
+	if len(ms) == 0 {
+		return nil, err
+	}
+	return ms[0], err
+}
+
+// Rows builds the messages of one row as Row does: one, or with routing
+// rules one per route the row takes (a row the rules drop is one message
+// with Filtered set). The error is the row's, shared by its messages.
+func (b *Builder) Rows(ctx context.Context, rel *cdc.Relation, ins *cdc.Insert, tx cdc.Begin) ([]*Message, error) {
 	mp, err := b.mapping(ctx, rel)
 	if err != nil {
 		return nil, err
@@ -64,10 +76,12 @@ func (b *Builder) Row(ctx context.Context, rel *cdc.Relation, ins *cdc.Insert, t
 		return nil, fmt.Errorf("table %s is not relayed", rel.QualifiedName())
 	}
 	b.tx = tx
-	m, buildErr := b.buildRow(mp, ins)
-	// The caller owns the message: its buffer never returns to the pool.
-	m.pooled = false
-	return m, buildErr
+	ms, buildErr := b.buildRows(mp, ins)
+	for _, m := range ms {
+		// The caller owns the message: its buffer never returns to the pool.
+		m.pooled = false
+	}
+	return ms, buildErr
 }
 
 // begin starts the messages of transaction tx.
@@ -168,16 +182,10 @@ func col(vals [][]byte, i int) []byte {
 	return vals[i]
 }
 
-// buildRow makes the message for an inserted row. When the row is invalid it
-// still returns a message (with as much of the envelope as could be built)
-// and the reason, so that the row is dead-lettered rather than lost.
-func (b *Builder) buildRow(mp *mapping, ins *cdc.Insert) (*Message, error) {
-	ms, err := b.buildRows(mp, ins)
-	return ms[0], err
-}
-
 // buildRows makes the messages for an inserted row: one, or one per route
-// the row takes (see route).
+// the row takes (see route). When the row is invalid it still returns a
+// message (with as much of the envelope as could be built) and the reason,
+// so that the row is dead-lettered rather than lost.
 func (b *Builder) buildRows(mp *mapping, ins *cdc.Insert) ([]*Message, error) {
 	v := ins.Values
 	var errs []error

@@ -34,7 +34,7 @@ func TestBuildAppliesRules(t *testing.T) {
 	b := relay.NewBuilder(cfg, relay.Options{})
 	tx := cdc.Begin{FinalLSN: 0x200, XID: 9, CommitTime: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}
 	build := func(payload, tenant string) ([]*relay.Message, error) {
-		return relay.BuildRows(b, context.Background(), optionsRelation, optionsRow([]byte(payload), []byte(tenant), nil), tx)
+		return b.Rows(context.Background(), optionsRelation, optionsRow([]byte(payload), []byte(tenant), nil), tx)
 	}
 
 	ms, err := build(`{"n":2}`, "acme")

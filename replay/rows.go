@@ -369,17 +369,20 @@ func (s Source) Scan(ctx context.Context, db Querier, f Filter, fn func(m *relay
 		} else if createdAt >= 0 && ins.Values[createdAt] != nil {
 			tx.CommitTime, _ = envelope.ParseTimestamp(ins.Values[createdAt])
 		}
-		m, invalid := b.Row(ctx, rel, ins, tx)
-		if m == nil {
+		ms, invalid := b.Rows(ctx, rel, ins, tx)
+		if len(ms) == 0 {
 			return invalid
 		}
-		if string(raw[2]) == "true" {
-			invalid = ErrDeadLettered
-		} else if m.Filtered != "" {
-			invalid = ErrFiltered
-		}
-		if err := fn(m, invalid); err != nil {
-			return err
+		for _, m := range ms {
+			why := invalid
+			if string(raw[2]) == "true" {
+				why = ErrDeadLettered
+			} else if m.Filtered != "" {
+				why = ErrFiltered
+			}
+			if err := fn(m, why); err != nil {
+				return err
+			}
 		}
 	}
 	if err := rows.Err(); err != nil {
