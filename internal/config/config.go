@@ -44,6 +44,10 @@ type Config struct {
 	// Rules are the routing rules: the keys routes, unmatched and
 	// transform (see package rules).
 	rules.Config `yaml:",inline"`
+	// Pipelines, when set, are the pipelines the process runs, the
+	// sections above their defaults; when empty the sections above are
+	// the one pipeline, named default (see Units).
+	Pipelines []Pipeline `yaml:"pipelines,omitempty"`
 }
 
 // Postgres is the source database: the replication side's settings
@@ -291,6 +295,11 @@ type HTTP struct {
 	// /healthz and /readyz stay open for probes.
 	Token     string `yaml:"token" secret:"text"`
 	TokenFile string `yaml:"token_file"`
+	// ActionToken, when set, is the bearer token the management API's
+	// actions (pause, resume) require; without it they are off. Reads
+	// of the API take Token, as /status does.
+	ActionToken     string `yaml:"action_token" secret:"text"`
+	ActionTokenFile string `yaml:"action_token_file"`
 }
 
 // Log configures logging.
@@ -338,9 +347,10 @@ func Load(path string, lookup func(string) (string, bool)) (Config, error) {
 func load(data []byte, name string, lookup func(string) (string, bool)) (Config, error) {
 	cfg := Default()
 	var errs []error
-	decoded := true
+	decoded, checked := true, true
 	if len(data) > 0 {
 		docErr := checkDocument(data)
+		checked = docErr == nil
 		for _, e := range Problems(docErr) {
 			errs = append(errs, fmt.Errorf("config %s: %w", name, e))
 		}
@@ -359,6 +369,9 @@ func load(data []byte, name string, lookup func(string) (string, bool)) (Config,
 	if lookup != nil {
 		errs = append(errs, Problems(applyEnv(reflect.ValueOf(&cfg).Elem(), "", EnvPrefix[:len(EnvPrefix)-1], lookup, fromEnv))...)
 	}
+	// Before the top level's secret files are read: a pipeline that sets
+	// a secret of its own must not inherit the top level's file too.
+	errs = append(errs, Problems(cfg.resolvePipelines(fromEnv, checked))...)
 	errs = append(errs, Problems(cfg.readSecretFiles(fromEnv))...)
 	if decoded {
 		// Values of a file the decoder could not read are partly defaults:
@@ -503,6 +516,7 @@ func yamlName(f reflect.StructField) string {
 // tokens become xxxxx, URLs keep everything but their passwords.
 func (c Config) Redacted() Config {
 	c.Sink = c.Sink.clone()
+	c.redactPipelines()
 	walkSecrets(reflect.ValueOf(&c).Elem(), "", func(_, kind string, val, _ reflect.Value) {
 		switch {
 		case val.String() == "":
@@ -615,6 +629,8 @@ func format(v reflect.Value) string {
 	switch x := v.Interface().(type) {
 	case []string:
 		return strings.Join(x, ",")
+	case []Pipeline:
+		return ""
 	case time.Duration:
 		return x.String()
 	default:
@@ -703,6 +719,8 @@ func setValue(v reflect.Value, s string) error {
 		}
 		v.SetInt(int64(d))
 		return nil
+	case []Pipeline:
+		return errors.New("pipelines can be set in the file only")
 	case []string:
 		var list []string
 		for _, p := range strings.Split(s, ",") {
@@ -734,8 +752,37 @@ func setValue(v reflect.Value, s string) error {
 	return nil
 }
 
-// Validate checks every key and reports all problems at once, each naming its key.
+// Validate checks every key and reports all problems at once, each naming
+// its key. With a pipelines list the top-level postgres, sink, envelope
+// and relay sections are only defaults: each pipeline is checked instead,
+// its problems prefixed with pipelines[i] (name).
 func (c *Config) Validate() error {
+	var errs []error
+	if len(c.Pipelines) > 0 {
+		errs = c.validatePipelines()
+	} else {
+		errs = c.validatePipeline()
+	}
+	if t := c.HTTP.Token; t != "" && strings.IndexFunc(t, func(r rune) bool { return r <= ' ' || r >= 0x7f }) >= 0 {
+		errs = append(errs, errors.New("http.token must be printable ASCII without spaces"))
+	}
+	if t := c.HTTP.ActionToken; t != "" && strings.IndexFunc(t, func(r rune) bool { return r <= ' ' || r >= 0x7f }) >= 0 {
+		errs = append(errs, errors.New("http.action_token must be printable ASCII without spaces"))
+	}
+	if t := c.HTTP.ActionToken; t != "" && t == c.HTTP.Token {
+		errs = append(errs, errors.New("http.action_token must differ from http.token: whoever may read must not thereby act"))
+	}
+	switch c.Log.Level {
+	case "debug", "info", "warn", "error":
+	default:
+		errs = append(errs, fmt.Errorf("log.level %q is not one of debug, info, warn, error", c.Log.Level))
+	}
+	return errors.Join(errs...)
+}
+
+// validatePipeline checks the sections one pipeline runs with: postgres,
+// sink, envelope and relay.
+func (c *Config) validatePipeline() []error {
 	var errs []error
 	if c.Postgres.URL == "" {
 		errs = append(errs, errors.New("postgres.url is required (or OUTBOXRELAY_POSTGRES_URL)"))
@@ -796,15 +843,7 @@ func (c *Config) Validate() error {
 	default:
 		errs = append(errs, fmt.Errorf("relay.schemas.missing %q is not one of allow, deadletter", c.Relay.Schemas.Missing))
 	}
-	if t := c.HTTP.Token; t != "" && strings.IndexFunc(t, func(r rune) bool { return r <= ' ' || r >= 0x7f }) >= 0 {
-		errs = append(errs, errors.New("http.token must be printable ASCII without spaces"))
-	}
-	switch c.Log.Level {
-	case "debug", "info", "warn", "error":
-	default:
-		errs = append(errs, fmt.Errorf("log.level %q is not one of debug, info, warn, error", c.Log.Level))
-	}
-	return errors.Join(errs...)
+	return errs
 }
 
 // CDC returns the replication settings: the postgres section's, with the

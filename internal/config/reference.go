@@ -18,7 +18,7 @@ var descriptions = map[string]string{
 	"postgres.heartbeat_interval": "heartbeat message interval, so an idle outbox does not pin WAL; 0 disables",
 	"postgres.retention":          "delete outbox rows older than this, in small batches; 0 keeps all",
 	"postgres.backfill":           "on a relay's first start (no position recorded for its slot): `auto` publishes the rows of tables `migrate` created that no relay has relayed, `all` every row the tables hold, `none` nothing; then it streams",
-	"sink.type":                   "the sink to run: `kafka`, `nats`, `rabbitmq`, `redis` or `webhook`",
+	"sink.type":                   "the sink to run: `kafka`, `kinesis`, `nats`, `pubsub`, `rabbitmq`, `redis`, `sns`, `sqs` or `webhook`",
 	"relay.drain_timeout":         "how long a shutdown waits for acknowledgements",
 	"relay.dead_letters":          "store undeliverable messages in `outboxrelay.dead_letters`; false stops the relay instead",
 	"relay.schemas.dir":           "folder of JSON Schemas, `EVENT_TYPE/vN.json`; a payload that does not match the schema of its event type and `schema_version` is dead-lettered. Empty: no validation",
@@ -26,6 +26,9 @@ var descriptions = map[string]string{
 	"http.listen":                 "address of /healthz, /readyz, /status, /metrics; empty disables",
 	"http.token":                  "bearer token required by /status and /metrics; empty: open",
 	"http.token_file":             "file holding `http.token`",
+	"http.action_token":           "bearer token the management API's actions (`POST /api/v1/pipelines/NAME/pause`, `.../resume`) require, distinct from `http.token`; empty: actions are off",
+	"http.action_token_file":      "file holding `http.action_token`",
+	"pipelines":                   "a list of pipelines run in one process, each with `name`, `fatal` and its own `postgres`, `sink`, `envelope` and `relay` keys over the top-level ones; empty: the top level is one pipeline named `default` (see [Running many pipelines](operations.md#running-many-pipelines))",
 	"log.level":                   "`debug`, `info`, `warn` or `error` (JSON lines on stderr)",
 }
 

@@ -43,6 +43,13 @@ type Config struct {
 	Sink string
 	// Slot is the slot label of every outboxrelay_ series but build_info.
 	Slot string
+	// Pipeline is the pipeline label of every outboxrelay_ series but
+	// build_info (config.Unit.Name; default for a single pipeline).
+	Pipeline string
+	// PerPipeline leaves out build_info and the Go runtime and process
+	// collectors: a process that runs many pipelines registers those once
+	// (NewProcess), beside each pipeline's registry.
+	PerPipeline bool
 	// Version and Revision are the labels of build_info.
 	Version, Revision string
 	// Unanswered reports how long the sink has held messages without
@@ -174,12 +181,6 @@ func New(cfg Config) *Metrics {
 		}
 		return cfg.Unanswered().Seconds()
 	})
-	buildInfo := prometheus.NewGauge(prometheus.GaugeOpts{
-		Namespace: Namespace, Name: "build_info",
-		Help:        "Always 1; the labels say which build runs.",
-		ConstLabels: prometheus.Labels{"version": cfg.Version, "revision": cfg.Revision},
-	})
-	buildInfo.Set(1)
 	role := newRoleCollector(cfg.Standby)
 	for _, ws := range walStatuses {
 		m.walStatus.WithLabelValues(ws)
@@ -204,14 +205,19 @@ func New(cfg Config) *Metrics {
 	}, func() float64 {
 		return float64(m.lastPublished.Load()) / 1e9
 	})
-	// A process relays one slot: every series of its pipeline is the slot's.
-	var perSlot prometheus.Registerer = m.registry
+	// A pipeline relays one slot: every series of it is the slot's.
+	labels := prometheus.Labels{}
 	if cfg.Slot != "" {
-		perSlot = prometheus.WrapRegistererWith(prometheus.Labels{"slot": cfg.Slot}, m.registry)
+		labels["slot"] = cfg.Slot
 	}
-	perSlot.MustRegister(m.published, m.publishErrors, m.deadLetters, m.skipped, m.filtered, m.reserved, m.lag, lagSeconds, m.retained, m.keepSize,
+	if cfg.Pipeline != "" {
+		labels["pipeline"] = cfg.Pipeline
+	}
+	prometheus.WrapRegistererWith(labels, m.registry).MustRegister(m.published, m.publishErrors, m.deadLetters, m.skipped, m.filtered, m.reserved, m.lag, lagSeconds, m.retained, m.keepSize,
 		m.walStatus, m.latency, inflight, last, unanswered, role)
-	m.registry.MustRegister(buildInfo, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if !cfg.PerPipeline {
+		registerProcess(m.registry, cfg.Version, cfg.Revision)
+	}
 	// Every error series exists from the start, so rate() and alerts see 0.
 	for _, reason := range []string{reasonRetryable, reasonPermanent} {
 		m.publishErrors.WithLabelValues(cfg.Sink, reason)
@@ -232,6 +238,36 @@ func New(cfg Config) *Metrics {
 		m.reserved.WithLabelValues(h)
 	}
 	return m
+}
+
+// registerProcess registers the series of the process rather than of a
+// pipeline: build_info and the Go runtime's and process's collectors.
+func registerProcess(reg *prometheus.Registry, version, revision string) {
+	buildInfo := prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: Namespace, Name: "build_info",
+		Help:        "Always 1; the labels say which build runs.",
+		ConstLabels: prometheus.Labels{"version": version, "revision": revision},
+	})
+	buildInfo.Set(1)
+	reg.MustRegister(buildInfo, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+}
+
+// NewProcess returns the registry of a process that runs many pipelines:
+// build_info and the runtime's collectors, once. Serve it with the
+// pipelines' registries through Gatherers.
+func NewProcess(version, revision string) *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	registerProcess(reg, version, revision)
+	return reg
+}
+
+// Gatherers serves the process's registry and each pipeline's as one
+// exposition; gather returns the registries at the time of the scrape, as
+// pipelines restart with new ones.
+func Gatherers(gather func() []prometheus.Gatherer) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		promhttp.HandlerFor(prometheus.Gatherers(gather()), promhttp.HandlerOpts{}).ServeHTTP(w, r)
+	})
 }
 
 // lagSeconds is read on scrape: the running relay knows best; PostgreSQL's
