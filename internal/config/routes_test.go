@@ -30,6 +30,16 @@ transform:
 	if len(rc.Rules.Routes) != 1 || rc.Rules.Routes[0].Destination != "orders.{event_type}" || rc.Rules.Unmatched != rules.UnmatchedDrop || rc.Rules.Transform.Key == "" {
 		t.Fatalf("the rules did not reach RelayConfig: %+v", rc.Rules)
 	}
+	// With pipelines, the rules apply to every pipeline.
+	cfg, err = Load(writeTemp(t, "c.yaml", ok+"pipelines:\n  - name: a\n  - name: b\n    postgres:\n      slot: b_slot\n"), env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, u := range cfg.Units() {
+		if rc := u.Config.RelayConfig(); len(rc.Rules.Routes) != 1 || rc.Rules.Unmatched != rules.UnmatchedDrop {
+			t.Errorf("pipeline %s: rules %+v, want the file's", u.Name, rc.Rules)
+		}
+	}
 	for _, tc := range []struct{ body, want string }{
 		{"routes:\n  - name: big\n    when: 'evnt_type == \"x\"'\n", "rule routes[0] (big).when: ERROR: routes[0] (big).when:1:1: undeclared reference to 'evnt_type'"},
 		{"routes:\n  - name: big\n    when: 'aggregate_id'\n", `routes[0] (big).when: "aggregate_id" is of type string, want bool`},
