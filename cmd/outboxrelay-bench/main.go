@@ -32,6 +32,9 @@
 // the relay binary, read from /proc. The PostgreSQL-side consumers repeat,
 // interleaved, and the table shows medians; every run is in the JSON.
 //
+// First it runs each webhook/cloud sink's BenchmarkSink against its
+// BenchmarkBareClient (sinks.go), interleaved, and prints their ratio.
+//
 // Then it measures commit-to-consumer latency in a live run at a fixed rate
 // with synchronous_commit on, and runs the Go micro-benchmarks of cdc and
 // envelope (go test -bench).
@@ -40,6 +43,7 @@
 //
 //	go run ./cmd/outboxrelay-bench [-quick] [-rows N] [-bigtx-rows N] [-count N]
 //	    [-profile WORKLOAD] [-relay-env KEY=VALUE,...] [-out FILE]
+//	    [-sinks=false | -sinks-only] [-sink-count N] [-sink-benchtime 5000x]
 package main
 
 import (
