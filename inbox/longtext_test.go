@@ -29,8 +29,8 @@ func TestLongTextFieldsAreDeadLetters(t *testing.T) {
 	ran := 0
 	h := func(context.Context, pgx.Tx, Message) error { ran++; return nil }
 	var raws []Raw
-	for _, attr := range []string{"ce_id", "ce_source", "ce_subject"} {
-		hdr := map[string]string{"ce_specversion": "1.0", "ce_id": "id-" + attr, "ce_type": "t", "ce_source": "acct", "ce_subject": "acct-1"}
+	for _, attr := range []string{"ce_id", "aggregate_type", "ce_subject"} {
+		hdr := map[string]string{"ce_specversion": "1.0", "ce_id": "id-" + attr, "ce_type": "t", "aggregate_type": "acct", "ce_subject": "acct-1"}
 		hdr[attr] = long()
 		raw := Raw{Value: []byte(`{"amount":1}`), Headers: hdr}
 		raws = append(raws, raw)
