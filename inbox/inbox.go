@@ -50,6 +50,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"time"
@@ -368,7 +369,7 @@ func (in *Inbox) try(ctx context.Context, m Message, h Handler, replay bool, the
 		}
 	}
 	if out == Processed {
-		if err := h(ctx, tx, m); err != nil {
+		if err := call(ctx, tx, m, h); err != nil {
 			return 0, fmt.Errorf("handler: %w", err), nil
 		}
 	}
@@ -388,6 +389,18 @@ func (in *Inbox) try(ctx context.Context, m Message, h Handler, replay bool, the
 		return 0, nil, fmt.Errorf("process message %s: commit: %w", m.ID, err)
 	}
 	return out, nil, nil
+}
+
+// call runs h, a panic in it being its error: a failed attempt, rolled
+// back, retried and dead-lettered like any other, where an escaped panic
+// would crash the runner on the same message after every restart.
+func call(ctx context.Context, tx pgx.Tx, m Message, h Handler) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("panic: %v\n%s", r, debug.Stack())
+		}
+	}()
+	return h(ctx, tx, m)
 }
 
 // notClaimed decides why the claim inserted nothing: m was processed or
