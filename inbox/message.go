@@ -241,6 +241,11 @@ type wireSource struct {
 }
 
 func decodeJSON(f Format, raw Raw) (Message, error) {
+	// encoding/json reads a byte that is not UTF-8 as U+FFFD: two ids that
+	// differ only there would be one id, the second message a duplicate.
+	if !utf8.Valid(raw.Value) {
+		return Message{}, errors.New("body is not UTF-8 JSON")
+	}
 	var w wire
 	if err := json.Unmarshal(raw.Value, &w); err != nil {
 		return Message{}, fmt.Errorf("body is not JSON: %v", err)
