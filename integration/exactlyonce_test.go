@@ -82,7 +82,7 @@ func kcatReadCommitted(t *testing.T, brokers, topic string, ids []string) {
 	t.Helper()
 	kcat, err := exec.LookPath("kcat")
 	if err != nil {
-		missingClient(t, "kcat", "apt-get install kcat (.ci/run does)")
+		missingClient(t, "kcat", "apt-get install kcat (.ci/services does)")
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), 120*time.Second)
 	defer cancel()

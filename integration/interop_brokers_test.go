@@ -52,7 +52,7 @@ func pikaPython(t *testing.T) string {
 			return path
 		}
 	}
-	missingClient(t, "Python pika", "apt-get install python3-pika (.ci/run does)")
+	missingClient(t, "Python pika", "apt-get install python3-pika (.ci/services does)")
 	return ""
 }
 
@@ -157,7 +157,7 @@ func TestPikaReadsRabbitMQ(t *testing.T) {
 func TestRedisCLIReadsStream(t *testing.T) {
 	cli, err := exec.LookPath("redis-cli")
 	if err != nil {
-		missingClient(t, "redis-cli", "apt-get install redis-tools (.ci/run does)")
+		missingClient(t, "redis-cli", "apt-get install redis-tools (.ci/services does)")
 	}
 	pgservertest.RequireTCP(t, "127.0.0.1:6379", "Redis")
 	key := "outboxrelay-interop:" + extraID()

@@ -46,7 +46,7 @@ func interopNodeModules(t *testing.T) string {
 func missingClient(t *testing.T, what, fix string) {
 	t.Helper()
 	if os.Getenv("CI") == "true" {
-		t.Fatalf("%s is missing: %s; CI must install it before the tests (see .ci/run)", what, fix)
+		t.Fatalf("%s is missing: %s; CI must install it before the tests (see .ci/services)", what, fix)
 	}
 	t.Skipf("%s is missing: %s; set CI=true to make this a failure", what, fix)
 }
@@ -212,7 +212,7 @@ func TestKafkajsSnappyNeedsPlugin(t *testing.T) {
 func TestKcatReads(t *testing.T) {
 	kcat, err := exec.LookPath("kcat")
 	if err != nil {
-		missingClient(t, "kcat", "apt-get install kcat (.ci/run does)")
+		missingClient(t, "kcat", "apt-get install kcat (.ci/services does)")
 	}
 	e := newEnv(t)
 	p := e.start()

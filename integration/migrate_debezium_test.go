@@ -60,7 +60,7 @@ func TestMigrateDebeziumTable(t *testing.T) {
 	}
 	// --debezium with the relay's own mapping would create another shape.
 	plain := e.writeConfig(strings.Replace(e.configText(), "postgres:\n", "postgres:\n  tables: [dbz.outboxevent]\n  publication: dbz\n  slot: dbz\n", 1))
-	if out, code := e.cli("migrate", "--config", plain, "--debezium"); code != 2 || !strings.Contains(out, "Coming from Debezium") {
+	if out, code := e.cli("migrate", "--config", plain, "--debezium"); code != 2 || !strings.Contains(out, "docs/debezium.md") {
 		t.Fatalf("migrate --config --debezium without Debezium's mapping exited %d, want 2:\n%s", code, out)
 	}
 

@@ -21,9 +21,9 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/outboxrelay/outboxrelay/internal/schema"
 	"github.com/outboxrelay/outboxrelay/outbox"
 	"github.com/outboxrelay/outboxrelay/outbox/outboxpgx"
+	"github.com/outboxrelay/outboxrelay/outbox/schema"
 )
 
 // The producer library (package outbox) writes what the relay publishes.
@@ -666,7 +666,7 @@ func TestProducerExamples(t *testing.T) {
 func TestProducerSchemasKeepTransactionUsable(t *testing.T) {
 	e := newEnv(t)
 	ctx := t.Context()
-	set, err := schema.Load("../internal/schema/testdata/schemas")
+	set, err := schema.Load("../outbox/schema/testdata/schemas")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -317,34 +317,41 @@ func TestWebhookBadInput(t *testing.T) {
 			"sink.webhook.secret_file: stat /nonexistent/whsec"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			slot := "webhook_bad_" + strings.ReplaceAll(c.name, " ", "_")
-			cfg := fmt.Sprintf("postgres:\n  url: %s\n  slot: %s\nsink:\n  type: webhook\n%s\nhttp:\n  listen: 127.0.0.1:0\n", e.dbURL, slot, c.sink)
-			out, code := e.cliConfig(cfg)
-			lines := strings.Split(strings.TrimSpace(out), "\n")
-			last := lines[len(lines)-1]
-			t.Logf("exit %d: %s", code, last)
-			if code != 2 || !strings.Contains(last, c.want) {
-				t.Errorf("exit %d, last line %q; want exit 2 and %q\n%s", code, last, c.want, out)
-			}
-			var plain []string
-			for _, l := range lines {
-				if !strings.HasPrefix(l, "{") { // the relay's log lines are JSON
-					plain = append(plain, l)
-				}
-			}
-			if len(plain) != 1 {
-				t.Errorf("%d lines of error, want one:\n%s", len(plain), strings.Join(plain, "\n"))
-			}
-			if strings.Contains(out, "goroutine ") || strings.Contains(out, "panic") {
-				t.Errorf("output has a stack trace:\n%s", out)
-			}
-			var exists bool
-			if err := e.db.QueryRow(t.Context(), "SELECT EXISTS (SELECT FROM pg_replication_slots WHERE slot_name = $1)", slot).Scan(&exists); err != nil {
-				t.Fatal(err)
-			}
-			if exists {
-				t.Errorf("slot %s was created by a start that failed", slot)
-			}
+			checkBadStart(t, e, "webhook_bad_"+strings.ReplaceAll(c.name, " ", "_"), "webhook", c.sink, c.want)
 		})
+	}
+}
+
+// checkBadStart starts the relay with the sink section sinkYAML of type
+// sinkType and slot slot, and fails t unless it exits 2 with want in its
+// one line of error, no stack trace, and no slot created.
+func checkBadStart(t *testing.T, e *env, slot, sinkType, sinkYAML, want string) {
+	t.Helper()
+	cfg := fmt.Sprintf("postgres:\n  url: %s\n  slot: %s\nsink:\n  type: %s\n%s\nhttp:\n  listen: 127.0.0.1:0\n", e.dbURL, slot, sinkType, sinkYAML)
+	out, code := e.cliConfig(cfg)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	last := lines[len(lines)-1]
+	t.Logf("exit %d: %s", code, last)
+	if code != 2 || !strings.Contains(last, want) {
+		t.Errorf("exit %d, last line %q; want exit 2 and %q\n%s", code, last, want, out)
+	}
+	var plain []string
+	for _, l := range lines {
+		if !strings.HasPrefix(l, "{") { // the relay's log lines are JSON
+			plain = append(plain, l)
+		}
+	}
+	if len(plain) != 1 {
+		t.Errorf("%d lines of error, want one:\n%s", len(plain), strings.Join(plain, "\n"))
+	}
+	if strings.Contains(out, "goroutine ") || strings.Contains(out, "panic") {
+		t.Errorf("output has a stack trace:\n%s", out)
+	}
+	var exists bool
+	if err := e.db.QueryRow(t.Context(), "SELECT EXISTS (SELECT FROM pg_replication_slots WHERE slot_name = $1)", slot).Scan(&exists); err != nil {
+		t.Fatal(err)
+	}
+	if exists {
+		t.Errorf("slot %s was created by a start that failed", slot)
 	}
 }

@@ -19,6 +19,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outboxrelay/outboxrelay/envelope"
 )
 
 //go:embed sql/*.sql
@@ -206,6 +208,9 @@ func Render(o Options) (string, error) {
 		"DebeziumTable":      dbz,
 		"Publication":        pgx.Identifier{o.Publication}.Sanitize(),
 		"PublicationLiteral": literal(o.Publication),
+		"EmitInsert":         emitInsert(table, o.Columns),
+		"ReservedNames":      reservedArray(false),
+		"ReservedPrefixes":   reservedArray(true),
 	}
 	names, err := fs.Glob(files, "sql/*.sql")
 	if err != nil {
@@ -333,7 +338,7 @@ func retentionIndex(ctx context.Context, conn *pgx.Conn, o Options) error {
 	}
 	for _, c := range o.Columns.required() {
 		if !slices.Contains(cols, c[0]) {
-			return fmt.Errorf("outbox table %s.%s has no column %q (postgres.columns.%s); map postgres.columns to its columns and run `outboxrelay migrate --config FILE` (see the README's \"Coming from Debezium\")", schema, name, c[0], c[1])
+			return fmt.Errorf("outbox table %s.%s has no column %q (postgres.columns.%s); map postgres.columns to its columns and run `outboxrelay migrate --config FILE` (see docs/debezium.md)", schema, name, c[0], c[1])
 		}
 	}
 	if o.Columns.CreatedAt == "" {
@@ -393,4 +398,43 @@ func retentionIndex(ctx context.Context, conn *pgx.Conn, o Options) error {
 		// IF NOT EXISTS also skips an index another migrate began building
 		// meanwhile: look again.
 	}
+}
+
+// emitInsert is the statement outboxrelay.emit writes the row with, into
+// the columns the mapping has; headers or a traceparent for a table without
+// their column are an error.
+func emitInsert(table string, c Columns) string {
+	cols := []string{c.AggregateType, c.AggregateID, c.EventType, c.Payload}
+	vals := []string{"emit.aggregate_type", "emit.aggregate_id", "emit.event_type", "emit.payload"}
+	var checks string
+	for _, o := range []struct{ col, val, key string }{{c.Headers, "emit.headers", "headers"}, {c.Traceparent, "emit.traceparent", "traceparent"}} {
+		if o.col != "" {
+			cols, vals = append(cols, o.col), append(vals, o.val)
+			continue
+		}
+		cond := "emit.traceparent IS NOT NULL"
+		if o.key == "headers" {
+			cond = "emit.headers <> '{}'"
+		}
+		checks += fmt.Sprintf("IF %s THEN\n        RAISE EXCEPTION 'outboxrelay.emit: the outbox table %%s has no %s column (postgres.columns.%s)', %s USING ERRCODE = '22023';\n    END IF;\n    ",
+			cond, o.key, o.key, literal(table))
+	}
+	for i, col := range cols {
+		cols[i] = pgx.Identifier{col}.Sanitize()
+	}
+	return fmt.Sprintf("%sINSERT INTO %s (%s) VALUES (%s) RETURNING %s INTO new_id;", checks, table,
+		strings.Join(cols, ", "), strings.Join(vals, ", "), pgx.Identifier{c.ID}.Sanitize())
+}
+
+// reservedArray is the SQL text[] of the reserved header names, or of the
+// reserved prefixes, in lower case: envelope's rule, so the function and
+// the relay agree.
+func reservedArray(prefixes bool) string {
+	var out []string
+	for _, f := range envelope.ReservedForms() {
+		if p, ok := strings.CutSuffix(f, "*"); ok == prefixes {
+			out = append(out, literal(p))
+		}
+	}
+	return "ARRAY[" + strings.Join(out, ", ") + "]::text[]"
 }

@@ -117,7 +117,7 @@ func ExampleWriter_Emit() {
 }
 
 // versions is a Validator that knows one schema version per event type;
-// a *schema.Set from github.com/outboxrelay/outboxrelay/schema checks the
+// a *schema.Set from github.com/outboxrelay/outboxrelay/outbox/schema checks the
 // payloads against JSON Schemas, as the relay does.
 type versions map[string]int
 

@@ -5,7 +5,9 @@ go 1.26.8
 require (
 	github.com/google/uuid v1.6.0
 	github.com/jackc/pgx/v5 v5.12.0
+	github.com/santhosh-tekuri/jsonschema/v6 v6.0.3
 	go.opentelemetry.io/otel/trace v1.47.0
+	golang.org/x/text v0.41.0
 )
 
 require (
@@ -13,5 +15,4 @@ require (
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	go.opentelemetry.io/otel v1.47.0 // indirect
-	golang.org/x/text v0.41.0 // indirect
 )

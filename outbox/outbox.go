@@ -30,7 +30,7 @@
 // Schema of its event type and version, the same folder the relay checks
 // (relay.schemas.dir):
 //
-//	set, err := schema.Load("schemas") // github.com/outboxrelay/outboxrelay/schema
+//	set, err := schema.Load("schemas") // github.com/outboxrelay/outboxrelay/outbox/schema
 //	w, err := outbox.New(outbox.Schemas(set))
 //
 // A payload that does not match is refused like any invalid event, before

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -80,6 +81,8 @@ type mapping struct {
 	table                                          string
 	id, aggType, aggID, eventType, payload         int
 	headers, traceparent, schemaVersion, createdAt int
+	key, timestamp                                 int
+	headerColumns                                  []int
 	payloadFormat                                  envelope.PayloadFormat
 }
 
@@ -119,6 +122,22 @@ func (b *Builder) mapping(ctx context.Context, rel *cdc.Relation) (*mapping, err
 		id:    idx(c.ID), aggType: idx(c.AggregateType), aggID: idx(c.AggregateID), eventType: idx(c.EventType),
 		payload: idx(c.Payload), headers: idx(c.Headers), traceparent: idx(c.Traceparent),
 		schemaVersion: idx(c.SchemaVersion), createdAt: idx(c.CreatedAt),
+		key: idx(c.Key), timestamp: idx(c.Timestamp),
+	}
+	for _, k := range []struct {
+		key, name string
+		i         int
+	}{{"columns.key", c.Key, mp.key}, {"columns.timestamp", c.Timestamp, mp.timestamp}} {
+		if k.name != "" && k.i < 0 {
+			return nil, &cdc.SetupError{Msg: fmt.Sprintf("outbox table %s has no column %q that postgres.%s names", mp.table, k.name, k.key)}
+		}
+	}
+	for _, h := range b.cfg.HeaderColumns {
+		i := idx(h)
+		if i < 0 {
+			return nil, &cdc.SetupError{Msg: fmt.Sprintf("outbox table %s has no column %q that postgres.header_columns names", mp.table, h)}
+		}
+		mp.headerColumns = append(mp.headerColumns, i)
 	}
 	for name, i := range map[string]int{c.ID: mp.id, c.AggregateType: mp.aggType, c.AggregateID: mp.aggID, c.EventType: mp.eventType, c.Payload: mp.payload} {
 		if i < 0 {
@@ -176,7 +195,8 @@ func (b *Builder) buildRow(mp *mapping, ins *cdc.Insert) (*Message, error) {
 		}
 		em.Payload = raw
 	}
-	if em.Payload == nil {
+	if em.Payload == nil && b.cfg.Format != FormatDebezium {
+		// The debezium format sends a tombstone instead (finish).
 		errs = append(errs, fmt.Errorf("column %s is null", c.Payload))
 	}
 	if val := col(v, mp.schemaVersion); val != nil {
@@ -193,7 +213,27 @@ func (b *Builder) buildRow(mp *mapping, ins *cdc.Insert) (*Message, error) {
 			em.OccurredAt = t
 		}
 	}
-	return b.finish(&em, mp.table, envelope.TraceparentColumn(string(col(v, mp.traceparent))), ins.LSN, errs)
+	var ts time.Time
+	if mp.timestamp >= 0 {
+		t, err := envelope.ParseTimestamp(v[mp.timestamp])
+		if err != nil {
+			errs = append(errs, fmt.Errorf("column %s (postgres.columns.timestamp): %w", c.Timestamp, err))
+		} else {
+			em.OccurredAt, ts = t, t
+		}
+	}
+	key := em.AggregateID
+	if mp.key >= 0 {
+		key = req(mp.key, c.Key)
+	}
+	m, err := b.finish(&em, mp.table, envelope.TraceparentColumn(string(col(v, mp.traceparent))), ins.LSN, errs)
+	m.Key, m.Timestamp = key, ts
+	for j, i := range mp.headerColumns {
+		if v[i] != nil {
+			m.Headers = append(m.Headers, envelope.Header{Key: b.cfg.HeaderColumns[j], Value: string(v[i])})
+		}
+	}
+	return m, err
 }
 
 func (b *Builder) buildEmitted(lm *cdc.LogicalMessage) (*Message, error) {
@@ -212,7 +252,8 @@ func (b *Builder) buildEmitted(lm *cdc.LogicalMessage) (*Message, error) {
 }
 
 func (b *Builder) finish(em *envelope.Message, table, traceparent string, lsn cdc.LSN, errs []error) (*Message, error) {
-	if len(errs) == 0 && b.cfg.Validator != nil {
+	tombstone := b.cfg.Format == FormatDebezium && em.Payload == nil
+	if len(errs) == 0 && b.cfg.Validator != nil && !tombstone {
 		if err := b.cfg.Validator.Validate(em); err != nil {
 			errs = append(errs, err)
 		}
@@ -229,7 +270,7 @@ func (b *Builder) finish(em *envelope.Message, table, traceparent string, lsn cd
 	}
 	m := &Message{
 		ID: em.MessageID, AggregateType: em.AggregateType, AggregateID: em.AggregateID, EventType: em.EventType,
-		Table: table, Traceparent: em.Traceparent, Format: b.cfg.Format,
+		Key: em.AggregateID, Table: table, Traceparent: em.Traceparent, Format: b.cfg.Format, Tombstone: tombstone,
 		CommitTime: b.tx.CommitTime, LSN: lsn, CommitLSN: b.tx.FinalLSN,
 	}
 	m.Headers, m.Tracestate = b.brokerHeaders(m, headers, traceparent)

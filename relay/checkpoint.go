@@ -128,7 +128,7 @@ func (c *checkpointer) save(ctx context.Context, lsn cdc.LSN) error {
 
 // resume prepares a session's start: what this process confirmed
 // unrecorded is recorded, then the slot's position is checked against the
-// record (Options.Checkpoint.Verify).
+// record (Options.Checkpoint.CheckSlot).
 func (c *checkpointer) resume(ctx context.Context, slotConfirmed cdc.LSN) error {
 	if c.unrecorded.Load() {
 		// What this process confirmed unrecorded must be on record before the
@@ -149,7 +149,7 @@ func (c *checkpointer) resume(ctx context.Context, slotConfirmed cdc.LSN) error 
 		}
 	}
 	if c.cfg.Checkpoint != nil {
-		if err := c.cfg.Checkpoint.Verify(ctx, slotConfirmed); err != nil {
+		if err := c.cfg.Checkpoint.CheckSlot(ctx, slotConfirmed); err != nil {
 			return err
 		}
 	}

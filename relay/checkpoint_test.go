@@ -70,8 +70,8 @@ func TestCheckpointerConfirmsUnrecordedOnlyWhenPostgresStops(t *testing.T) {
 }
 
 // confirmFunc is a Checkpoint whose Confirm is the function and whose
-// Verify accepts every slot.
+// CheckSlot accepts every slot.
 type confirmFunc func(ctx context.Context, lsn cdc.LSN) error
 
 func (f confirmFunc) Confirm(ctx context.Context, lsn cdc.LSN) error { return f(ctx, lsn) }
-func (confirmFunc) Verify(context.Context, cdc.LSN) error            { return nil }
+func (confirmFunc) CheckSlot(context.Context, cdc.LSN) error         { return nil }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/outboxrelay/outboxrelay/cdc"
+	"github.com/outboxrelay/outboxrelay/envelope"
 )
 
 // Columns names the outbox table's columns. Empty optional names mean the
@@ -22,6 +23,16 @@ type Columns struct {
 	Traceparent   string `yaml:"traceparent"`
 	SchemaVersion string `yaml:"schema_version"`
 	CreatedAt     string `yaml:"created_at"`
+	// Key is the column whose value is the Kafka record key; empty means
+	// the aggregate id. Per-aggregate order holds per aggregate whatever
+	// the key: a key other than the aggregate id may spread an
+	// aggregate's records over partitions.
+	Key string `yaml:"key"`
+	// Timestamp is a timestamptz column that becomes the record timestamp
+	// (Kafka's timestamp, AMQP's timestamp property) and the envelope's
+	// occurred_at (CloudEvents time); empty: occurred_at from CreatedAt,
+	// and the brokers' own timestamps.
+	Timestamp string `yaml:"timestamp"`
 }
 
 // DefaultColumns are the column names of the table `outboxrelay migrate` creates.
@@ -92,6 +103,10 @@ type Outbox struct {
 	// MessagePrefix is the prefix of table-less outbox messages
 	// (pg_logical_emit_message); default "outboxrelay".
 	MessagePrefix string `yaml:"message_prefix"`
+	// HeaderColumns are further columns of the table sent as broker
+	// headers named for the column, after the row's headers; a NULL value
+	// sends no header.
+	HeaderColumns []string `yaml:"header_columns"`
 }
 
 // Envelope chooses the body format; it is the configuration file's
@@ -186,6 +201,14 @@ func (o Outbox) Validate() error {
 			errs = append(errs, fmt.Errorf("postgres.columns.%s must name a column", k.key))
 		}
 	}
+	for _, h := range o.HeaderColumns {
+		switch {
+		case h == "":
+			errs = append(errs, errors.New("postgres.header_columns has an empty column name"))
+		case envelope.Reserved(h):
+			errs = append(errs, fmt.Errorf("postgres.header_columns: %q is a header name the relay owns (%s); rename the column or leave it out", h, envelope.ReservedAs(h)))
+		}
+	}
 	return errors.Join(errs...)
 }
 
@@ -201,6 +224,9 @@ func (Outbox) Docs() map[string]string {
 		"columns.traceparent":    "W3C traceparent (or Debezium `tracingspancontext`); empty when none",
 		"columns.schema_version": "integer `schema_version`; empty means 1",
 		"columns.created_at":     "timestamptz for `occurred_at` and retention; empty means the commit time",
+		"columns.key":            "column for the Kafka record key; empty means `aggregate_id` (Debezium's `table.field.event.key`)",
+		"columns.timestamp":      "timestamptz column for the record timestamp (Kafka timestamp, AMQP timestamp, `occurred_at` and CloudEvents `time`); empty means the brokers' own",
+		"header_columns":         "further columns sent as broker headers named for the column (Debezium's `table.fields.additional.placement` `header`)",
 		"message_prefix":         "prefix of table-less `pg_logical_emit_message` events",
 	}
 }

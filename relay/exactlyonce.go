@@ -81,7 +81,7 @@ func (t *txnBatch) fits(size int, cfg *settings) error {
 // position read again before the first transaction of the session.
 func (h *handler) settleSink(ctx context.Context) error {
 	for {
-		n, drained := h.tracker.inflight()
+		n, drained := h.tracker.inFlight()
 		if n == 0 {
 			break
 		}

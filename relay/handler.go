@@ -62,7 +62,7 @@ func (h *handler) Confirmed() cdc.LSN { return h.cp.confirmed() }
 // the window was full waits for this to reach 0 before resuming from the
 // slot; counting them, it waited for good.
 func (h *handler) Unacknowledged() int {
-	n, _ := h.tracker.inflight()
+	n, _ := h.tracker.inFlight()
 	if h.batch != nil {
 		n -= int(h.batch.held.Load())
 	}
@@ -74,7 +74,7 @@ func (h *handler) Unacknowledged() int {
 // refuses it, so Room lets its next change through to fail there.
 func (h *handler) Room() <-chan struct{} {
 	room := h.window.full()
-	if room != nil && h.batch != nil && len(h.batch.msgs) > 0 && len(h.batch.msgs) >= h.window.inflight() {
+	if room != nil && h.batch != nil && len(h.batch.msgs) > 0 && len(h.batch.msgs) >= h.window.inFlight() {
 		return nil
 	}
 	return room
@@ -103,7 +103,7 @@ func (h *handler) Drain(ctx context.Context) error {
 		defer func() { _ = h.cp.record(context.WithoutCancel(ctx)) }()
 	}
 	for {
-		n, drained := h.tracker.inflight()
+		n, drained := h.tracker.inFlight()
 		if n == 0 {
 			return nil
 		}

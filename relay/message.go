@@ -49,6 +49,17 @@ type Message struct {
 	// header mapping adds the headers a format defines (the id header of
 	// FormatDebezium).
 	Format Format
+	// Key is the record key: the aggregate id, or the column
+	// Columns.Key names. A sink with record keys uses Key, or AggregateID
+	// when Key is empty.
+	Key string
+	// Timestamp is the record timestamp from the column Columns.Timestamp
+	// names; zero when none is configured (the broker's own time).
+	Timestamp time.Time
+	// Tombstone is a debezium-format message whose payload was NULL: a
+	// Kafka record with a null value, an empty body elsewhere, as
+	// Debezium's router sends it with route.tombstone.on.empty.payload.
+	Tombstone bool
 	// CommitTime is the commit time of the source transaction.
 	CommitTime time.Time
 	// LSN is the WAL position of the row; CommitLSN that of its transaction's commit.

@@ -50,9 +50,9 @@ type Checkpoint interface {
 	// Confirm durably records lsn before the relay confirms it to
 	// PostgreSQL.
 	Confirm(ctx context.Context, lsn cdc.LSN) error
-	// Verify checks the slot's confirmed position against the record when
+	// CheckSlot checks the slot's confirmed position against the record when
 	// a session starts.
-	Verify(ctx context.Context, slotConfirmed cdc.LSN) error
+	CheckSlot(ctx context.Context, slotConfirmed cdc.LSN) error
 }
 
 // DeadLetters stores messages the broker will never take.

@@ -20,7 +20,7 @@ import (
 
 // Relay moves committed outbox rows from a Source to a Sink. Run it once:
 // Run owns every goroutine of the relay and stops them all before it
-// returns. Fail, Inflight, LagSince, Retrying and Unanswered are safe for
+// returns. Fail, InFlight, LagSince, Retrying and Unanswered are safe for
 // concurrent use, before, during and after Run.
 type Relay struct {
 	// Relay is the lifecycle: Run starts every goroutine of the pipeline
@@ -149,9 +149,9 @@ func (r *Relay) Run(ctx context.Context, src Source) error {
 // first error counts.
 func (r *Relay) Fail(err error) { r.failure.fail(err) }
 
-// Inflight returns the number of messages handed to the sink and not yet
+// InFlight returns the number of messages handed to the sink and not yet
 // acknowledged. Safe for concurrent use.
-func (r *Relay) Inflight() int { return r.window.inflight() }
+func (r *Relay) InFlight() int { return r.window.inFlight() }
 
 // LagSince returns the commit time that replication lag in seconds counts
 // from: that of the oldest committed message the broker has not

@@ -12,7 +12,8 @@ import (
 // acknowledged (or dead-lettered), so a sink's failures, whatever they do to
 // the messages behind the failed one, never reorder an aggregate.
 //
-// Implementations: sinks/kafka, sinks/rabbitmq.
+// Implementations: the packages under sinks/ (kafka, nats, rabbitmq,
+// redis, webhook); each registers itself with package sinks.
 type Sink interface {
 	// Publish starts publishing m and returns without waiting for the
 	// broker. It must call done exactly once for m, with nil once the broker

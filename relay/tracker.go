@@ -166,9 +166,9 @@ func (t *tracker) raiseLocked(lsn pglogrepl.LSN) {
 	}
 }
 
-// inflight returns the number of unacknowledged messages and a channel
+// inFlight returns the number of unacknowledged messages and a channel
 // closed when that number next drops to zero.
-func (t *tracker) inflight() (int, <-chan struct{}) {
+func (t *tracker) inFlight() (int, <-chan struct{}) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.pending, t.drained

@@ -47,7 +47,7 @@ func TestTrackerWatermarkIsContiguous(t *testing.T) {
 	}
 }
 
-func TestTrackerKeepaliveWaitsForInflight(t *testing.T) {
+func TestTrackerKeepaliveWaitsForInFlight(t *testing.T) {
 	tr := newTracker()
 	a := tr.begin()
 	tr.add(a)
@@ -79,7 +79,7 @@ func TestTrackerResetAbandonsOpenTransaction(t *testing.T) {
 	if got := tr.Confirmed(); got != pglogrepl.LSN(900) {
 		t.Fatalf("confirmed %v, want 900", got)
 	}
-	if n, _ := tr.inflight(); n != 0 {
+	if n, _ := tr.inFlight(); n != 0 {
 		t.Fatalf("inflight %d, want 0", n)
 	}
 }

@@ -12,7 +12,7 @@ import (
 
 	"github.com/outboxrelay/outboxrelay/cdc"
 	"github.com/outboxrelay/outboxrelay/envelope"
-	"github.com/outboxrelay/outboxrelay/internal/schema"
+	"github.com/outboxrelay/outboxrelay/outbox/schema"
 	"github.com/outboxrelay/outboxrelay/relay"
 )
 

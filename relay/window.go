@@ -72,7 +72,7 @@ func (w *window) release(size int) {
 	w.mu.Unlock()
 }
 
-func (w *window) inflight() int {
+func (w *window) inFlight() int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.msgs

@@ -163,8 +163,8 @@ func TestWindowBoundsMessagesInFlight(t *testing.T) {
 			if full := src.full(); tc.askRoom && (len(full) != 1 || full[0] != total) {
 				t.Fatalf("Room reported the window full before messages %v, want before message %d only", full, total)
 			}
-			if r.Inflight() != total {
-				t.Fatalf("Inflight() = %d, want %d", r.Inflight(), total)
+			if r.InFlight() != total {
+				t.Fatalf("InFlight() = %d, want %d", r.InFlight(), total)
 			}
 
 			// Three acknowledgements free room for exactly three more.

@@ -8,7 +8,8 @@ import (
 )
 
 // Lifecycle is the start and stop of a sink that sends from its own Run
-// (a relay.Runner, as the NATS and Redis sinks are): one Run at a time,
+// (a relay.Runner: the NATS, Redis, RabbitMQ, webhook and Kafka
+// transactional sinks): one Run at a time,
 // and Close ends it and waits until it has returned. Create it with
 // NewLifecycle; it is safe for concurrent use.
 type Lifecycle struct {
@@ -53,6 +54,20 @@ func (l *Lifecycle) Stop(lock sync.Locker) bool {
 	//lint:ignore SA2001 a barrier, not a critical section: Run holds run while it runs
 	l.run.Unlock()
 	return true
+}
+
+// Context returns a context of ctx that is cancelled, too, when Stop is
+// called: the context of the work of Run. Run calls cancel as it returns.
+func (l *Lifecycle) Context(ctx context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(ctx)
+	go func() {
+		select {
+		case <-l.quit:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, cancel
 }
 
 // Quit is closed by Stop.

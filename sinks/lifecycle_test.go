@@ -1,6 +1,7 @@
 package sinks
 
 import (
+	"context"
 	"sync"
 	"testing"
 	"time"
@@ -45,4 +46,30 @@ func TestLifecycle(t *testing.T) {
 		t.Fatalf("Run after Close: %v", err)
 	}
 	l.Exit()
+}
+
+// TestLifecycleContext: Run's context ends with Stop, with its parent, and
+// with cancel, whichever comes first.
+func TestLifecycleContext(t *testing.T) {
+	l := NewLifecycle("test")
+	ctx, cancel := l.Context(context.Background())
+	defer cancel()
+	if ctx.Err() != nil {
+		t.Fatal("cancelled before Stop")
+	}
+	var mu sync.Mutex
+	if !l.Stop(&mu) {
+		t.Fatal("Stop reported stopped before")
+	}
+	select {
+	case <-ctx.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("Stop did not cancel Run's context")
+	}
+
+	parent, cancelParent := context.WithCancel(context.Background())
+	ctx2, cancel2 := NewLifecycle("test").Context(parent)
+	defer cancel2()
+	cancelParent()
+	<-ctx2.Done() // the parent's cancellation reaches it at once
 }

@@ -32,25 +32,26 @@ import (
 // tagged secret:"url" or secret:"text" is hidden when the configuration is
 // printed and may be read from its _file sibling. Fields tagged yaml:"-"
 // are for programs that use the sink package directly.
+type Settings interface {
+	// Validate reports every problem at once, each one sentence naming the
+	// key under sink.<name> to fix.
+	Validate() error
+	// Warnings lists settings that work but leave something exposed, and
+	// deprecated keys that are set ([Renamed]), each naming the setting and
+	// its fix.
+	Warnings() []string
+	// Open creates the sink and checks that its broker answers, so that an
+	// unreachable broker or a rejected login at start is one clear error
+	// that names the settings to check. The caller closes the sink.
+	Open(ctx context.Context, log *zap.Logger) (relay.Sink, error)
+}
+
 // FormatChecker is implemented by the Settings of a sink whose options
 // depend on envelope.format. The configuration calls it at load time, so
 // that a combination that could never publish is refused before the relay
 // starts, naming both settings.
 type FormatChecker interface {
 	CheckFormat(format relay.Format) error
-}
-
-type Settings interface {
-	// Validate reports every problem at once, each one sentence naming the
-	// key under sink.<name> to fix.
-	Validate() error
-	// Warnings lists settings that work but leave something exposed, each
-	// naming the setting and its fix.
-	Warnings() []string
-	// Open creates the sink and checks that its broker answers, so that an
-	// unreachable broker or a rejected login at start is one clear error
-	// that names the settings to check. The caller closes the sink.
-	Open(ctx context.Context, log *zap.Logger) (relay.Sink, error)
 }
 
 // Type is a registered sink.

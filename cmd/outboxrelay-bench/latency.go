@@ -41,9 +41,11 @@ type latencyResult struct {
 	// The relay's own view, from its end_to_end_latency_seconds histogram
 	// (commit to the broker's ack, as the relay sees it): the upper bounds
 	// of the buckets that hold the median and the 99th percentile, in
-	// milliseconds, and the cumulative counts per bucket.
-	RelayP50Le      float64            `json:"relay_histogram_p50_le_ms"`
-	RelayP99Le      float64            `json:"relay_histogram_p99_le_ms"`
+	// milliseconds (null when they cannot be computed: no histogram, no
+	// sample, or a quantile in the +Inf bucket), and the cumulative counts
+	// per bucket.
+	RelayP50Le      *float64           `json:"relay_histogram_p50_le_ms"`
+	RelayP99Le      *float64           `json:"relay_histogram_p99_le_ms"`
 	RelayBuckets    map[string]float64 `json:"relay_histogram_buckets,omitempty"`
 	RelayCPUSeconds float64            `json:"relay_cpu_seconds"`
 	// RelayCPUPerRow is RelayCPUSeconds per received row in microseconds;
@@ -377,39 +379,88 @@ func scrapeLatency(ctx context.Context, listen string) ([]bucket, error) {
 	if err != nil {
 		return nil, err
 	}
-	const name = "outboxrelay_end_to_end_latency_seconds_bucket{le=\""
-	var out []bucket
+	return parseLatency(body)
+}
+
+// parseLatency returns the end_to_end_latency_seconds buckets in body, a
+// Prometheus text exposition, ordered by upper bound. The series carry
+// labels besides le (the slot, in any order): buckets with the same upper
+// bound are summed over them.
+func parseLatency(body string) ([]bucket, error) {
+	const name = "outboxrelay_end_to_end_latency_seconds_bucket{"
+	counts := map[float64]float64{}
 	for line := range strings.SplitSeq(body, "\n") {
 		rest, ok := strings.CutPrefix(line, name)
 		if !ok {
 			continue
 		}
-		le, count, ok := strings.Cut(rest, "\"} ")
+		labels, count, ok := strings.Cut(rest, "} ")
+		if !ok {
+			continue
+		}
+		le, ok := labelValue(labels, "le")
 		if !ok {
 			continue
 		}
 		l, err1 := strconv.ParseFloat(le, 64)
 		c, err2 := strconv.ParseFloat(strings.TrimSpace(count), 64)
-		if err1 == nil && err2 == nil {
-			out = append(out, bucket{le: l, count: c})
+		if err1 != nil || err2 != nil {
+			return nil, fmt.Errorf("unreadable latency bucket %q", line)
 		}
+		counts[l] += c
 	}
-	if len(out) == 0 {
+	if len(counts) == 0 {
 		return nil, errors.New("no end_to_end_latency_seconds histogram in /metrics")
 	}
+	out := make([]bucket, 0, len(counts))
+	for l, c := range counts {
+		out = append(out, bucket{le: l, count: c})
+	}
+	slices.SortFunc(out, func(a, b bucket) int { return cmpFloat(a.le, b.le) })
 	return out, nil
 }
 
+// labelValue returns the value of label key in labels, the text between a
+// sample's braces (k1="v1",k2="v2"); values here hold no escaped quotes.
+func labelValue(labels, key string) (string, bool) {
+	for labels != "" {
+		k, rest, ok := strings.Cut(labels, "=\"")
+		if !ok {
+			return "", false
+		}
+		v, rest, ok := strings.Cut(rest, "\"")
+		if !ok {
+			return "", false
+		}
+		if strings.TrimSpace(k) == key {
+			return v, true
+		}
+		labels = strings.TrimPrefix(rest, ",")
+	}
+	return "", false
+}
+
 // bucketQuantile returns the upper bound, in milliseconds, of the bucket
-// holding the q-quantile.
-func bucketQuantile(bs []bucket, q float64) float64 {
+// holding the q-quantile, or nil when it cannot be computed: no sample, or
+// the quantile lies beyond the last finite bound.
+func bucketQuantile(bs []bucket, q float64) *float64 {
+	if len(bs) == 0 {
+		return nil
+	}
 	total := bs[len(bs)-1].count
+	if total <= 0 {
+		return nil
+	}
 	for _, b := range bs {
 		if b.count >= q*total {
-			return b.le * 1000
+			if math.IsInf(b.le, 1) {
+				return nil
+			}
+			v := b.le * 1000
+			return &v
 		}
 	}
-	return math.Inf(1)
+	return nil
 }
 
 func freeAddr() (string, error) {

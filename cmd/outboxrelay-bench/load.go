@@ -27,7 +27,21 @@ type workload struct {
 	// workloads spread rows over 1,000: against 1kb-x100 it shows what the
 	// per-aggregate ordering guarantee costs when nothing can overlap.
 	HotAggregate bool `json:"hot_aggregate,omitempty"`
-	Headline     bool `json:"headline"`
+	// Aggregates spreads the rows over this many aggregate_ids instead of
+	// 1,000 (0): 64 shows a backlog with few active aggregates.
+	Aggregates int  `json:"aggregates,omitempty"`
+	Headline   bool `json:"headline"`
+}
+
+// aggregates returns how many aggregate_ids w's rows are spread over.
+func (w workload) aggregates() int {
+	switch {
+	case w.HotAggregate:
+		return 1
+	case w.Aggregates > 0:
+		return w.Aggregates
+	}
+	return 1000
 }
 
 func (w workload) payloadBytes() float64 { return float64(w.Rows) * float64(w.Payload) }
@@ -49,11 +63,11 @@ type rowGen struct {
 	rnd  *rand.Rand
 	raw  []byte
 	seq  int
-	hot  bool // one aggregate_id for every row
+	aggs int // aggregate_ids the rows are spread over; 1 is order-hot
 }
 
 func newRowGen(size int) *rowGen {
-	return &rowGen{size: size, rnd: rand.New(rand.NewPCG(1, uint64(size)))}
+	return &rowGen{size: size, rnd: rand.New(rand.NewPCG(1, uint64(size))), aggs: 1000}
 }
 
 // next appends the four parameters of the next row: aggregate_type,
@@ -83,8 +97,8 @@ func (g *rowGen) next(params [][]byte) [][]byte {
 	p = hex.AppendEncode(p, raw)[:len(p)+n]
 	p = append(p, end...)
 	agg := "order-hot"
-	if !g.hot {
-		agg = "order-" + strconv.Itoa(g.seq%1000)
+	if g.aggs > 1 {
+		agg = "order-" + strconv.Itoa(g.seq%g.aggs)
 	}
 	return append(params, []byte("order"), []byte(agg), []byte("order.created"), p)
 }
@@ -120,7 +134,7 @@ func load(ctx context.Context, url string, w workload) (end pglogrepl.LSN, err e
 	}
 	pc := conn.PgConn()
 	gen := newRowGen(w.Payload)
-	gen.hot = w.HotAggregate
+	gen.aggs = w.aggregates()
 	prepared := map[int]bool{}
 	p := pc.StartPipeline(ctx)
 	defer func() {

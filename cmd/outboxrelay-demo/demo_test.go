@@ -27,7 +27,7 @@ func TestDemo(t *testing.T) {
 	err := demo(t.Context(), &out, &logs)
 	if errors.Is(err, pgserver.ErrNoBinaries) {
 		if os.Getenv("CI") == "true" {
-			t.Fatalf("%v; CI must install them (see .ci/run)", err)
+			t.Fatalf("%v; CI must install them (see .ci/services)", err)
 		}
 		t.Skipf("%v (set CI=true to make this a failure)", err)
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -20,6 +21,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/outboxrelay/outboxrelay/internal/app"
 	"github.com/outboxrelay/outboxrelay/internal/config"
 	"github.com/outboxrelay/outboxrelay/internal/store"
 	"github.com/outboxrelay/outboxrelay/relay"
@@ -200,30 +202,18 @@ func parseBefore(s string, now time.Time) (time.Time, error) {
 }
 
 func replay(ctx context.Context, cfg config.Config, dead *store.DeadLetters, f store.DeadLetterFilter, bar *progress, log *zap.Logger) (store.Replayed, error) {
-	sink, err := openSink(ctx, cfg, log)
-	if err != nil {
-		return store.Replayed{}, err
-	}
-	runCtx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if r, ok := sink.(relay.Runner); ok {
-			_ = r.Run(runCtx)
-		}
-	}()
-	var publish relay.Sink = sink
+	var wrap func(relay.Sink) relay.Sink
 	if bar != nil {
-		publish = &countingSink{Sink: sink, acked: func(n int64) { bar.set(n) }}
+		wrap = func(sink relay.Sink) relay.Sink {
+			return &countingSink{Sink: sink, acked: func(n int64) { bar.set(n) }}
+		}
 	}
-	n, err := dead.Replay(ctx, publish, f)
+	n, err := app.ReplayDeadLetters(ctx, cfg, dead, f, wrap, log)
 	if bar != nil {
 		bar.done()
 	}
-	cancel()
-	<-done
-	if cerr := sink.Close(); cerr != nil && err == nil {
-		err = cerr
+	if se := (*app.SinkError)(nil); errors.As(err, &se) {
+		return n, usageErr("%v", se.Err)
 	}
 	return n, err
 }

@@ -77,7 +77,7 @@ func cmdMigrate(args []string, stdout, stderr io.Writer) error {
 			// The relay reads one shape, postgres.columns: with a
 			// configuration, the Debezium table is its outbox table.
 			if c.AggregateType != "aggregatetype" || c.AggregateID != "aggregateid" || c.EventType != "type" {
-				return usageErr("migrate: --debezium with --config creates the configuration's tables in Debezium's shape, and postgres.columns does not map Debezium's aggregatetype, aggregateid and type; set the mapping of the README's \"Coming from Debezium\", or drop --debezium")
+				return usageErr("migrate: --debezium with --config creates the configuration's tables in Debezium's shape, and postgres.columns does not map Debezium's aggregatetype, aggregateid and type; set the mapping of docs/debezium.md, or drop --debezium")
 			}
 			o.Debezium = false
 		}

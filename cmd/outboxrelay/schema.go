@@ -7,7 +7,7 @@ import (
 	"io"
 	"path/filepath"
 
-	"github.com/outboxrelay/outboxrelay/internal/schema"
+	"github.com/outboxrelay/outboxrelay/outbox/schema"
 )
 
 // cmdSchema runs `outboxrelay schema check DIR`: it prints every

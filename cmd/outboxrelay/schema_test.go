@@ -14,11 +14,11 @@ func TestSchemaCheckCommand(t *testing.T) {
 		code       int
 		out, trail string
 	}{
-		{"../../internal/schema/testdata/check/compatible", exitOK, "schemas in ../../internal/schema/testdata/check/compatible evolve compatibly\n", ""},
-		{"../../internal/schema/testdata/check/incompatible", exitUnhealthy,
-			`../../internal/schema/testdata/check/incompatible/order.created/v2.json#/properties/status/enum: enum value "paid" removed`,
-			"outboxrelay: schema check: 10 incompatible changes or broken rules in ../../internal/schema/testdata/check/incompatible; fix them, or publish the change as a new event type\n"},
-		{"../../internal/schema/testdata/none", exitUsage, "", "outboxrelay: schema check: read schema folder:"},
+		{"../../outbox/schema/testdata/check/compatible", exitOK, "schemas in ../../outbox/schema/testdata/check/compatible evolve compatibly\n", ""},
+		{"../../outbox/schema/testdata/check/incompatible", exitUnhealthy,
+			`../../outbox/schema/testdata/check/incompatible/order.created/v2.json#/properties/status/enum: enum value "paid" removed`,
+			"outboxrelay: schema check: 10 incompatible changes or broken rules in ../../outbox/schema/testdata/check/incompatible; fix them, or publish the change as a new event type\n"},
+		{"../../outbox/schema/testdata/none", exitUsage, "", "outboxrelay: schema check: read schema folder:"},
 	} {
 		var stdout, stderr bytes.Buffer
 		code := runMain([]string{"schema", "check", tc.dir}, &stdout, &stderr)

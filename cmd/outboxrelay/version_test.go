@@ -87,12 +87,12 @@ func TestVersionJSONWithoutLdflags(t *testing.T) {
 
 // skipUnlessCI skips t with the message, or fails it when the CI
 // environment variable is "true": CI runs on a git checkout with make and
-// git installed (.ci/run), so a missing one there is a broken setup.
+// git installed (.ci/services), so a missing one there is a broken setup.
 func skipUnlessCI(t *testing.T, format string, args ...any) {
 	t.Helper()
 	msg := fmt.Sprintf(format, args...)
 	if os.Getenv("CI") == "true" {
-		t.Fatalf("%s; CI must provide make, git and a checkout (see .ci/run)", msg)
+		t.Fatalf("%s; CI must provide make, git and a checkout (see .ci/services)", msg)
 	}
 	t.Skipf("%s (set CI=true to make this a failure)", msg)
 }

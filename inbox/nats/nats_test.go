@@ -17,7 +17,7 @@ import (
 	"github.com/outboxrelay/outboxrelay/inbox/internal/pgtest"
 )
 
-// natsURL is the NATS JetStream the tests use (.ci/run starts it);
+// natsURL is the NATS JetStream the tests use (.ci/services starts it);
 // OUTBOXRELAY_NATS_URL overrides.
 func natsURL() string {
 	if u := os.Getenv("OUTBOXRELAY_NATS_URL"); u != "" {

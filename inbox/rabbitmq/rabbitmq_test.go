@@ -16,7 +16,7 @@ import (
 	"github.com/outboxrelay/outboxrelay/inbox/internal/pgtest"
 )
 
-// amqpURL is the RabbitMQ the tests use (.ci/run starts it);
+// amqpURL is the RabbitMQ the tests use (.ci/services starts it);
 // OUTBOXRELAY_RABBITMQ_URL overrides.
 func amqpURL() string {
 	if u := os.Getenv("OUTBOXRELAY_RABBITMQ_URL"); u != "" {

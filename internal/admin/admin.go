@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/url"
 	"strings"
 	"time"
 
@@ -39,6 +40,13 @@ type Config struct {
 	// is bounded by StatusTimeout (default 5s). Nil disables /status.
 	Status        func(ctx context.Context) (store.Status, error)
 	StatusTimeout time.Duration
+	// ReadyQuery, when set, replaces Ready and Standby: /readyz answers 200
+	// when it returns nil for the request's query (a process of many
+	// pipelines reads pipeline= and standby=), 503 with the reason otherwise.
+	ReadyQuery func(q url.Values) error
+	// Routes adds routes to the endpoint's; protect wraps a handler in the
+	// bearer token check of /status and /metrics.
+	Routes func(mux *http.ServeMux, protect func(http.Handler) http.Handler)
 	// Metrics serves /metrics. Nil disables it.
 	Metrics http.Handler
 	// Token, when set, is the bearer token /status and /metrics require
@@ -142,6 +150,9 @@ func (s *Server) Handler() http.Handler {
 	if s.cfg.Metrics != nil {
 		mux.Handle("GET /metrics", s.protect(s.cfg.Metrics))
 	}
+	if s.cfg.Routes != nil {
+		s.cfg.Routes(mux, s.protect)
+	}
 	return mux
 }
 
@@ -167,6 +178,14 @@ func (s *Server) protect(h http.Handler) http.Handler {
 }
 
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
+	if s.cfg.ReadyQuery != nil {
+		if err := s.cfg.ReadyQuery(r.URL.Query()); err != nil {
+			text(w, http.StatusServiceUnavailable, "not ready: "+err.Error())
+			return
+		}
+		text(w, http.StatusOK, "ready")
+		return
+	}
 	if s.cfg.Ready != nil {
 		if err := s.cfg.Ready(); err != nil {
 			if r.URL.Query().Get("standby") == "ok" && s.cfg.Standby != nil && s.cfg.Standby() {
@@ -199,6 +218,9 @@ func text(w http.ResponseWriter, code int, body string) {
 	w.WriteHeader(code)
 	_, _ = fmt.Fprintln(w, body)
 }
+
+// WriteJSON answers with v as JSON, never cached.
+func WriteJSON(w http.ResponseWriter, code int, v any) { writeJSON(w, code, v) }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {
 	body, err := json.Marshal(v)

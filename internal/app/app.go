@@ -12,9 +12,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
 
@@ -38,6 +40,13 @@ type Options struct {
 	// Version and Revision label the build_info metric, the start log
 	// line and the spans' service.version.
 	Version, Revision string
+	// Pipeline names the pipeline in its log lines (the pipeline field;
+	// empty: config.DefaultPipeline) and, under a Process, its metrics
+	// (the pipeline label).
+	Pipeline string
+	// PerPipeline is set by Process for each of its pipelines: the
+	// metrics leave out the process's series, which Process serves once.
+	PerPipeline bool
 }
 
 // App is the relay and the parts that report on it, wired from one
@@ -48,6 +57,7 @@ type App struct {
 	opts     Options
 	validate relay.Validator // nil: no schemas
 	started  chan struct{}
+	wired    atomic.Pointer[run] // the run once wire has built its relay
 }
 
 // New checks what can be checked without connecting (the schema folder)
@@ -56,6 +66,10 @@ func New(cfg config.Config, log *zap.Logger, opts Options) (*App, error) {
 	if log == nil {
 		log = zap.NewNop()
 	}
+	if opts.Pipeline == "" {
+		opts.Pipeline = config.DefaultPipeline
+	}
+	log = log.With(zap.String("pipeline", opts.Pipeline))
 	validate, err := SchemaValidator(cfg.Relay.Schemas)
 	if err != nil {
 		return nil, err
@@ -84,6 +98,7 @@ func (a *App) Started() <-chan struct{} { return a.started }
 func (a *App) Run(ctx context.Context) error {
 	r := &run{App: a}
 	defer r.undo()
+	defer a.wired.Store(nil)
 	// A cancellation during startup is a request to stop, not a failure.
 	startErr := func(err error) error {
 		if ctx.Err() != nil {
@@ -126,12 +141,52 @@ type run struct {
 	dur      *durability
 	guard    *cdc.Guard
 	// wire
-	progress  *store.Progress
-	metrics   *metrics.Metrics
-	relay     *relay.Relay
-	srv       *admin.Server
-	relayCtx  context.Context // /readyz and serve read whether it ended
-	stopRelay context.CancelFunc
+	progress   *store.Progress
+	metrics    *metrics.Metrics
+	relay      *relay.Relay
+	srv        *admin.Server
+	relayCtx   context.Context // /readyz and serve read whether it ended
+	stopRelay  context.CancelFunc
+	readStatus func(context.Context) (store.Status, error)
+}
+
+// errStarting is the readiness of an App whose relay is not built yet.
+var errStarting = errors.New("starting")
+
+// Ready is what /readyz reports for this App: nil while its relay streams
+// and its broker answers, or the reason it does not.
+func (a *App) Ready() error {
+	r := a.wired.Load()
+	if r == nil {
+		return errStarting
+	}
+	return r.ready()
+}
+
+// Standby reports whether this App waits as a healthy standby: another
+// relay holds the slot and the broker answers.
+func (a *App) Standby() bool {
+	r := a.wired.Load()
+	return r != nil && r.standby()
+}
+
+// Status reads the slot's status, as GET /status does; an error before
+// the App has connected.
+func (a *App) Status(ctx context.Context) (store.Status, error) {
+	r := a.wired.Load()
+	if r == nil {
+		return store.Status{}, errStarting
+	}
+	return r.readStatus(ctx)
+}
+
+// Gatherer is the App's metrics registry, nil before it is built.
+func (a *App) Gatherer() prometheus.Gatherer {
+	r := a.wired.Load()
+	if r == nil {
+		return nil
+	}
+	return r.metrics.Registry()
 }
 
 // push adds f to the cleanup stack.
@@ -238,9 +293,11 @@ func (r *run) wire(ctx context.Context) error {
 	r.metrics = metrics.New(metrics.Config{
 		Sink:          cfg.Sink.Type,
 		Slot:          slot,
+		Pipeline:      pipelineLabel(r.opts),
+		PerPipeline:   r.opts.PerPipeline,
 		Version:       r.opts.Version,
 		Revision:      r.opts.Revision,
-		Inflight:      func() int { return r.relay.Inflight() },
+		InFlight:      func() int { return r.relay.InFlight() },
 		Unanswered:    func() time.Duration { d, _ := r.relay.Unanswered(); return d },
 		LagSince:      func() time.Time { return r.relay.LagSince() },
 		Standby:       r.stream.Standby,
@@ -262,13 +319,15 @@ func (r *run) wire(ctx context.Context) error {
 	// it until the relay has drained, so that they see its final state.
 	r.relayCtx, r.stopRelay = context.WithCancel(ctx)
 	r.push(r.stopRelay)
+	r.readStatus = readStatus
+	r.App.wired.Store(r)
 	if cfg.HTTP.Listen == "" {
 		return nil
 	}
 	r.srv = admin.New(admin.Config{
 		Listen:  cfg.HTTP.Listen,
 		Ready:   r.ready,
-		Standby: func() bool { return r.relayCtx.Err() == nil && r.stream.Standby() && r.sink.Ready() },
+		Standby: r.standby,
 		Status:  readStatus,
 		Metrics: r.metrics.Handler(),
 		Token:   cfg.HTTP.Token,
@@ -278,6 +337,21 @@ func (r *run) wire(ctx context.Context) error {
 		return fmt.Errorf("%v; choose a free address for http.listen", err)
 	}
 	return nil
+}
+
+// pipelineLabel is the pipeline label of the metrics: a single relay's
+// series keep the labels they had before pipelines, so that its
+// dashboards and alerts see the same series.
+func pipelineLabel(opts Options) string {
+	if !opts.PerPipeline {
+		return ""
+	}
+	return opts.Pipeline
+}
+
+// standby reports whether the relay waits as a healthy standby.
+func (r *run) standby() bool {
+	return r.relayCtx.Err() == nil && r.stream.Standby() && r.sink.Ready()
 }
 
 // ready is /readyz: nil while the relay streams and its broker answers.
@@ -351,7 +425,7 @@ func (r *run) serve(ctx context.Context) error {
 	})
 	g.Go(func() error {
 		p := &progressLog{log: log, interval: 30 * time.Second, acknowledged: r.metrics.Acknowledged,
-			inflight: func() int { return r.relay.Inflight() }, lagBytes: r.metrics.LagBytes, lagSeconds: r.metrics.LagSeconds}
+			inFlight: func() int { return r.relay.InFlight() }, lagBytes: r.metrics.LagBytes, lagSeconds: r.metrics.LagSeconds}
 		p.run(relayCtx)
 		return nil
 	})

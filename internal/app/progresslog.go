@@ -17,7 +17,7 @@ type progressLog struct {
 	interval time.Duration
 	// Read on every step; each must be safe for concurrent use.
 	acknowledged func() uint64
-	inflight     func() int
+	inFlight     func() int
 	lagBytes     func() (int64, bool)
 	lagSeconds   func() float64
 
@@ -55,7 +55,7 @@ func (p *progressLog) run(ctx context.Context) {
 // "backlog drained" line once nothing is in flight and nothing moved for a
 // step.
 func (p *progressLog) step(now time.Time) {
-	acks, inflight := p.acknowledged(), p.inflight()
+	acks, inflight := p.acknowledged(), p.inFlight()
 	moved := acks != p.prevAcks
 	if inflight > 0 && p.busySince.IsZero() {
 		p.busySince, p.busyAcks = now, p.prevAcks

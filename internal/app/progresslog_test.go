@@ -17,7 +17,7 @@ func TestProgressLines(t *testing.T) {
 	p := &progressLog{
 		log: zap.New(core), interval: 30 * time.Second,
 		acknowledged: func() uint64 { return acks },
-		inflight:     func() int { return inflight },
+		inFlight:     func() int { return inflight },
 		lagBytes:     func() (int64, bool) { return 4096, true },
 		lagSeconds:   func() float64 { return 12.34 },
 	}

@@ -6,7 +6,7 @@ import (
 
 	"github.com/outboxrelay/outboxrelay/envelope"
 	"github.com/outboxrelay/outboxrelay/internal/config"
-	"github.com/outboxrelay/outboxrelay/internal/schema"
+	"github.com/outboxrelay/outboxrelay/outbox/schema"
 	"github.com/outboxrelay/outboxrelay/relay"
 )
 

@@ -114,7 +114,7 @@ func TestUnknownEnv(t *testing.T) {
 	want := []string{
 		"environment OUTBOXRELAY_RELAY_MAXINFLIGHT is not a configuration key and is ignored; did you mean OUTBOXRELAY_RELAY_MAX_INFLIGHT?",
 		"environment OUTBOXRELAY_POSTGRES_SLOTT is not a configuration key and is ignored; did you mean OUTBOXRELAY_POSTGRES_SLOT?",
-		"environment OUTBOXRELAY_PG_VERSION is not a configuration key and is ignored; no key is close (the README's Configuration section lists them)",
+		"environment OUTBOXRELAY_PG_VERSION is not a configuration key and is ignored; no key is close (docs/configuration.md lists them)",
 	}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Fatalf("warnings:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))

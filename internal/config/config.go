@@ -38,6 +38,10 @@ type Config struct {
 	Relay    Relay          `yaml:"relay"`
 	HTTP     HTTP           `yaml:"http"`
 	Log      Log            `yaml:"log"`
+	// Pipelines, when set, are the pipelines the process runs, the
+	// sections above their defaults; when empty the sections above are
+	// the one pipeline, named default (see Units).
+	Pipelines []Pipeline `yaml:"pipelines,omitempty"`
 }
 
 // Postgres is the source database: the replication side's settings
@@ -285,6 +289,11 @@ type HTTP struct {
 	// /healthz and /readyz stay open for probes.
 	Token     string `yaml:"token" secret:"text"`
 	TokenFile string `yaml:"token_file"`
+	// ActionToken, when set, is the bearer token the management API's
+	// actions (pause, resume) require; without it they are off. Reads
+	// of the API take Token, as /status does.
+	ActionToken     string `yaml:"action_token" secret:"text"`
+	ActionTokenFile string `yaml:"action_token_file"`
 }
 
 // Log configures logging.
@@ -332,9 +341,10 @@ func Load(path string, lookup func(string) (string, bool)) (Config, error) {
 func load(data []byte, name string, lookup func(string) (string, bool)) (Config, error) {
 	cfg := Default()
 	var errs []error
-	decoded := true
+	decoded, checked := true, true
 	if len(data) > 0 {
 		docErr := checkDocument(data)
+		checked = docErr == nil
 		for _, e := range Problems(docErr) {
 			errs = append(errs, fmt.Errorf("config %s: %w", name, e))
 		}
@@ -353,6 +363,9 @@ func load(data []byte, name string, lookup func(string) (string, bool)) (Config,
 	if lookup != nil {
 		errs = append(errs, Problems(applyEnv(reflect.ValueOf(&cfg).Elem(), "", EnvPrefix[:len(EnvPrefix)-1], lookup, fromEnv))...)
 	}
+	// Before the top level's secret files are read: a pipeline that sets
+	// a secret of its own must not inherit the top level's file too.
+	errs = append(errs, Problems(cfg.resolvePipelines(fromEnv, checked))...)
 	errs = append(errs, Problems(cfg.readSecretFiles(fromEnv))...)
 	if decoded {
 		// Values of a file the decoder could not read are partly defaults:
@@ -497,6 +510,7 @@ func yamlName(f reflect.StructField) string {
 // tokens become xxxxx, URLs keep everything but their passwords.
 func (c Config) Redacted() Config {
 	c.Sink = c.Sink.clone()
+	c.redactPipelines()
 	walkSecrets(reflect.ValueOf(&c).Elem(), "", func(_, kind string, val, _ reflect.Value) {
 		switch {
 		case val.String() == "":
@@ -555,7 +569,7 @@ func docsOf(t reflect.Type) reflect.Type {
 }
 
 // Keys lists every configuration key with its environment name, default
-// and description, in file order. The README's reference is checked
+// and description, in file order. docs/configuration.md's reference is checked
 // against it.
 func Keys() []Key {
 	var keys []Key
@@ -609,6 +623,8 @@ func format(v reflect.Value) string {
 	switch x := v.Interface().(type) {
 	case []string:
 		return strings.Join(x, ",")
+	case []Pipeline:
+		return ""
 	case time.Duration:
 		return x.String()
 	default:
@@ -661,7 +677,7 @@ func UnknownEnv(environ []string) []string {
 			warnings = append(warnings, fmt.Sprintf("environment %s is not a configuration key and is ignored; did you mean %s?", name, near))
 			continue
 		}
-		warnings = append(warnings, fmt.Sprintf("environment %s is not a configuration key and is ignored; no key is close (the README's Configuration section lists them)", name))
+		warnings = append(warnings, fmt.Sprintf("environment %s is not a configuration key and is ignored; no key is close (docs/configuration.md lists them)", name))
 	}
 	return warnings
 }
@@ -697,6 +713,8 @@ func setValue(v reflect.Value, s string) error {
 		}
 		v.SetInt(int64(d))
 		return nil
+	case []Pipeline:
+		return errors.New("pipelines can be set in the file only")
 	case []string:
 		var list []string
 		for _, p := range strings.Split(s, ",") {
@@ -728,8 +746,37 @@ func setValue(v reflect.Value, s string) error {
 	return nil
 }
 
-// Validate checks every key and reports all problems at once, each naming its key.
+// Validate checks every key and reports all problems at once, each naming
+// its key. With a pipelines list the top-level postgres, sink, envelope
+// and relay sections are only defaults: each pipeline is checked instead,
+// its problems prefixed with pipelines[i] (name).
 func (c *Config) Validate() error {
+	var errs []error
+	if len(c.Pipelines) > 0 {
+		errs = c.validatePipelines()
+	} else {
+		errs = c.validatePipeline()
+	}
+	if t := c.HTTP.Token; t != "" && strings.IndexFunc(t, func(r rune) bool { return r <= ' ' || r >= 0x7f }) >= 0 {
+		errs = append(errs, errors.New("http.token must be printable ASCII without spaces"))
+	}
+	if t := c.HTTP.ActionToken; t != "" && strings.IndexFunc(t, func(r rune) bool { return r <= ' ' || r >= 0x7f }) >= 0 {
+		errs = append(errs, errors.New("http.action_token must be printable ASCII without spaces"))
+	}
+	if t := c.HTTP.ActionToken; t != "" && t == c.HTTP.Token {
+		errs = append(errs, errors.New("http.action_token must differ from http.token: whoever may read must not thereby act"))
+	}
+	switch c.Log.Level {
+	case "debug", "info", "warn", "error":
+	default:
+		errs = append(errs, fmt.Errorf("log.level %q is not one of debug, info, warn, error", c.Log.Level))
+	}
+	return errors.Join(errs...)
+}
+
+// validatePipeline checks the sections one pipeline runs with: postgres,
+// sink, envelope and relay.
+func (c *Config) validatePipeline() []error {
 	var errs []error
 	if c.Postgres.URL == "" {
 		errs = append(errs, errors.New("postgres.url is required (or OUTBOXRELAY_POSTGRES_URL)"))
@@ -775,15 +822,7 @@ func (c *Config) Validate() error {
 	default:
 		errs = append(errs, fmt.Errorf("relay.schemas.missing %q is not one of allow, deadletter", c.Relay.Schemas.Missing))
 	}
-	if t := c.HTTP.Token; t != "" && strings.IndexFunc(t, func(r rune) bool { return r <= ' ' || r >= 0x7f }) >= 0 {
-		errs = append(errs, errors.New("http.token must be printable ASCII without spaces"))
-	}
-	switch c.Log.Level {
-	case "debug", "info", "warn", "error":
-	default:
-		errs = append(errs, fmt.Errorf("log.level %q is not one of debug, info, warn, error", c.Log.Level))
-	}
-	return errors.Join(errs...)
+	return errs
 }
 
 // CDC returns the replication settings: the postgres section's, with the

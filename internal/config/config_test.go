@@ -143,8 +143,8 @@ func TestEverySecretHasAFile(t *testing.T) {
 			t.Errorf("%s: secret kind %q", key, kind)
 		}
 	})
-	if n != 12 {
-		t.Errorf("%d secrets, want 12 (postgres.url, sink.kafka.sasl.password, sink.kafka.schema_registry.url and password, sink.rabbitmq.url, sink.nats.url, sink.redis.url, sink.webhook.url, secret, password and bearer_token, http.token)", n)
+	if n != 17 {
+		t.Errorf("%d secrets, want 17 (postgres.url, sink.kafka.sasl.password, sink.kafka.schema_registry.url and password, sink.rabbitmq.url, sink.nats.url, sink.redis.url, sink.sns and sink.sqs secret_access_key and session_token, sink.webhook.url, secret, password and bearer_token, http.token, http.action_token)", n)
 	}
 	keys := map[string]string{}
 	for _, k := range Keys() {
@@ -355,7 +355,7 @@ relay:
 	}
 	// The file's defaults are the packages' own.
 	def := Default()
-	if want := (relay.Config{}).WithDefaults(); def.Relay.MaxInFlight != want.MaxInFlight || def.Envelope != want.Envelope || def.Postgres.Outbox != want.Outbox {
+	if want := (relay.Config{}).WithDefaults(); def.Relay.MaxInFlight != want.MaxInFlight || def.Envelope != want.Envelope || !reflect.DeepEqual(def.Postgres.Outbox, want.Outbox) {
 		t.Errorf("defaults: relay %+v, envelope %+v, outbox %+v; want those of relay.Config{}.WithDefaults()", def.Relay.Config, def.Envelope, def.Postgres.Outbox)
 	}
 	if want := (cdc.Config{}).WithDefaults(); def.Postgres.StatusInterval != want.StatusInterval || def.Relay.DrainTimeout != want.DrainTimeout {

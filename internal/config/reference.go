@@ -26,6 +26,9 @@ var descriptions = map[string]string{
 	"http.listen":                 "address of /healthz, /readyz, /status, /metrics; empty disables",
 	"http.token":                  "bearer token required by /status and /metrics; empty: open",
 	"http.token_file":             "file holding `http.token`",
+	"http.action_token":           "bearer token the management API's actions (`POST /api/v1/pipelines/NAME/pause`, `.../resume`) require, distinct from `http.token`; empty: actions are off",
+	"http.action_token_file":      "file holding `http.action_token`",
+	"pipelines":                   "a list of pipelines run in one process, each with `name`, `fatal` and its own `postgres`, `sink`, `envelope` and `relay` keys over the top-level ones; empty: the top level is one pipeline named `default` (see [Running many pipelines](operations.md#running-many-pipelines))",
 	"log.level":                   "`debug`, `info`, `warn` or `error` (JSON lines on stderr)",
 }
 

@@ -10,7 +10,7 @@ import (
 	"github.com/outboxrelay/outboxrelay/sinks"
 )
 
-var updateReadme = flag.Bool("update-readme", false, "rewrite the README's configuration reference")
+var updateReadme = flag.Bool("update-readme", false, "rewrite the configuration reference in docs/configuration.md")
 
 func TestEveryKeyIsDocumented(t *testing.T) {
 	seen := map[string]bool{}
@@ -54,30 +54,31 @@ func TestEveryKeyIsDocumented(t *testing.T) {
 	}
 }
 
-// TestReadmeReference keeps the README's table equal to the struct: run
-// `go test ./config -update-readme` after changing a key.
+// TestReadmeReference keeps the table of docs/configuration.md equal to
+// the struct: run `go test ./internal/config -run TestReadmeReference
+// -update-readme` after changing a key.
 func TestReadmeReference(t *testing.T) {
-	const path = "../../README.md"
+	const path = "../../docs/configuration.md"
 	const start, end = "<!-- config-keys:start -->\n", "<!-- config-keys:end -->"
 	data, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	readme := string(data)
-	i, j := strings.Index(readme, start), strings.Index(readme, end)
+	doc := string(data)
+	i, j := strings.Index(doc, start), strings.Index(doc, end)
 	if i < 0 || j < i {
-		t.Fatalf("README has no %q ... %q block", start, end)
+		t.Fatalf("%s has no %q ... %q block", path, start, end)
 	}
 	want := Reference()
-	got := readme[i+len(start) : j]
+	got := doc[i+len(start) : j]
 	if got == want {
 		return
 	}
 	if *updateReadme {
-		if err := os.WriteFile(path, []byte(readme[:i+len(start)]+want+readme[j:]), 0o644); err != nil {
+		if err := os.WriteFile(path, []byte(doc[:i+len(start)]+want+doc[j:]), 0o644); err != nil {
 			t.Fatal(err)
 		}
 		return
 	}
-	t.Fatalf("README configuration reference is out of date; run: go test ./config -update-readme")
+	t.Fatalf("the configuration reference in %s is out of date; run: go test ./internal/config -run TestReadmeReference -update-readme", strings.TrimPrefix(path, "../../"))
 }

@@ -7,5 +7,7 @@ import (
 	_ "github.com/outboxrelay/outboxrelay/sinks/nats"
 	_ "github.com/outboxrelay/outboxrelay/sinks/rabbitmq"
 	_ "github.com/outboxrelay/outboxrelay/sinks/redis"
+	_ "github.com/outboxrelay/outboxrelay/sinks/sns"
+	_ "github.com/outboxrelay/outboxrelay/sinks/sqs"
 	_ "github.com/outboxrelay/outboxrelay/sinks/webhook"
 )

@@ -11,6 +11,7 @@ import (
 	"math"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
@@ -42,6 +43,13 @@ type Config struct {
 	Sink string
 	// Slot is the slot label of every outboxrelay_ series but build_info.
 	Slot string
+	// Pipeline is the pipeline label of every outboxrelay_ series but
+	// build_info (config.Unit.Name; default for a single pipeline).
+	Pipeline string
+	// PerPipeline leaves out build_info and the Go runtime and process
+	// collectors: a process that runs many pipelines registers those once
+	// (NewProcess), beside each pipeline's registry.
+	PerPipeline bool
 	// Version and Revision are the labels of build_info.
 	Version, Revision string
 	// Unanswered reports how long the sink has held messages without
@@ -61,9 +69,9 @@ type Config struct {
 	Destinations []string
 	// IgnoredTables start skipped_inserts_total at 0.
 	IgnoredTables []string
-	// Inflight reports the messages handed to the sink and not yet
-	// acknowledged (relay.Relay.Inflight); read on every scrape.
-	Inflight func() int
+	// InFlight reports the messages handed to the sink and not yet
+	// acknowledged (relay.Relay.InFlight); read on every scrape.
+	InFlight func() int
 	// Status reads the slot's status (store.ReadStatus) for the slot's series.
 	// Run calls it every
 	// PollInterval (default 5s), each call bounded by PollInterval.
@@ -78,7 +86,12 @@ type Metrics struct {
 	log      *zap.Logger
 	registry *prometheus.Registry
 
-	published     *prometheus.CounterVec
+	published *prometheus.CounterVec
+	// publishedTo caches published's counter per destination (string to
+	// prometheus.Counter): the per-message hook then hashes no label values
+	// and validates no UTF-8. It holds what published holds, so it is
+	// bounded by the same destinations.
+	publishedTo   sync.Map
 	publishErrors *prometheus.CounterVec
 	deadLetters   *prometheus.CounterVec
 	skipped       *prometheus.CounterVec
@@ -160,12 +173,6 @@ func New(cfg Config) *Metrics {
 		}
 		return cfg.Unanswered().Seconds()
 	})
-	buildInfo := prometheus.NewGauge(prometheus.GaugeOpts{
-		Namespace: Namespace, Name: "build_info",
-		Help:        "Always 1; the labels say which build runs.",
-		ConstLabels: prometheus.Labels{"version": cfg.Version, "revision": cfg.Revision},
-	})
-	buildInfo.Set(1)
 	role := newRoleCollector(cfg.Standby)
 	for _, ws := range walStatuses {
 		m.walStatus.WithLabelValues(ws)
@@ -179,10 +186,10 @@ func New(cfg Config) *Metrics {
 		Namespace: Namespace, Name: "inflight_messages",
 		Help: "Messages handed to the sink and not yet acknowledged.",
 	}, func() float64 {
-		if cfg.Inflight == nil {
+		if cfg.InFlight == nil {
 			return 0
 		}
-		return float64(cfg.Inflight())
+		return float64(cfg.InFlight())
 	})
 	last := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Namespace: Namespace, Name: "last_published_timestamp_seconds",
@@ -190,14 +197,19 @@ func New(cfg Config) *Metrics {
 	}, func() float64 {
 		return float64(m.lastPublished.Load()) / 1e9
 	})
-	// A process relays one slot: every series of its pipeline is the slot's.
-	var perSlot prometheus.Registerer = m.registry
+	// A pipeline relays one slot: every series of it is the slot's.
+	labels := prometheus.Labels{}
 	if cfg.Slot != "" {
-		perSlot = prometheus.WrapRegistererWith(prometheus.Labels{"slot": cfg.Slot}, m.registry)
+		labels["slot"] = cfg.Slot
 	}
-	perSlot.MustRegister(m.published, m.publishErrors, m.deadLetters, m.skipped, m.reserved, m.lag, lagSeconds, m.retained, m.keepSize,
+	if cfg.Pipeline != "" {
+		labels["pipeline"] = cfg.Pipeline
+	}
+	prometheus.WrapRegistererWith(labels, m.registry).MustRegister(m.published, m.publishErrors, m.deadLetters, m.skipped, m.reserved, m.lag, lagSeconds, m.retained, m.keepSize,
 		m.walStatus, m.latency, inflight, last, unanswered, role)
-	m.registry.MustRegister(buildInfo, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if !cfg.PerPipeline {
+		registerProcess(m.registry, cfg.Version, cfg.Revision)
+	}
 	// Every error series exists from the start, so rate() and alerts see 0.
 	for _, reason := range []string{reasonRetryable, reasonPermanent} {
 		m.publishErrors.WithLabelValues(cfg.Sink, reason)
@@ -215,6 +227,36 @@ func New(cfg Config) *Metrics {
 		m.reserved.WithLabelValues(h)
 	}
 	return m
+}
+
+// registerProcess registers the series of the process rather than of a
+// pipeline: build_info and the Go runtime's and process's collectors.
+func registerProcess(reg *prometheus.Registry, version, revision string) {
+	buildInfo := prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: Namespace, Name: "build_info",
+		Help:        "Always 1; the labels say which build runs.",
+		ConstLabels: prometheus.Labels{"version": version, "revision": revision},
+	})
+	buildInfo.Set(1)
+	reg.MustRegister(buildInfo, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+}
+
+// NewProcess returns the registry of a process that runs many pipelines:
+// build_info and the runtime's collectors, once. Serve it with the
+// pipelines' registries through Gatherers.
+func NewProcess(version, revision string) *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	registerProcess(reg, version, revision)
+	return reg
+}
+
+// Gatherers serves the process's registry and each pipeline's as one
+// exposition; gather returns the registries at the time of the scrape, as
+// pipelines restart with new ones.
+func Gatherers(gather func() []prometheus.Gatherer) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		promhttp.HandlerFor(prometheus.Gatherers(gather()), promhttp.HandlerOpts{}).ServeHTTP(w, r)
+	})
 }
 
 // lagSeconds is read on scrape: the running relay knows best; PostgreSQL's
@@ -331,7 +373,7 @@ func (m *Metrics) LagSeconds() float64 { return m.lagSeconds() }
 
 func (m *Metrics) observePublished(msg *relay.Message, ackedAt time.Time) {
 	m.acknowledged.Add(1)
-	m.published.WithLabelValues(m.cfg.Sink, label(msg.Destination)).Inc()
+	m.publishedCounter(msg.Destination).Inc()
 	if !msg.CommitTime.IsZero() {
 		// The commit time is the database server's clock: clamp skew.
 		m.latency.Observe(math.Max(0, ackedAt.Sub(msg.CommitTime).Seconds()))
@@ -343,6 +385,15 @@ func (m *Metrics) observePublished(msg *relay.Message, ackedAt time.Time) {
 			return
 		}
 	}
+}
+
+// publishedCounter returns published's counter for destination d.
+func (m *Metrics) publishedCounter(d string) prometheus.Counter {
+	if c, ok := m.publishedTo.Load(d); ok {
+		return c.(prometheus.Counter)
+	}
+	c, _ := m.publishedTo.LoadOrStore(d, m.published.WithLabelValues(m.cfg.Sink, label(d)))
+	return c.(prometheus.Counter)
 }
 
 // A dead letter the broker never refused is one the relay could not build.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"math"
 	"net/http/httptest"
 	"strings"
 	"sync/atomic"
@@ -46,7 +47,7 @@ func labels(m *dto.Metric) map[string]string {
 
 func TestHooks(t *testing.T) {
 	inflight := 7
-	m := New(Config{Sink: "kafka", Inflight: func() int { return inflight }})
+	m := New(Config{Sink: "kafka", InFlight: func() int { return inflight }})
 	h := m.Hooks()
 	commit := time.Date(2026, 11, 29, 8, 0, 0, 0, time.UTC)
 	for i, d := range []time.Duration{3 * time.Millisecond, 40 * time.Millisecond, 2 * time.Second} {
@@ -273,4 +274,28 @@ func TestInvalidUTF8Labels(t *testing.T) {
 	if mts := gather(t, m, "outboxrelay_skipped_inserts_total"); len(mts) != 1 || labels(mts[0])["table"] != "public.caf\uFFFD" {
 		t.Errorf("skipped_inserts_total %v", mts)
 	}
+}
+
+// BenchmarkPublishedHook is the per-message metrics hook; uncached is the
+// counter looked up by label values on every message, as before the cache,
+// the reference for the ratio (the rest of the hook as in observePublished).
+func BenchmarkPublishedHook(b *testing.B) {
+	m := New(Config{Sink: "kafka", Slot: "orders"})
+	msg := &relay.Message{Destination: "outbox.order", CommitTime: time.Now()}
+	at := msg.CommitTime.Add(3 * time.Millisecond)
+	b.Run("cached", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			m.observePublished(msg, at)
+		}
+	})
+	b.Run("uncached", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			m.acknowledged.Add(1)
+			m.published.WithLabelValues(m.cfg.Sink, label(msg.Destination)).Inc()
+			m.latency.Observe(math.Max(0, at.Sub(msg.CommitTime).Seconds()))
+			m.lastPublished.Store(at.UnixNano())
+		}
+	})
 }

@@ -29,7 +29,7 @@ var _ cdc.Record = Checkpoint{}
 // lsn to PostgreSQL as flushed (relay.Config.Checkpoint). Because the relay
 // confirms only positions it recorded first, the slot's confirmed_flush_lsn
 // can never be ahead of the record; if it is, the slot was replaced behind
-// the relay's back (Verify).
+// the relay's back (CheckSlot).
 func (c Checkpoint) Confirm(ctx context.Context, lsn cdc.LSN) error {
 	// GREATEST: a relay that just lost the slot to a standby may still
 	// record its late acknowledgements; the record never moves back.
@@ -41,10 +41,10 @@ func (c Checkpoint) Confirm(ctx context.Context, lsn cdc.LSN) error {
 	return nil
 }
 
-// Verify fails with a *cdc.SetupError when the slot's confirmed_flush_lsn,
+// CheckSlot fails with a *cdc.SetupError when the slot's confirmed_flush_lsn,
 // slotConfirmed, is ahead of the recorded confirmed position: messages
-// between the two may never have been published (relay.Config.Verify).
-func (c Checkpoint) Verify(ctx context.Context, slotConfirmed cdc.LSN) error {
+// between the two may never have been published (relay.Checkpoint.CheckSlot).
+func (c Checkpoint) CheckSlot(ctx context.Context, slotConfirmed cdc.LSN) error {
 	var recorded *string
 	var restartedSince bool
 	err := c.DB.QueryRow(ctx, `SELECT confirmed_lsn::text, coalesce(confirmed_at < pg_postmaster_start_time(), false)
@@ -131,7 +131,7 @@ func (c Checkpoint) Reset(ctx context.Context, lsn cdc.LSN) error {
 // Hold makes sure the checkpoint records a confirmed position, 0/0 when it
 // had none, without touching one it has or the times recovery reads
 // (Recorded): recovery calls it before it drops or creates the slot, so
-// that from then until Reset a relay refuses the new slot (Verify) or its
+// that from then until Reset a relay refuses the new slot (CheckSlot) or its
 // absence (cdc's missing-slot check) and a rerun of recovery starts over.
 func (c Checkpoint) Hold(ctx context.Context) error {
 	_, err := c.DB.Exec(ctx, `INSERT INTO outboxrelay.checkpoint AS c (slot, confirmed_lsn, updated_at) VALUES ($1, '0/0', now())

@@ -44,14 +44,14 @@ func TestCheckpoint(t *testing.T) {
 	if err != nil || !ok || lsn != 0x3000 || since.IsZero() {
 		t.Fatalf("Recorded = %s, %t, %s, %v; want 0/3000 since the Confirm", lsn, ok, since, err)
 	}
-	if err := cp.Verify(ctx, 0x3000); err != nil {
-		t.Fatalf("Verify at the record: %v", err)
+	if err := cp.CheckSlot(ctx, 0x3000); err != nil {
+		t.Fatalf("CheckSlot at the record: %v", err)
 	}
-	if err := cp.Verify(ctx, 0x1000); err != nil {
-		t.Fatalf("Verify behind the record: %v", err)
+	if err := cp.CheckSlot(ctx, 0x1000); err != nil {
+		t.Fatalf("CheckSlot behind the record: %v", err)
 	}
-	if err := cp.Verify(ctx, 0x4000_0000); !errors.As(err, &setupErr) || !strings.Contains(err.Error(), "outboxrelay recover") {
-		t.Fatalf("Verify far ahead of the record = %v, want the replaced-slot SetupError", err)
+	if err := cp.CheckSlot(ctx, 0x4000_0000); !errors.As(err, &setupErr) || !strings.Contains(err.Error(), "outboxrelay recover") {
+		t.Fatalf("CheckSlot far ahead of the record = %v, want the replaced-slot SetupError", err)
 	}
 
 	state, err := cdc.ReadCoverage(ctx, conn, "outboxrelay", []string{"public.outbox"})

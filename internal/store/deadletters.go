@@ -61,6 +61,8 @@ type DeadLetter struct {
 	// head stays listed, replayed or not, until its whole chain is.
 	Parks  bool            `json:"parks"`
 	Parked []ParkedMessage `json:"parked,omitempty"`
+	// rec is what the outbox router's options made of the row.
+	rec record
 }
 
 // Add stores m. It returns once the row is committed, so the relay may
@@ -91,13 +93,14 @@ func (s *DeadLetters) add(ctx context.Context, m *relay.Message, parks bool) err
 	if last.IsZero() {
 		last = first
 	}
+	rec := recordOf(m)
 	_, err = s.DB.Exec(ctx, `INSERT INTO outboxrelay.dead_letters
 		(slot, message_id, destination, aggregate_type, aggregate_id, event_type, source_table, traceparent, headers, envelope, error, attempts, first_failed_at, last_failed_at,
-		 body, content_type, attributes, parks, commit_lsn, lsn)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19::pg_lsn, $20::pg_lsn)`,
+		 body, content_type, attributes, parks, commit_lsn, lsn, record_key, record_timestamp, tombstone)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19::pg_lsn, $20::pg_lsn, $21, $22, $23)`,
 		s.Slot, clean(m.ID), clean(m.Destination), clean(m.AggregateType), clean(m.AggregateID), clean(m.EventType), m.Table,
 		m.Traceparent, string(hj), clean(string(m.Envelope)), clean(errText), m.Attempts, first, last,
-		m.Envelope, m.ContentType, nullJSON(attrs), parks, m.CommitLSN.String(), m.LSN.String())
+		bodyOf(m), m.ContentType, nullJSON(attrs), parks, m.CommitLSN.String(), m.LSN.String(), rec.Key, rec.Timestamp, rec.Tombstone)
 	if err != nil {
 		return fmt.Errorf("store dead letter %s: %w", m.ID, err)
 	}
@@ -166,7 +169,7 @@ type DeadLetterFilter struct {
 func (s *DeadLetters) List(ctx context.Context, f DeadLetterFilter) ([]DeadLetter, error) {
 	q := `SELECT id, slot, message_id, destination, aggregate_type, aggregate_id, event_type, source_table, traceparent, headers,
 		envelope, error, attempts, first_failed_at, last_failed_at, created_at, replayed_at,
-		body, coalesce(content_type, ''), attributes, coalesce(parks, false)
+		body, coalesce(content_type, ''), attributes, coalesce(parks, false), record_key, record_timestamp, tombstone
 		FROM outboxrelay.dead_letters WHERE ($1 = '' OR slot = $1) AND ($2 = 0 OR id = $2) AND ($3 OR replayed_at IS NULL OR parks) ORDER BY id`
 	rows, err := s.DB.Query(ctx, q, s.Slot, f.ID, f.IncludeReplayed)
 	if err != nil {
@@ -177,7 +180,7 @@ func (s *DeadLetters) List(ctx context.Context, f DeadLetterFilter) ([]DeadLette
 		var headers, attrs []byte
 		err := row.Scan(&l.ID, &l.Slot, &l.MessageID, &l.Destination, &l.AggregateType, &l.AggregateID, &l.EventType, &l.Table,
 			&l.Traceparent, &headers, &l.Envelope, &l.Error, &l.Attempts, &l.FirstFailedAt, &l.LastFailedAt, &l.CreatedAt, &l.ReplayedAt,
-			&l.Body, &l.ContentType, &attrs, &l.Parks)
+			&l.Body, &l.ContentType, &attrs, &l.Parks, &l.rec.Key, &l.rec.Timestamp, &l.rec.Tombstone)
 		l.Headers = headers
 		l.Attributes = attrs
 		return l, err
@@ -205,11 +208,13 @@ func (l *DeadLetter) Message() (*relay.Message, error) {
 	if body == nil { // stored before the body column existed
 		body = []byte(l.Envelope)
 	}
-	return &relay.Message{
+	m := &relay.Message{
 		ID: l.MessageID, AggregateType: l.AggregateType, AggregateID: l.AggregateID, EventType: l.EventType,
 		Table: l.Table, Traceparent: l.Traceparent, Headers: headers, Envelope: body,
 		ContentType: l.ContentType, Attributes: attrs, CommitTime: l.CreatedAt,
-	}, nil
+	}
+	l.rec.apply(m)
+	return m, nil
 }
 
 // Replayed counts what Replay published.

@@ -28,7 +28,7 @@
 //     The relay records it in the checkpoint before it reports it, so the
 //     slot's confirmed_flush_lsn (PostgreSQL's copy, Status.ConfirmedFlushLSN)
 //     is never ahead of the checkpoint unless the slot was replaced, or
-//     PostgreSQL shut down while the relay confirmed unrecorded (Verify
+//     PostgreSQL shut down while the relay confirmed unrecorded (CheckSlot
 //     tells the two apart).
 //   - flushed: PostgreSQL's word for the position of a standby status
 //     update, as in confirmed_flush_lsn; this package uses it for nothing

@@ -40,6 +40,8 @@ type ParkedMessage struct {
 	CommittedAt   time.Time       `json:"committed_at"`
 	CreatedAt     time.Time       `json:"created_at"`
 	Body          []byte          `json:"-"`
+	// rec is what the outbox router's options made of the row.
+	rec record
 }
 
 // Heads returns the slot's parked aggregates (relay.Parking).
@@ -84,13 +86,15 @@ func (s *DeadLetters) Park(ctx context.Context, m *relay.Message) (bool, error) 
 		if before(m, commitLSN, lsn) {
 			return nil // the head itself, or delivered before it
 		}
+		rec := recordOf(m)
 		_, err = tx.Exec(ctx, `INSERT INTO outboxrelay.parked
 			(slot, head_id, message_id, aggregate_type, aggregate_id, event_type, source_table, traceparent, headers, body, content_type, attributes,
-			 commit_lsn, lsn, committed_at)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13::pg_lsn, $14::pg_lsn, $15)
+			 commit_lsn, lsn, committed_at, record_key, record_timestamp, tombstone)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13::pg_lsn, $14::pg_lsn, $15, $16, $17, $18)
 			ON CONFLICT (head_id, lsn) DO NOTHING`,
 			s.Slot, head, clean(m.ID), clean(m.AggregateType), clean(m.AggregateID), clean(m.EventType), m.Table, m.Traceparent,
-			string(hj), m.Envelope, m.ContentType, nullJSON(attrs), m.CommitLSN.String(), m.LSN.String(), m.CommitTime)
+			string(hj), bodyOf(m), m.ContentType, nullJSON(attrs), m.CommitLSN.String(), m.LSN.String(), m.CommitTime,
+			rec.Key, rec.Timestamp, rec.Tombstone)
 		return err
 	})
 	if err != nil {
@@ -116,7 +120,7 @@ func before(m *relay.Message, headCommit, headLSN string) bool {
 // chain returns the messages parked behind head, in publishing order.
 func (s *DeadLetters) chain(ctx context.Context, head int64) ([]ParkedMessage, error) {
 	rows, err := s.DB.Query(ctx, `SELECT id, head_id, message_id, aggregate_type, aggregate_id, event_type, source_table, traceparent,
-		headers, coalesce(content_type, ''), attributes, committed_at, created_at, body
+		headers, coalesce(content_type, ''), attributes, committed_at, created_at, body, record_key, record_timestamp, tombstone
 		FROM outboxrelay.parked WHERE head_id = $1 ORDER BY id`, head)
 	if err != nil {
 		return nil, fmt.Errorf("list messages parked behind dead letter %d: %w", head, err)
@@ -125,7 +129,7 @@ func (s *DeadLetters) chain(ctx context.Context, head int64) ([]ParkedMessage, e
 		var p ParkedMessage
 		var headers, attrs []byte
 		err := row.Scan(&p.ID, &p.HeadID, &p.MessageID, &p.AggregateType, &p.AggregateID, &p.EventType, &p.Table, &p.Traceparent,
-			&headers, &p.ContentType, &attrs, &p.CommittedAt, &p.CreatedAt, &p.Body)
+			&headers, &p.ContentType, &attrs, &p.CommittedAt, &p.CreatedAt, &p.Body, &p.rec.Key, &p.rec.Timestamp, &p.rec.Tombstone)
 		p.Headers, p.Attributes = headers, attrs
 		return p, err
 	})
@@ -141,11 +145,13 @@ func (p *ParkedMessage) Message() (*relay.Message, error) {
 	if err != nil {
 		return nil, fmt.Errorf("parked message %d: %w", p.ID, err)
 	}
-	return &relay.Message{
+	m := &relay.Message{
 		ID: p.MessageID, AggregateType: p.AggregateType, AggregateID: p.AggregateID, EventType: p.EventType,
 		Table: p.Table, Traceparent: p.Traceparent, Headers: headers, Envelope: p.Body,
 		ContentType: p.ContentType, Attributes: attrs, CommitTime: p.CommittedAt,
-	}, nil
+	}
+	p.rec.apply(m)
+	return m, nil
 }
 
 // replayChain publishes the messages parked behind head in order, each once

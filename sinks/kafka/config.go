@@ -29,10 +29,10 @@ const (
 	// (see BenchmarkProduce and BenchmarkLatency).
 	DefaultLinger time.Duration = 0
 
-	// DefaultMaxBufferedRecords bounds the records produced but not yet
+	// DefaultMaxInFlight bounds the records produced but not yet
 	// acknowledged; Publish blocks beyond it. About 10 MB of 1 KB
 	// envelopes, and several seconds of backlog at 1,000 rows/s.
-	DefaultMaxBufferedRecords = 10_000
+	DefaultMaxInFlight = 10_000
 
 	// DefaultMaxMessageBytes is under Kafka's default message.max.bytes
 	// (1,048,588) for brokers and topics.
@@ -109,10 +109,10 @@ type Config struct {
 	// latency for fewer, larger requests.
 	Linger time.Duration `yaml:"linger"`
 
-	// MaxBufferedRecords is the number of records produced but not yet
+	// MaxInFlight is the number of records produced but not yet
 	// acknowledged beyond which Publish blocks, default
-	// [DefaultMaxBufferedRecords].
-	MaxBufferedRecords int `yaml:"-"`
+	// [DefaultMaxInFlight].
+	MaxInFlight int `yaml:"-"`
 
 	// MaxMessageBytes is the largest record batch the sink sends,
 	// uncompressed, default [DefaultMaxMessageBytes]. A record that does not
@@ -192,8 +192,8 @@ func (c Config) withDefaults() Config {
 	if c.Topic == "" {
 		c.Topic = DefaultTopic
 	}
-	if c.MaxBufferedRecords == 0 {
-		c.MaxBufferedRecords = DefaultMaxBufferedRecords
+	if c.MaxInFlight == 0 {
+		c.MaxInFlight = DefaultMaxInFlight
 	}
 	if c.MaxMessageBytes == 0 {
 		c.MaxMessageBytes = DefaultMaxMessageBytes
@@ -241,8 +241,8 @@ func (c Config) Validate() error {
 	if c.Linger < 0 {
 		errs = append(errs, fmt.Errorf("sink.kafka.linger is %v; set it to 0 or more", c.Linger))
 	}
-	if c.MaxBufferedRecords < 0 {
-		errs = append(errs, fmt.Errorf("sink.kafka.max_buffered_records is %d; set it to 1 or more", c.MaxBufferedRecords))
+	if c.MaxInFlight < 0 {
+		errs = append(errs, fmt.Errorf("sink.kafka.max_inflight is %d; set it to 1 or more", c.MaxInFlight))
 	}
 	if c.MaxMessageBytes < 512 || c.MaxMessageBytes > 1<<30 {
 		errs = append(errs, fmt.Errorf("sink.kafka.max_message_bytes is %d; set it between 512 and %d", c.MaxMessageBytes, 1<<30))

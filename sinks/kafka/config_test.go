@@ -26,7 +26,7 @@ func TestValidate(t *testing.T) {
 		{Config{Brokers: ok.Brokers, Topic: "outbox/{aggregate_type}"}, `contains '/'`},
 		{Config{Brokers: ok.Brokers, Topic: ".."}, "not allowed"},
 		{Config{Brokers: ok.Brokers, Linger: -time.Millisecond}, "sink.kafka.linger"},
-		{Config{Brokers: ok.Brokers, MaxBufferedRecords: -1}, "sink.kafka.max_buffered_records"},
+		{Config{Brokers: ok.Brokers, MaxInFlight: -1}, "sink.kafka.max_inflight"},
 		{Config{Brokers: ok.Brokers, MaxMessageBytes: 100}, "sink.kafka.max_message_bytes"},
 		{Config{Brokers: ok.Brokers, DialTimeout: -time.Second}, "sink.kafka.dial_timeout"},
 	} {

@@ -114,7 +114,7 @@ func (c Config) producerOpts(log *zap.Logger, h *health) ([]kgo.Opt, error) {
 		kgo.WithHooks(h),
 		kgo.RequiredAcks(kgo.AllISRAcks()),
 		kgo.ProducerLinger(c.Linger),
-		kgo.MaxBufferedRecords(c.MaxBufferedRecords),
+		kgo.MaxBufferedRecords(c.MaxInFlight),
 		kgo.ProducerBatchMaxBytes(int32(c.MaxMessageBytes)),
 		// Uncompressed is the fallback for brokers that predate the
 		// codec's support in the protocol.
@@ -187,7 +187,7 @@ type pending struct {
 // otherwise: ctx cancelled before
 // Publish handed the record over, or the sink closed. Once handed over, the
 // record no longer depends on ctx. Publish blocks while
-// Config.MaxBufferedRecords records are unacknowledged, until one is or ctx
+// Config.MaxInFlight records are unacknowledged, until one is or ctx
 // is cancelled. Records with the same AggregateID are sent in the order of
 // the Publish calls.
 func (s *Sink) Publish(ctx context.Context, m *relay.Message, done func(*relay.Message, error)) {
@@ -233,7 +233,11 @@ func (s *Sink) Publish(ctx context.Context, m *relay.Message, done func(*relay.M
 // value's envelope would carry U+FFFD where the key and headers carry the
 // raw bytes, so no such record is produced (see sinks.CheckUTF8).
 func newPending(ctx context.Context, m *relay.Message, done func(*relay.Message, error), t topicResult, val []byte, ct string) (*pending, error) {
-	if err := sinks.CheckUTF8("kafka record key (aggregate_id)", m.AggregateID); err != nil {
+	key, what := m.AggregateID, "kafka record key (aggregate_id)"
+	if m.Key != "" && m.Key != m.AggregateID {
+		key, what = m.Key, "kafka record key (postgres.columns.key)"
+	}
+	if err := sinks.CheckUTF8(what, key); err != nil {
 		return nil, err
 	}
 	// The record outlives the call: franz-go fails a buffered record whose
@@ -246,8 +250,14 @@ func newPending(ctx context.Context, m *relay.Message, done func(*relay.Message,
 	r := &p.rec
 	r.Context = p
 	r.Topic = t.topic
-	r.Key = bytesOf(m.AggregateID)
+	r.Key = bytesOf(key)
 	r.Value = m.Envelope
+	if m.Tombstone {
+		r.Value = nil // a null value, as Debezium's router sends an empty payload
+	}
+	if !m.Timestamp.IsZero() {
+		r.Timestamp = m.Timestamp
+	}
 	hm := m
 	if val != nil {
 		r.Value = val

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -15,7 +14,9 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/outboxrelay/outboxrelay/cdc"
+	"github.com/outboxrelay/outboxrelay/internal/backoff"
 	"github.com/outboxrelay/outboxrelay/relay"
+	"github.com/outboxrelay/outboxrelay/sinks"
 )
 
 var (
@@ -61,12 +62,11 @@ type TxnSink struct {
 	clientMu sync.Mutex
 	client   *kgo.Client // replaced when a transaction fails
 
-	mu     sync.Mutex
-	open   []*pending // published since the last EndTxn
-	ready  []part     // whole source transactions not yet committing
-	closed bool
+	mu    sync.Mutex
+	open  []*pending // published since the last EndTxn
+	ready []part     // whole source transactions not yet committing
 
-	closeOnce sync.Once
+	run *sinks.Lifecycle // stopped by Close under mu
 }
 
 // part is the records of one source transaction and its commit LSN.
@@ -93,7 +93,7 @@ func NewTxn(cfg Config, log *zap.Logger) (*TxnSink, error) {
 		log = zap.NewNop()
 	}
 	log = log.Named("kafka")
-	s := &TxnSink{cfg: cfg, log: log, health: new(health), topics: newTopics(tmpl, cfg.PositionsTopic), kick: make(chan struct{}, 1)}
+	s := &TxnSink{cfg: cfg, log: log, health: new(health), topics: newTopics(tmpl, cfg.PositionsTopic), kick: make(chan struct{}, 1), run: sinks.NewLifecycle("kafka")}
 	if s.values, err = newValues(cfg); err != nil {
 		return nil, err
 	}
@@ -146,7 +146,7 @@ func (s *TxnSink) Publish(ctx context.Context, m *relay.Message, done func(*rela
 		return
 	}
 	s.mu.Lock()
-	if s.closed {
+	if s.run.Stopped() {
 		s.mu.Unlock()
 		done(m, fmt.Errorf("produce to kafka topic %q: %w", t.topic, kgo.ErrClientClosed))
 		return
@@ -170,9 +170,15 @@ func (s *TxnSink) EndTxn(commitLSN cdc.LSN) {
 }
 
 // Run commits the ended source transactions, a batch of them per Kafka
-// transaction, until ctx ends (nil) or the producer is fenced off (an
-// error naming the cause).
+// transaction, until ctx ends or Close is called (nil), or the producer is
+// fenced off (an error naming the cause).
 func (s *TxnSink) Run(ctx context.Context) error {
+	if err := s.run.Enter(); err != nil {
+		return err
+	}
+	defer s.run.Exit()
+	ctx, cancel := s.run.Context(ctx)
+	defer cancel()
 	for {
 		batch := s.take()
 		if len(batch) == 0 {
@@ -207,6 +213,11 @@ func (s *TxnSink) take() []part {
 	return batch
 }
 
+// txnRetryMin and txnRetryMax bound the pause before a new producer
+// session after a failed transaction: 200ms after the first failure,
+// doubling up to 10s, with jitter (internal/backoff).
+const txnRetryMin, txnRetryMax = 100 * time.Millisecond, 10 * time.Second
+
 // commit writes batch in one Kafka transaction, again and again until it
 // is committed, and reports its messages acknowledged. On cancellation or
 // fencing it reports them failed and returns the error.
@@ -227,12 +238,9 @@ func (s *TxnSink) commit(ctx context.Context, batch []part) error {
 		s.log.Warn("kafka transaction failed; starting a new producer session and committing again what Kafka does not hold",
 			zap.Int("attempt", attempt), zap.Error(err))
 		for {
-			d := min(100*time.Millisecond<<min(attempt, 8), 10*time.Second)
-			select {
-			case <-ctx.Done():
+			if !sinks.Sleep(ctx, backoff.Delay(txnRetryMin, txnRetryMax, attempt+1)) {
 				report(batch, ctx.Err())
 				return ctx.Err()
-			case <-time.After(d/2 + rand.N(d/2+1)):
 			}
 			pos, err := s.restart(ctx)
 			if err == nil {
@@ -504,25 +512,22 @@ func (s *TxnSink) position(ctx context.Context, cl *kgo.Client) (cdc.LSN, error)
 
 // Ready reports whether the latest round trip to a broker succeeded.
 func (s *TxnSink) Ready() bool {
-	s.mu.Lock()
-	closed := s.closed
-	s.mu.Unlock()
-	return !closed && s.health.ready()
+	return !s.run.Stopped() && s.health.ready()
 }
 
 // Close closes the client and reports every message not yet committed as
 // failed (retryable, franz-go's ErrClientClosed): its source transaction
 // is not covered by the position, so the next start sends it again, once.
-// Call it once Run has returned.
+// Close stops Run, when it runs, and waits until it has returned.
 func (s *TxnSink) Close() error {
-	s.closeOnce.Do(func() {
-		s.mu.Lock()
-		s.closed = true
-		left := append(s.ready, part{recs: s.open})
-		s.ready, s.open = nil, nil
-		s.mu.Unlock()
-		s.current().Close()
-		report(left, fmt.Errorf("kafka: %w", kgo.ErrClientClosed))
-	})
+	if !s.run.Stop(&s.mu) {
+		return nil
+	}
+	s.mu.Lock()
+	left := append(s.ready, part{recs: s.open})
+	s.ready, s.open = nil, nil
+	s.mu.Unlock()
+	s.current().Close()
+	report(left, fmt.Errorf("kafka: %w", kgo.ErrClientClosed))
 	return nil
 }

@@ -2,6 +2,7 @@ package kafka
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync/atomic"
@@ -290,5 +291,42 @@ func TestPositionReadsUnmarkedRecords(t *testing.T) {
 	d := newTxnSink(t, c, id)
 	if pos, err := d.Position(ctx); err != nil || pos != 150 {
 		t.Fatalf("Position = %v, %v; want 0/96, the marked record's", pos, err)
+	}
+}
+
+// TestTxnSinkCloseStopsRun: Close ends a Run whose context is still live
+// and waits for it, as it does for every Runner sink (sinks.Lifecycle);
+// a second Close does nothing, and Publish after Close fails retryably.
+func TestTxnSinkCloseStopsRun(t *testing.T) {
+	c := newCluster(t)
+	s, err := NewTxn(Config{Brokers: c.ListenAddrs(), TransactionalID: "close-stops-run", Topic: "eo"}, zaptest.NewLogger(t, zaptest.Level(zap.ErrorLevel)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runErr := make(chan error, 1)
+	go func() { runErr <- s.Run(context.Background()) }()
+	for _, err := range outcomes(t, publishTxn(s, "c", 2, 100), 2) {
+		if err != nil {
+			t.Fatalf("committed message failed: %v", err)
+		}
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- s.Close() }()
+	select {
+	case err := <-runErr:
+		if err != nil {
+			t.Errorf("Run after Close = %v, want nil", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run still runs 10s after Close")
+	}
+	if err := <-closed; err != nil {
+		t.Errorf("Close = %v", err)
+	}
+	if err := s.Close(); err != nil {
+		t.Errorf("second Close = %v", err)
+	}
+	if errs := outcomes(t, publishTxn(s, "late", 1, 200), 1); !errors.Is(errs[0], kgo.ErrClientClosed) {
+		t.Errorf("Publish after Close = %v, want ErrClientClosed", errs[0])
 	}
 }

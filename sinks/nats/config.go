@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/outboxrelay/outboxrelay/internal/redact"
+	"github.com/outboxrelay/outboxrelay/sinks"
 )
 
 // Defaults applied by [New] to zero fields of a [Config].
@@ -20,9 +21,9 @@ const (
 	// DefaultDuplicateWindow is the duplicate window of a stream the sink
 	// creates, and JetStream's own default.
 	DefaultDuplicateWindow = 2 * time.Minute
-	// DefaultMaxPending bounds the messages published but not yet
+	// DefaultMaxInFlight bounds the messages published but not yet
 	// acknowledged; nats.go's own default for async publishing is 4,000.
-	DefaultMaxPending = 4000
+	DefaultMaxInFlight = 4000
 	// DefaultAckTimeout is how long a PubAck may take before the message is
 	// published again.
 	DefaultAckTimeout  = 10 * time.Second
@@ -83,8 +84,12 @@ type Config struct {
 	// come within it to be dropped as duplicates.
 	DuplicateWindow time.Duration `yaml:"duplicate_window"`
 
-	// MaxPending bounds the messages published but not yet acknowledged,
-	// default [DefaultMaxPending]; Publish blocks beyond it.
+	// MaxInFlight bounds the messages published but not yet acknowledged,
+	// default [DefaultMaxInFlight]; Publish blocks beyond it.
+	MaxInFlight int `yaml:"max_inflight"`
+	// MaxPending is the deprecated old name of MaxInFlight
+	// (sink.nats.max_pending): it is read, with a warning, when MaxInFlight is
+	// unset, and will be removed.
 	MaxPending int `yaml:"max_pending"`
 
 	// AckTimeout is how long the sink waits for a message's PubAck before
@@ -116,7 +121,7 @@ func (c Config) withDefaults() Config {
 	c.Subject = cmp.Or(c.Subject, DefaultSubject)
 	c.Stream = cmp.Or(c.Stream, DefaultStream)
 	c.DuplicateWindow = cmp.Or(c.DuplicateWindow, DefaultDuplicateWindow)
-	c.MaxPending = cmp.Or(c.MaxPending, DefaultMaxPending)
+	c.MaxInFlight = cmp.Or(maxPending.Int(c.MaxPending, c.MaxInFlight, DefaultMaxInFlight), DefaultMaxInFlight)
 	c.AckTimeout = cmp.Or(c.AckTimeout, DefaultAckTimeout)
 	c.DialTimeout = cmp.Or(c.DialTimeout, DefaultDialTimeout)
 	c.ReconnectWait = cmp.Or(c.ReconnectWait, DefaultReconnectWait)
@@ -127,8 +132,8 @@ func (c Config) withDefaults() Config {
 // Validate reports every problem with c, with zero fields standing for their
 // defaults. Each problem is one sentence naming the setting to fix.
 func (c Config) Validate() error {
+	errs := []error{maxPending.CheckInt(c.MaxPending, c.MaxInFlight, DefaultMaxInFlight)}
 	c = c.withDefaults()
-	var errs []error
 	for _, u := range strings.Split(c.URL, ",") {
 		if err := checkURL(strings.TrimSpace(u)); err != nil {
 			errs = append(errs, err)
@@ -143,8 +148,8 @@ func (c Config) Validate() error {
 	if c.DuplicateWindow < 0 {
 		errs = append(errs, fmt.Errorf("sink.nats.duplicate_window is %v; set it above 0", c.DuplicateWindow))
 	}
-	if c.MaxPending < 1 {
-		errs = append(errs, fmt.Errorf("sink.nats.max_pending is %d; set it to 1 or more", c.MaxPending))
+	if c.MaxInFlight < 1 {
+		errs = append(errs, fmt.Errorf("sink.nats.max_inflight is %d; set it to 1 or more", c.MaxInFlight))
 	}
 	if c.AckTimeout < 0 {
 		errs = append(errs, fmt.Errorf("sink.nats.ack_timeout is %v; set it above 0", c.AckTimeout))
@@ -173,3 +178,6 @@ func checkURL(raw string) error {
 	}
 	return nil
 }
+
+// maxPending is max_inflight's old name.
+var maxPending = sinks.Renamed{Sink: "nats", Old: "max_pending", New: "max_inflight"}

@@ -18,7 +18,7 @@ func init() {
 		Defaults: func() sinks.Settings {
 			return &Config{
 				URL: DefaultURL, Subject: DefaultSubject, Stream: DefaultStream,
-				DuplicateWindow: DefaultDuplicateWindow, MaxPending: DefaultMaxPending, AckTimeout: DefaultAckTimeout,
+				DuplicateWindow: DefaultDuplicateWindow, MaxInFlight: DefaultMaxInFlight, AckTimeout: DefaultAckTimeout,
 			}
 		},
 		Docs: map[string]string{
@@ -28,7 +28,8 @@ func init() {
 			"stream":           "JetStream stream that must capture the subjects",
 			"create_stream":    "create the stream when it is missing",
 			"duplicate_window": "dedupe window of a created stream",
-			"max_pending":      "unacknowledged publishes at once",
+			"max_inflight":     "messages in flight (published, not yet acknowledged) before Publish waits",
+			"max_pending":      "deprecated: the old name of `max_inflight`",
 			"ack_timeout":      "wait for a PubAck before retrying",
 			"credentials_file": "NATS credentials (.creds) file",
 		},
@@ -42,8 +43,14 @@ func (c *Config) Open(ctx context.Context, log *zap.Logger) (relay.Sink, error) 
 	return sinks.Open(ctx, "nats", s, err, sinks.Unreachable("NATS JetStream"))
 }
 
-// Warnings is empty: no NATS setting works while exposing something.
-func (c *Config) Warnings() []string { return nil }
+// Warnings names the deprecated keys set: no NATS setting works while
+// exposing something.
+func (c *Config) Warnings() []string {
+	if c.MaxPending != 0 {
+		return []string{maxPending.Warning()}
+	}
+	return nil
+}
 
 // StaticDestinations: see sinks.StaticDestination.
 func (c *Config) StaticDestinations() []string { return sinks.StaticDestination(c.Subject) }

@@ -34,7 +34,7 @@ func TestServerRestarts(t *testing.T) {
 	stream := "RESTARTS"
 	cfg := Config{
 		URL: url, Subject: "r.{aggregate_type}.{event_type}", Stream: stream, CreateStream: true,
-		ReconnectWait: 50 * time.Millisecond, AckTimeout: 2 * time.Second, MaxPending: 500,
+		ReconnectWait: 50 * time.Millisecond, AckTimeout: 2 * time.Second, MaxInFlight: 500,
 	}
 	s, err := New(cfg, zaptest.NewLogger(t))
 	if err != nil {

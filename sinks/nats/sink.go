@@ -116,7 +116,7 @@ func New(cfg Config, log *zap.Logger) (*Sink, error) {
 		cfg:     cfg,
 		log:     log.Named("nats"),
 		subject: subject,
-		slots:   make(chan struct{}, cfg.MaxPending),
+		slots:   make(chan struct{}, cfg.MaxInFlight),
 		kick:    make(chan struct{}, 1),
 		byMsg:   make(map[*natsgo.Msg]*pending),
 		run:     sinks.NewLifecycle("nats"),
@@ -178,7 +178,7 @@ func (s *Sink) Connect(ctx context.Context) error {
 		// Attempts that were superseded by a republication stay in
 		// nats.go's table until they time out; the sink's own slots bound
 		// the messages.
-		jetstream.WithPublishAsyncMaxPending(4*s.cfg.MaxPending),
+		jetstream.WithPublishAsyncMaxPending(4*s.cfg.MaxInFlight),
 		jetstream.WithPublishAsyncTimeout(s.cfg.AckTimeout),
 	)
 	if err == nil {
@@ -255,15 +255,8 @@ func (s *Sink) Run(ctx context.Context) error {
 		return err
 	}
 	defer s.run.Exit()
-	ctx, cancel := context.WithCancel(ctx)
+	ctx, cancel := s.run.Context(ctx)
 	defer cancel()
-	go func() {
-		select {
-		case <-s.run.Quit():
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
 
 	bo := backoff.Backoff{Min: retryMin, Max: retryMax}
 	for s.conn.Load() == nil {
@@ -309,7 +302,7 @@ func (s *Sink) Run(ctx context.Context) error {
 // duplicate of a message id it stored within its duplicate window), a
 // relay.Permanent error when the server will never store m (see the package
 // documentation), ctx.Err() when ctx ends while Publish waits, and ErrClosed
-// when the sink is closed first. Publish blocks while Config.MaxPending
+// when the sink is closed first. Publish blocks while Config.MaxInFlight
 // messages are unacknowledged, while disconnected, and while messages wait
 // to be republished, until ctx is done. Messages are sent in the order of
 // the Publish calls.

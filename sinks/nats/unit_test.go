@@ -124,12 +124,12 @@ func TestValidate(t *testing.T) {
 		t.Errorf("zero Config: %v", err)
 	}
 	err := Config{
-		URL: "http://u:s3cret@h:1", Subject: "a.{nope}", Stream: "a.b", MaxPending: -1, AckTimeout: -1,
+		URL: "http://u:s3cret@h:1", Subject: "a.{nope}", Stream: "a.b", MaxInFlight: -1, AckTimeout: -1,
 	}.Validate()
 	if err == nil {
 		t.Fatal("invalid Config validated")
 	}
-	for _, want := range []string{"sink.nats.url", "sink.nats.subject", "sink.nats.stream", "sink.nats.max_pending", "sink.nats.ack_timeout"} {
+	for _, want := range []string{"sink.nats.url", "sink.nats.subject", "sink.nats.stream", "sink.nats.max_inflight", "sink.nats.ack_timeout"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error does not name %s: %v", want, err)
 		}

@@ -23,8 +23,8 @@ const (
 	DefaultDialTimeout         = 10 * time.Second
 	DefaultReconnectBackoffMin = 100 * time.Millisecond
 	DefaultReconnectBackoffMax = 30 * time.Second
-	// DefaultMaxMessageSize is RabbitMQ's default max_message_size (128 MiB).
-	DefaultMaxMessageSize = 128 << 20
+	// DefaultMaxMessageBytes is RabbitMQ's default max_message_size (128 MiB).
+	DefaultMaxMessageBytes = 128 << 20
 )
 
 // Config configures a Sink. The zero value of every field but URL means
@@ -67,10 +67,10 @@ type Config struct {
 	// MaxInFlight bounds the messages published but not yet confirmed by the
 	// broker; Publish blocks when it is reached. Default 1000.
 	MaxInFlight int `yaml:"-"`
-	// MaxMessageSize is the largest body the sink publishes; larger messages
+	// MaxMessageBytes is the largest body the sink publishes; larger messages
 	// fail with a permanent error instead of making the broker close the
 	// channel. Set it to the broker's max_message_size. Default 128 MiB.
-	MaxMessageSize int `yaml:"-"`
+	MaxMessageBytes int `yaml:"-"`
 	// DialTimeout bounds the TCP connect, TLS and AMQP handshakes of one
 	// connection attempt. Default 10s.
 	DialTimeout time.Duration `yaml:"-"`
@@ -190,8 +190,8 @@ func (c *Config) validate() error {
 	if c.MaxInFlight < 0 {
 		return fmt.Errorf("rabbitmq max_in_flight is %d; use a positive number or 0 for the default %d", c.MaxInFlight, DefaultMaxInFlight)
 	}
-	if c.MaxMessageSize < 0 {
-		return fmt.Errorf("rabbitmq max_message_size is %d; use a positive number or 0 for the default %d", c.MaxMessageSize, DefaultMaxMessageSize)
+	if c.MaxMessageBytes < 0 {
+		return fmt.Errorf("rabbitmq max_message_bytes is %d; use a positive number or 0 for the default %d", c.MaxMessageBytes, DefaultMaxMessageBytes)
 	}
 	if c.DialTimeout < 0 || c.ReconnectBackoffMin < 0 || c.ReconnectBackoffMax < 0 {
 		return errors.New("rabbitmq dial_timeout and reconnect backoff must not be negative; use 0 for the defaults")
@@ -219,7 +219,7 @@ func (c Config) withDefaults() Config {
 		c.Durable = &t
 	}
 	c.MaxInFlight = cmp.Or(c.MaxInFlight, DefaultMaxInFlight)
-	c.MaxMessageSize = cmp.Or(c.MaxMessageSize, DefaultMaxMessageSize)
+	c.MaxMessageBytes = cmp.Or(c.MaxMessageBytes, DefaultMaxMessageBytes)
 	c.DialTimeout = cmp.Or(c.DialTimeout, DefaultDialTimeout)
 	c.ReconnectBackoffMin = cmp.Or(c.ReconnectBackoffMin, DefaultReconnectBackoffMin)
 	c.ReconnectBackoffMax = cmp.Or(c.ReconnectBackoffMax, DefaultReconnectBackoffMax)

@@ -33,7 +33,7 @@
 //   - Messages that can never be published as they are (empty routing key
 //     or one over 255 bytes, message_id or event_type over 255 bytes, a
 //     header name over 255 bytes, headers larger than the negotiated frame
-//     size, a body over Config.MaxMessageSize) fail with a relay.Permanent
+//     size, a body over Config.MaxMessageBytes) fail with a relay.Permanent
 //     error before anything is sent: sent, they would make the client or the
 //     broker tear down the connection and every retry would do it again.
 //

@@ -69,14 +69,9 @@ type Sink struct {
 	prepared *session      // opened by Connect, taken over by Run
 	carry    []*pending    // unconfirmed messages of dead sessions in publish order
 	wake     chan struct{} // closed and replaced whenever sess or its state changes
-	closed   bool          // Close was called
-	stopped  bool          // Run returned
-	running  bool          // Run was called
-	cancel   context.CancelFunc
-	runDone  chan struct{} // closed when Run returns
+	stopped  bool          // Run returned: the sink publishes no more
 
-	quit     chan struct{} // closed once closed or stopped
-	quitOnce sync.Once
+	run *sinks.Lifecycle // stopped by Close under mu
 
 	ready atomic.Bool
 
@@ -134,13 +129,12 @@ func New(cfg Config, log *zap.Logger) (*Sink, error) {
 		log = zap.NewNop()
 	}
 	return &Sink{
-		cfg:     cfg,
-		log:     log.Named("rabbitmq"),
-		key:     key,
-		slots:   make(chan struct{}, cfg.MaxInFlight),
-		wake:    make(chan struct{}),
-		runDone: make(chan struct{}),
-		quit:    make(chan struct{}),
+		cfg:   cfg,
+		log:   log.Named("rabbitmq"),
+		key:   key,
+		slots: make(chan struct{}, cfg.MaxInFlight),
+		wake:  make(chan struct{}),
+		run:   sinks.NewLifecycle("rabbitmq"),
 	}, nil
 }
 
@@ -153,7 +147,7 @@ func New(cfg Config, log *zap.Logger) (*Sink, error) {
 func (s *Sink) Connect(ctx context.Context) error {
 	s.mu.Lock()
 	switch {
-	case s.closed || s.stopped:
+	case s.run.Stopped() || s.stopped:
 		s.mu.Unlock()
 		return ErrClosed
 	case s.prepared != nil || s.sess != nil:
@@ -167,10 +161,10 @@ func (s *Sink) Connect(ctx context.Context) error {
 		return err
 	}
 	s.mu.Lock()
-	if s.closed || s.stopped || s.prepared != nil || s.running {
+	if closed := s.run.Stopped() || s.stopped; closed || s.prepared != nil || s.sess != nil {
 		s.mu.Unlock()
 		_ = sess.conn.CloseDeadline(time.Now().Add(closeTimeout))
-		if s.closed || s.stopped {
+		if closed {
 			return ErrClosed
 		}
 		return nil
@@ -186,28 +180,26 @@ func (s *Sink) Connect(ctx context.Context) error {
 // when ctx is done or the sink is closed; messages still unconfirmed then
 // are reported failed with ErrClosed. Run may be called once.
 func (s *Sink) Run(ctx context.Context) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-
+	if err := s.run.Enter(); err != nil {
+		return err
+	}
+	defer s.run.Exit()
 	s.mu.Lock()
-	if s.running {
-		s.mu.Unlock()
+	again := s.stopped
+	s.mu.Unlock()
+	if again {
 		return errors.New("rabbitmq sink: Run called twice")
 	}
-	s.running = true
-	if s.closed {
-		s.mu.Unlock()
-		s.stop()
-		return nil
-	}
-	s.cancel = cancel
-	sess := s.prepared
-	s.prepared = nil
-	s.mu.Unlock()
+	ctx, cancel := s.run.Context(ctx)
+	defer cancel()
 	defer s.stop()
 
 	bo := backoff.Backoff{Min: s.cfg.ReconnectBackoffMin, Max: s.cfg.ReconnectBackoffMax}
 	for {
+		sess, closed := s.takePrepared()
+		if closed {
+			return nil
+		}
 		if sess == nil {
 			var err error
 			if sess, err = s.dial(ctx); err != nil {
@@ -227,7 +219,6 @@ func (s *Sink) Run(ctx context.Context) error {
 		if sess.acked || time.Since(start) >= s.cfg.ReconnectBackoffMax {
 			bo.Reset()
 		}
-		sess = nil
 		if ctx.Err() != nil || !sinks.Sleep(ctx, bo.Next()) {
 			return nil
 		}
@@ -253,7 +244,7 @@ func (s *Sink) Publish(ctx context.Context, m *relay.Message, done func(*relay.M
 	case <-ctx.Done():
 		done(m, ctx.Err())
 		return
-	case <-s.quit:
+	case <-s.run.Quit():
 		done(m, ErrClosed)
 		return
 	}
@@ -292,25 +283,14 @@ func (s *Sink) Ready() bool { return s.ready.Load() }
 // Publish calls after Close report ErrClosed. Close is idempotent and safe
 // for concurrent use; it returns once Run has returned.
 func (s *Sink) Close() error {
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
+	if !s.run.Stop(&s.mu) { // Run has returned
 		return nil
 	}
-	s.closed = true
+	s.mu.Lock()
 	prepared := s.prepared
 	s.prepared = nil
-	running, cancel := s.running, s.cancel
 	s.changedLocked()
 	s.mu.Unlock()
-	s.quitOnce.Do(func() { close(s.quit) })
-
-	if cancel != nil {
-		cancel()
-	}
-	if running {
-		<-s.runDone
-	}
 	var err error
 	if prepared != nil {
 		if e := prepared.conn.CloseDeadline(time.Now().Add(closeTimeout)); e != nil && !errors.Is(e, amqp.ErrClosed) {
@@ -321,6 +301,16 @@ func (s *Sink) Close() error {
 	return err
 }
 
+// takePrepared takes the session Connect opened, if any, for Run, and
+// reports whether the sink is closed.
+func (s *Sink) takePrepared() (*session, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sess := s.prepared
+	s.prepared = nil
+	return sess, s.run.Stopped()
+}
+
 // stop marks the end of Run and fails what is left.
 func (s *Sink) stop() {
 	s.mu.Lock()
@@ -328,9 +318,7 @@ func (s *Sink) stop() {
 	s.sess = nil
 	s.changedLocked()
 	s.mu.Unlock()
-	s.quitOnce.Do(func() { close(s.quit) })
 	s.failCarry()
-	close(s.runDone)
 }
 
 func (s *Sink) failCarry() {
@@ -357,8 +345,8 @@ func (s *Sink) prepare(m *relay.Message, done func(*relay.Message, error)) (*pen
 		return nil, fmt.Errorf("message_id is %d bytes, over the AMQP limit of 255", len(m.ID))
 	case len(m.EventType) > maxShortstr:
 		return nil, fmt.Errorf("event_type of message %s is %d bytes, over the AMQP limit of 255", m.ID, len(m.EventType))
-	case len(m.Envelope) > s.cfg.MaxMessageSize:
-		return nil, fmt.Errorf("message %s is %d bytes, over max_message_size %d", m.ID, len(m.Envelope), s.cfg.MaxMessageSize)
+	case len(m.Envelope) > s.cfg.MaxMessageBytes:
+		return nil, fmt.Errorf("message %s is %d bytes, over max_message_bytes %d", m.ID, len(m.Envelope), s.cfg.MaxMessageBytes)
 	}
 	if err := sinks.CheckDestination("rabbitmq routing key", key); err != nil {
 		return nil, fmt.Errorf("message %s: %w", m.ID, err)
@@ -404,6 +392,9 @@ func (s *Sink) prepare(m *relay.Message, done func(*relay.Message, error)) (*pen
 	}
 	if !m.CommitTime.IsZero() {
 		pub.Timestamp = m.CommitTime.UTC().Truncate(time.Second)
+		if !m.Timestamp.IsZero() {
+			pub.Timestamp = m.Timestamp.UTC().Truncate(time.Second)
+		}
 	}
 	return &pending{m: m, done: done, key: key, pub: pub, frame: headerFrameSize(&pub)}, nil
 }
@@ -432,7 +423,7 @@ func (s *Sink) current() (*session, <-chan struct{}, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	switch {
-	case s.closed || s.stopped:
+	case s.run.Stopped() || s.stopped:
 		return nil, nil, ErrClosed
 	case s.sess != nil && !s.sess.blocked:
 		return s.sess, nil, nil
@@ -520,7 +511,7 @@ func (s *Sink) finish(p *pending, err error) {
 // changedLocked recomputes readiness and wakes waiting publishers.
 // s.mu must be held.
 func (s *Sink) changedLocked() {
-	s.ready.Store(!s.closed && !s.stopped && s.sess != nil && !s.sess.blocked)
+	s.ready.Store(!s.run.Stopped() && !s.stopped && s.sess != nil && !s.sess.blocked)
 	close(s.wake)
 	s.wake = make(chan struct{})
 }
@@ -567,7 +558,7 @@ func (s *Sink) activate(ctx context.Context, sess *session) error {
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.closed || s.stopped || sess.dead {
+	if s.run.Stopped() || s.stopped || sess.dead {
 		return ErrClosed
 	}
 	s.sess = sess

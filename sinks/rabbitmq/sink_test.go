@@ -439,7 +439,7 @@ func TestServerClosesConnectionMidStream(t *testing.T) {
 	const rabbitmqctl = "/usr/sbin/rabbitmqctl"
 	if _, err := os.Stat(rabbitmqctl); err != nil {
 		if os.Getenv("CI") == "true" {
-			t.Fatalf("no %s (%v); CI must install rabbitmq-server, which provides it (see .ci/run)", rabbitmqctl, err)
+			t.Fatalf("no %s (%v); CI must install rabbitmq-server, which provides it (see .ci/services)", rabbitmqctl, err)
 		}
 		t.Skipf("no %s (%v); install rabbitmq-server to run this test, or set CI=true to make this a failure", rabbitmqctl, err)
 	}

@@ -85,7 +85,7 @@ func TestValidate(t *testing.T) {
 		"unclosed":          {func(c *Config) { c.RoutingKey = "{event_type" }, "unclosed"},
 		"exchange type":     {func(c *Config) { c.ExchangeType = "tropic" }, `exchange type "tropic"`},
 		"negative flight":   {func(c *Config) { c.MaxInFlight = -1 }, "max_in_flight"},
-		"negative size":     {func(c *Config) { c.MaxMessageSize = -1 }, "max_message_size"},
+		"negative size":     {func(c *Config) { c.MaxMessageBytes = -1 }, "max_message_bytes"},
 		"negative dial":     {func(c *Config) { c.DialTimeout = -time.Second }, "negative"},
 		"backoff order":     {func(c *Config) { c.ReconnectBackoffMin, c.ReconnectBackoffMax = time.Minute, time.Second }, "above max"},
 		"tls without amqps": {func(c *Config) { c.TLS = &tls.Config{} }, "amqps"},
@@ -114,7 +114,7 @@ func TestDefaults(t *testing.T) {
 	c := s.cfg
 	if c.Exchange != "outbox" || c.RoutingKey != "{aggregate_type}.{event_type}" || c.ExchangeType != "topic" ||
 		!*c.Durable || c.MaxInFlight != 1000 || c.DialTimeout <= 0 || c.ReconnectBackoffMin <= 0 ||
-		c.ReconnectBackoffMax < c.ReconnectBackoffMin || c.MaxMessageSize != 128<<20 {
+		c.ReconnectBackoffMax < c.ReconnectBackoffMin || c.MaxMessageBytes != 128<<20 {
 		t.Errorf("defaults not applied: %+v", c)
 	}
 	f := false
@@ -174,7 +174,7 @@ func TestConnectUnreachable(t *testing.T) {
 }
 
 func TestPublishPermanentBeforeSending(t *testing.T) {
-	s, err := New(Config{URL: "amqp://h/", RoutingKey: "{table}", MaxMessageSize: 10}, nil)
+	s, err := New(Config{URL: "amqp://h/", RoutingKey: "{table}", MaxMessageBytes: 10}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/outboxrelay/outboxrelay/internal/redact"
+	"github.com/outboxrelay/outboxrelay/sinks"
 )
 
 // Defaults applied by [New] to zero fields of a [Config].
@@ -20,9 +21,9 @@ const (
 	// Around 256 1 KB entries a batch the round trip stops being the cost;
 	// larger batches only hold the server longer.
 	DefaultBatchSize = 256
-	// DefaultMaxPending bounds the messages queued or in a batch; Publish
+	// DefaultMaxInFlight bounds the messages queued or in a batch; Publish
 	// blocks beyond it.
-	DefaultMaxPending  = 10_000
+	DefaultMaxInFlight = 10_000
 	DefaultDialTimeout = 5 * time.Second
 	// DefaultTimeout bounds reading and writing one batch.
 	DefaultTimeout = 10 * time.Second
@@ -73,8 +74,12 @@ type Config struct {
 	// default [DefaultBatchSize].
 	BatchSize int `yaml:"batch_size"`
 
-	// MaxPending bounds the messages published but not yet confirmed,
-	// default [DefaultMaxPending]; Publish blocks beyond it.
+	// MaxInFlight bounds the messages published but not yet confirmed,
+	// default [DefaultMaxInFlight]; Publish blocks beyond it.
+	MaxInFlight int `yaml:"max_inflight"`
+	// MaxPending is the deprecated old name of MaxInFlight
+	// (sink.redis.max_pending): it is read, with a warning, when MaxInFlight is
+	// unset, and will be removed.
 	MaxPending int `yaml:"max_pending"`
 
 	// DialTimeout bounds each connection attempt, default
@@ -96,7 +101,7 @@ func (c Config) withDefaults() Config {
 	c.URL = cmp.Or(c.URL, DefaultURL)
 	c.Stream = cmp.Or(c.Stream, DefaultStream)
 	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
-	c.MaxPending = cmp.Or(c.MaxPending, DefaultMaxPending)
+	c.MaxInFlight = cmp.Or(maxPending.Int(c.MaxPending, c.MaxInFlight, DefaultMaxInFlight), DefaultMaxInFlight)
 	c.DialTimeout = cmp.Or(c.DialTimeout, DefaultDialTimeout)
 	c.Timeout = cmp.Or(c.Timeout, DefaultTimeout)
 	c.WaitTimeout = cmp.Or(c.WaitTimeout, DefaultWaitTimeout)
@@ -106,8 +111,8 @@ func (c Config) withDefaults() Config {
 // Validate reports every problem with c, with zero fields standing for their
 // defaults. Each problem is one sentence naming the setting to fix.
 func (c Config) Validate() error {
+	errs := []error{maxPending.CheckInt(c.MaxPending, c.MaxInFlight, DefaultMaxInFlight)}
 	c = c.withDefaults()
-	var errs []error
 	if _, err := goredis.ParseURL(c.URL); err != nil {
 		errs = append(errs, fmt.Errorf("sink.redis.url %s is invalid (%v); use redis://host:6379/0", redact.URL(c.URL), redact.Error(err, c.URL)))
 	}
@@ -120,8 +125,8 @@ func (c Config) Validate() error {
 	if c.BatchSize < 1 {
 		errs = append(errs, fmt.Errorf("sink.redis.batch_size is %d; set it to 1 or more", c.BatchSize))
 	}
-	if c.MaxPending < 1 {
-		errs = append(errs, fmt.Errorf("sink.redis.max_pending is %d; set it to 1 or more", c.MaxPending))
+	if c.MaxInFlight < 1 {
+		errs = append(errs, fmt.Errorf("sink.redis.max_inflight is %d; set it to 1 or more", c.MaxInFlight))
 	}
 	if c.DialTimeout < 0 {
 		errs = append(errs, fmt.Errorf("sink.redis.dial_timeout is %v; set it above 0", c.DialTimeout))
@@ -137,3 +142,6 @@ func (c Config) Validate() error {
 	}
 	return errors.Join(errs...)
 }
+
+// maxPending is max_inflight's old name.
+var maxPending = sinks.Renamed{Sink: "redis", Old: "max_pending", New: "max_inflight"}

@@ -17,7 +17,7 @@ func init() {
 		Name: "redis",
 		Defaults: func() sinks.Settings {
 			return &Config{
-				URL: DefaultURL, Stream: DefaultStream, BatchSize: DefaultBatchSize, MaxPending: DefaultMaxPending,
+				URL: DefaultURL, Stream: DefaultStream, BatchSize: DefaultBatchSize, MaxInFlight: DefaultMaxInFlight,
 				DialTimeout: DefaultDialTimeout, Timeout: DefaultTimeout, WaitTimeout: DefaultWaitTimeout,
 			}
 		},
@@ -29,7 +29,8 @@ func init() {
 			"wait_replicas": "after each batch, `WAIT` for this many replicas to acknowledge it, or retry its messages; 0 confirms on the primary's reply",
 			"wait_timeout":  "bound of each `WAIT` (below `sink.redis.timeout`)",
 			"batch_size":    "XADDs per MULTI/EXEC round trip",
-			"max_pending":   "queued messages before Publish waits",
+			"max_inflight":  "messages in flight (published, not yet acknowledged) before Publish waits",
+			"max_pending":   "deprecated: the old name of `max_inflight`",
 			"dial_timeout":  "bound of each connection attempt",
 			"timeout":       "bound of writing a batch and reading its replies; a batch that times out is sent again",
 		},
@@ -42,8 +43,14 @@ func (c *Config) Open(ctx context.Context, log *zap.Logger) (relay.Sink, error) 
 	return sinks.Open(ctx, "redis", s, err, sinks.Unreachable("Redis"))
 }
 
-// Warnings is empty: no Redis setting works while exposing something.
-func (c *Config) Warnings() []string { return nil }
+// Warnings names the deprecated keys set: no Redis setting works while
+// exposing something.
+func (c *Config) Warnings() []string {
+	if c.MaxPending != 0 {
+		return []string{maxPending.Warning()}
+	}
+	return nil
+}
 
 // StaticDestinations: see sinks.StaticDestination.
 func (c *Config) StaticDestinations() []string { return sinks.StaticDestination(c.Stream) }

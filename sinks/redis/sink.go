@@ -116,7 +116,7 @@ func New(cfg Config, log *zap.Logger) (*Sink, error) {
 		log:    log.Named("redis"),
 		stream: stream,
 		client: goredis.NewClient(opts),
-		queue:  make(chan *item, cfg.MaxPending),
+		queue:  make(chan *item, cfg.MaxInFlight),
 		run:    sinks.NewLifecycle("redis"),
 	}, nil
 }
@@ -140,7 +140,7 @@ func (s *Sink) Connect(ctx context.Context) error {
 // relay.Permanent error when no row may write to the key or a field is not
 // valid UTF-8, and when ctx ends or the sink is closed first (ctx.Err() or
 // ErrClosed, both retryable). done must not block. Publish blocks while
-// Config.MaxPending messages are queued. Messages are appended in the order
+// Config.MaxInFlight messages are queued. Messages are appended in the order
 // of the Publish calls.
 func (s *Sink) Publish(ctx context.Context, m *relay.Message, done func(*relay.Message, error)) {
 	key, err := s.stream.render(m)

@@ -170,3 +170,16 @@ func CheckUnreachable(t testing.TB, s Connector, secret string, want ...string) 
 		t.Error("Ready after a failed Connect")
 	}
 }
+
+// RenamedInt checks how a sink resolves an int key that has a deprecated
+// old name (sinks.Renamed): resolve returns the value the sink uses when
+// the old key holds old and the new one cur. The old key counts while the
+// new one is unset or holds its default def; the new key wins otherwise.
+func RenamedInt(tb testing.TB, def int, resolve func(old, cur int) int) {
+	tb.Helper()
+	for _, c := range []struct{ old, cur, want int }{{7, 0, 7}, {7, def, 7}, {7, 9, 9}, {0, 9, 9}} {
+		if got := resolve(c.old, c.cur); got != c.want {
+			tb.Errorf("old key %d, new key %d: the sink uses %d, want %d", c.old, c.cur, got, c.want)
+		}
+	}
+}

@@ -82,7 +82,7 @@ func Run(t *testing.T, f Factory) {
 	t.Run("InvalidUTF8", func(t *testing.T) { testInvalidUTF8(t, f) })
 	t.Run("CloudEventsBinary", func(t *testing.T) { testCloudEventsBinary(t, f) })
 	t.Run("NoLossAcrossClose", func(t *testing.T) { testNoLossAcrossClose(t, f) })
-	t.Run("CloseReportsInflight", func(t *testing.T) { testCloseReportsInflight(t, f) })
+	t.Run("CloseReportsInFlight", func(t *testing.T) { testCloseReportsInFlight(t, f) })
 	t.Run("CancelledContext", func(t *testing.T) { testCancelledContext(t, f) })
 }
 
@@ -199,10 +199,10 @@ func testNoLossAcrossClose(t *testing.T, f Factory) {
 	CheckOrder(t, msgs, got)
 }
 
-// testCloseReportsInflight closes a sink with messages in flight: Close must
+// testCloseReportsInFlight closes a sink with messages in flight: Close must
 // report every one before it returns, and every one reported as published
 // must be on the broker.
-func testCloseReportsInflight(t *testing.T, f Factory) {
+func testCloseReportsInFlight(t *testing.T, f Factory) {
 	const n = 2000
 	ctx := testContext(t)
 	at := aggregateType("inflight")

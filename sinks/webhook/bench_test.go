@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/outboxrelay/outboxrelay/relay"
 	"github.com/outboxrelay/outboxrelay/sinks/sinktest"
@@ -34,6 +35,15 @@ func benchReceiver(b *testing.B) *httptest.Server {
 func BenchmarkSink(b *testing.B) {
 	srv := benchReceiver(b)
 	s := newSink(b, Config{URL: srv.URL + "/hooks/{aggregate_type}", MaxConnsPerHost: benchConns})
+	sinktest.RunSink(b, s)
+	sinktest.BenchmarkPublish(b, s, sinktest.Messages("bench", b.N, 1000))
+}
+
+// BenchmarkSinkBatch is the batch mode, 20 messages per POST, against the
+// same reference: what batching buys over one request per message.
+func BenchmarkSinkBatch(b *testing.B) {
+	srv := benchReceiver(b)
+	s := newSink(b, Config{URL: srv.URL + "/hooks/{aggregate_type}", MaxConnsPerHost: benchConns, Batch: Batch{MaxMessages: 20, Linger: time.Millisecond}})
 	sinktest.RunSink(b, s)
 	sinktest.BenchmarkPublish(b, s, sinktest.Messages("bench", b.N, 1000))
 }

@@ -18,9 +18,9 @@ const (
 	// DefaultMaxConnsPerHost is the most requests in flight at once, each
 	// on a connection of its own.
 	DefaultMaxConnsPerHost = 16
-	// DefaultMaxPending bounds the messages queued or in flight; Publish
+	// DefaultMaxInFlight bounds the messages queued or in flight; Publish
 	// blocks beyond it.
-	DefaultMaxPending = 10_000
+	DefaultMaxInFlight = 10_000
 	// DefaultMaxRetryAfter caps the pause a Retry-After answer imposes.
 	DefaultMaxRetryAfter = time.Minute
 )
@@ -61,8 +61,12 @@ type Config struct {
 	// MaxConnsPerHost is the most requests in flight, and connections
 	// open, at once, default [DefaultMaxConnsPerHost].
 	MaxConnsPerHost int `yaml:"max_conns_per_host"`
-	// MaxPending bounds the messages queued or in flight, default
-	// [DefaultMaxPending]; Publish blocks beyond it.
+	// MaxInFlight bounds the messages queued or in flight, default
+	// [DefaultMaxInFlight]; Publish blocks beyond it.
+	MaxInFlight int `yaml:"max_inflight"`
+	// MaxPending is the deprecated old name of MaxInFlight
+	// (sink.webhook.max_pending): it is read, with a warning, when MaxInFlight is
+	// unset, and will be removed.
 	MaxPending int `yaml:"max_pending"`
 	// MaxRetryAfter caps the pause a Retry-After answer imposes, default
 	// [DefaultMaxRetryAfter].
@@ -71,6 +75,9 @@ type Config struct {
 	// and port. When false, the default, a 3xx answer is a permanent
 	// failure of the message.
 	FollowRedirects bool `yaml:"follow_redirects"`
+
+	// Batch is the optional batch mode, off by default.
+	Batch Batch `yaml:"batch"`
 
 	// TLSFiles is the file form of TLS, for https:// URLs: a CA to verify
 	// the receiver with, a client certificate for mutual TLS.
@@ -82,16 +89,17 @@ type Config struct {
 func (c Config) withDefaults() Config {
 	c.Timeout = cmp.Or(c.Timeout, DefaultTimeout)
 	c.MaxConnsPerHost = cmp.Or(c.MaxConnsPerHost, DefaultMaxConnsPerHost)
-	c.MaxPending = cmp.Or(c.MaxPending, DefaultMaxPending)
+	c.MaxInFlight = cmp.Or(maxPending.Int(c.MaxPending, c.MaxInFlight, DefaultMaxInFlight), DefaultMaxInFlight)
 	c.MaxRetryAfter = cmp.Or(c.MaxRetryAfter, DefaultMaxRetryAfter)
+	c.Batch.MaxMessages = cmp.Or(c.Batch.MaxMessages, 1)
 	return c
 }
 
 // Validate reports every problem with c, with zero fields standing for
 // their defaults. Each problem is one sentence naming the setting to fix.
 func (c Config) Validate() error {
+	errs := []error{maxPending.CheckInt(c.MaxPending, c.MaxInFlight, DefaultMaxInFlight)}
 	c = c.withDefaults()
-	var errs []error
 	// An empty value with its _file set is a file the loader could not
 	// read and has reported: one problem, one error.
 	if _, err := parseURL(c.URL); err != nil && (c.URL != "" || c.URLFile == "") {
@@ -112,11 +120,17 @@ func (c Config) Validate() error {
 	if c.MaxConnsPerHost < 1 {
 		errs = append(errs, fmt.Errorf("sink.webhook.max_conns_per_host is %d; set it to 1 or more", c.MaxConnsPerHost))
 	}
-	if c.MaxPending < 1 {
-		errs = append(errs, fmt.Errorf("sink.webhook.max_pending is %d; set it to 1 or more", c.MaxPending))
+	if c.MaxInFlight < 1 {
+		errs = append(errs, fmt.Errorf("sink.webhook.max_inflight is %d; set it to 1 or more", c.MaxInFlight))
 	}
 	if c.MaxRetryAfter < 0 {
 		errs = append(errs, fmt.Errorf("sink.webhook.max_retry_after is %v; set it above 0", c.MaxRetryAfter))
+	}
+	if c.Batch.MaxMessages < 1 || c.Batch.MaxMessages > MaxBatchMessages {
+		errs = append(errs, fmt.Errorf("sink.webhook.batch.max_messages is %d; set it from 1 to %d", c.Batch.MaxMessages, MaxBatchMessages))
+	}
+	if c.Batch.Linger < 0 {
+		errs = append(errs, fmt.Errorf("sink.webhook.batch.linger is %v; set it to 0 or more", c.Batch.Linger))
 	}
 	if c.TLS == nil && (c.TLSFiles.Enabled || c.TLSFiles.Configured()) {
 		if _, err := c.TLSFiles.ClientConfig("sink.webhook.tls"); err != nil {
@@ -137,3 +151,6 @@ func (c Config) tlsConfig() (*tls.Config, error) {
 	}
 	return nil, nil
 }
+
+// maxPending is max_inflight's old name.
+var maxPending = sinks.Renamed{Sink: "webhook", Old: "max_pending", New: "max_inflight"}

@@ -14,8 +14,9 @@ import (
 )
 
 var (
-	_ sinks.Settings   = (*Config)(nil)
-	_ sinks.Verifiable = (*Config)(nil)
+	_ sinks.Settings      = (*Config)(nil)
+	_ sinks.Verifiable    = (*Config)(nil)
+	_ sinks.FormatChecker = (*Config)(nil)
 )
 
 // The configuration file's sink.webhook section is a Config.
@@ -25,7 +26,7 @@ func init() {
 		Defaults: func() sinks.Settings {
 			return &Config{
 				Timeout: DefaultTimeout, MaxConnsPerHost: DefaultMaxConnsPerHost,
-				MaxPending: DefaultMaxPending, MaxRetryAfter: DefaultMaxRetryAfter,
+				MaxInFlight: DefaultMaxInFlight, MaxRetryAfter: DefaultMaxRetryAfter,
 			}
 		},
 		Docs: map[string]string{
@@ -40,9 +41,12 @@ func init() {
 			"bearer_token_file":        "file holding `sink.webhook.bearer_token`",
 			"timeout":                  "bound of one request; a request that times out is sent again",
 			"max_conns_per_host":       "requests in flight (and connections) at once",
-			"max_pending":              "queued messages before Publish waits",
+			"max_inflight":             "messages in flight (published, not yet acknowledged) before Publish waits",
+			"max_pending":              "deprecated: the old name of `max_inflight`",
 			"max_retry_after":          "cap of the pause a `Retry-After` answer imposes",
 			"follow_redirects":         "follow 307 and 308 answers to the same scheme and host; otherwise a 3xx is dead-lettered",
+			"batch.max_messages":       "batch mode: most messages in one POST, a JSON array of their envelopes (one of each aggregate); 1 sends each alone",
+			"batch.linger":             "batch mode: how long a batch waits for more messages before it is sent",
 			"tls.enabled":              "use the TLS settings below (an `https://` URL uses TLS without them)",
 			"tls.ca_file":              "CA bundle that signs the receiver's certificate",
 			"tls.cert_file":            "client certificate (mutual TLS)",
@@ -60,7 +64,7 @@ func (c *Config) Open(ctx context.Context, log *zap.Logger) (relay.Sink, error) 
 }
 
 // Warnings names the settings that send secrets or messages unencrypted or
-// unverified.
+// unverified, and the deprecated keys set.
 func (c *Config) Warnings() []string {
 	var ws []string
 	if strings.HasPrefix(c.URL, "http://") && (c.Password != "" || c.BearerToken != "") {
@@ -68,6 +72,9 @@ func (c *Config) Warnings() []string {
 	}
 	if c.TLSFiles.InsecureSkipVerify {
 		ws = append(ws, "sink.webhook.tls.insecure_skip_verify accepts any receiver certificate; use sink.webhook.tls.ca_file instead")
+	}
+	if c.MaxPending != 0 {
+		ws = append(ws, maxPending.Warning())
 	}
 	return ws
 }

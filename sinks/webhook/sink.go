@@ -10,17 +10,16 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
-	"golang.org/x/sync/errgroup"
 
 	"github.com/outboxrelay/outboxrelay/envelope"
 	"github.com/outboxrelay/outboxrelay/internal/redact"
 	"github.com/outboxrelay/outboxrelay/relay"
 	"github.com/outboxrelay/outboxrelay/sinks"
+	"github.com/outboxrelay/outboxrelay/sinks/internal/batch"
 )
 
 var (
@@ -55,24 +54,11 @@ type Sink struct {
 	client *http.Client
 	now    func() time.Time
 
-	slots chan struct{} // one per message queued or in flight (MaxPending)
-	queue chan *item    // aggregates' heads, ready to send
+	q   *batch.Queue     // per-aggregate chains and the workers that send
+	run *sinks.Lifecycle // q's
 
-	mu     sync.Mutex            // guards chains; orders Publish against Close
-	chains map[aggregate][]*item // an entry per aggregate with a message queued or in flight: the ones behind it
-
-	run   *sinks.Lifecycle // stopped by Close under mu
 	ready atomic.Bool
 	pause atomic.Int64 // Unix nanoseconds before which no request is sent (Retry-After)
-}
-
-type aggregate struct{ typ, id string }
-
-// item is one message between Publish and its outcome.
-type item struct {
-	m    *relay.Message
-	done func(*relay.Message, error)
-	key  aggregate
 }
 
 // New checks cfg, applies its defaults and returns a Sink. It neither
@@ -112,11 +98,12 @@ func New(cfg Config, log *zap.Logger) (*Sink, error) {
 		ep:     ep,
 		signer: sg,
 		now:    time.Now,
-		slots:  make(chan struct{}, cfg.MaxPending),
-		queue:  make(chan *item, cfg.MaxPending),
-		chains: map[aggregate][]*item{},
-		run:    sinks.NewLifecycle("webhook"),
 	}
+	s.q = batch.New(batch.Options{
+		Name: "webhook", MaxInFlight: cfg.MaxInFlight, Workers: cfg.MaxConnsPerHost,
+		MaxBatch: cfg.Batch.MaxMessages, Linger: cfg.Batch.Linger, Send: s.sendBatch, Closed: ErrClosed,
+	})
+	s.run = s.q.Lifecycle()
 	s.client = &http.Client{Transport: tr, Timeout: cfg.Timeout, CheckRedirect: s.checkRedirect}
 	return s, nil
 }
@@ -167,40 +154,12 @@ func (s *Sink) Connect(ctx context.Context) error {
 // Publish queues m for Run; done is called exactly once, from one of Run's
 // goroutines once the receiver has answered m, or before Publish returns
 // when ctx ends or the sink is closed first (ctx.Err() or ErrClosed, both
-// retryable). done must not block. Publish blocks while Config.MaxPending
+// retryable). done must not block. Publish blocks while Config.MaxInFlight
 // messages are queued or in flight. Messages of one aggregate are sent in
 // the order of the Publish calls, each once the one before has been
 // answered.
 func (s *Sink) Publish(ctx context.Context, m *relay.Message, done func(*relay.Message, error)) {
-	if err := ctx.Err(); err != nil {
-		done(m, err)
-		return
-	}
-	select {
-	case s.slots <- struct{}{}:
-	case <-ctx.Done():
-		done(m, ctx.Err())
-		return
-	case <-s.run.Quit():
-		done(m, ErrClosed)
-		return
-	}
-	it := &item{m: m, done: done, key: aggregate{m.AggregateType, m.AggregateID}}
-	s.mu.Lock()
-	if s.run.Stopped() {
-		s.mu.Unlock()
-		<-s.slots
-		done(m, ErrClosed)
-		return
-	}
-	waiting, busy := s.chains[it.key]
-	if busy {
-		s.chains[it.key] = append(waiting, it)
-	} else {
-		s.chains[it.key] = nil
-		s.queue <- it // never blocks: the queue has room for every slot
-	}
-	s.mu.Unlock()
+	s.q.Publish(ctx, m, done)
 }
 
 // Run sends the queued messages, over at most Config.MaxConnsPerHost
@@ -208,68 +167,7 @@ func (s *Sink) Publish(ctx context.Context, m *relay.Message, done func(*relay.M
 // nil. Requests in flight when the sink is closed are finished first;
 // cancelling ctx abandons them, reporting their messages with ctx's error.
 // Messages still queued are reported by Close. Run may be called once.
-func (s *Sink) Run(ctx context.Context) error {
-	if err := s.run.Enter(); err != nil {
-		return err
-	}
-	defer s.run.Exit()
-	var g errgroup.Group
-	for range s.cfg.MaxConnsPerHost {
-		g.Go(func() error {
-			for {
-				if s.run.Stopped() {
-					return nil // the queue may still hold messages: Close reports them
-				}
-				select {
-				case it := <-s.queue:
-					if s.run.Stopped() {
-						s.queue <- it // never blocks: it holds a slot
-						return nil
-					}
-					s.deliver(ctx, it)
-				case <-ctx.Done():
-					return nil
-				case <-s.run.Quit():
-					return nil
-				}
-			}
-		})
-	}
-	return g.Wait()
-}
-
-// deliver sends it, reports its outcome and queues the next message of its
-// aggregate, or, after a retryable failure, fails the ones behind it so that
-// none overtakes it.
-func (s *Sink) deliver(ctx context.Context, it *item) {
-	err := s.send(ctx, it.m)
-
-	// The aggregate's chain is settled before done reports it: a message
-	// of the aggregate published from done (a caller's own retry) then
-	// starts a chain of its own instead of being failed as one behind it.
-	var behind []*item
-	s.mu.Lock()
-	waiting := s.chains[it.key]
-	switch {
-	case len(waiting) == 0:
-		delete(s.chains, it.key)
-	case err != nil && relay.Retryable(err):
-		behind = waiting
-		delete(s.chains, it.key)
-	default:
-		next := waiting[0]
-		waiting[0] = nil
-		s.chains[it.key] = waiting[1:]
-		s.queue <- next // never blocks: next holds a slot
-	}
-	s.mu.Unlock()
-	it.done(it.m, err)
-	<-s.slots
-	for _, b := range behind {
-		b.done(b.m, fmt.Errorf("not sent: message %s of aggregate %s/%s before it failed: %w", it.m.ID, it.key.typ, it.key.id, err))
-		<-s.slots
-	}
-}
+func (s *Sink) Run(ctx context.Context) error { return s.q.Run(ctx) }
 
 // send POSTs m once and returns its outcome: nil, a retryable error, or a
 // relay.Permanent one.
@@ -284,6 +182,13 @@ func (s *Sink) send(ctx context.Context, m *relay.Message) error {
 	if err != nil {
 		return relay.Permanent(err)
 	}
+	return s.post(ctx, u, h, m.ID, m.Envelope, m.Destination)
+}
+
+// post sends body to u, signed as the message id, once the sink's pause
+// (Retry-After) is over, and returns the outcome; dest names the
+// destination in errors.
+func (s *Sink) post(ctx context.Context, u *url.URL, h http.Header, id string, body []byte, dest string) error {
 	if wait := time.Until(time.Unix(0, s.pause.Load())); wait > 0 {
 		if !s.run.Sleep(ctx, wait) {
 			if ctx.Err() != nil {
@@ -294,8 +199,8 @@ func (s *Sink) send(ctx context.Context, m *relay.Message) error {
 	}
 	ts := s.now().Unix()
 	h[HeaderWebhookTimestamp] = []string{strconv.FormatInt(ts, 10)}
-	h[HeaderWebhookSignature] = []string{s.signer.sign(m.ID, ts, m.Envelope)}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u.String(), bytes.NewReader(m.Envelope))
+	h[HeaderWebhookSignature] = []string{s.signer.sign(id, ts, body)}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u.String(), bytes.NewReader(body))
 	if err != nil {
 		return relay.Permanent(fmt.Errorf("build the webhook request: %w", redact.Error(err, u.String())))
 	}
@@ -307,10 +212,10 @@ func (s *Sink) send(ctx context.Context, m *relay.Message) error {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		return fmt.Errorf("post to webhook %s: %w", m.Destination, scrub(err, u))
+		return fmt.Errorf("post to webhook %s: %w", dest, scrub(err, u))
 	}
 	defer drain(resp)
-	return s.outcome(m, resp)
+	return s.outcome(dest, resp)
 }
 
 // outcome maps the receiver's answer to the message's outcome. This is the
@@ -318,7 +223,7 @@ func (s *Sink) send(ctx context.Context, m *relay.Message) error {
 // 5xx are retryable (and a Retry-After on 429 or 503 pauses the sink);
 // everything else, 3xx included, is permanent, with the status and the
 // start of the answer's body.
-func (s *Sink) outcome(m *relay.Message, resp *http.Response) error {
+func (s *Sink) outcome(dest string, resp *http.Response) error {
 	code := resp.StatusCode
 	switch {
 	case code >= 200 && code < 300:
@@ -326,7 +231,7 @@ func (s *Sink) outcome(m *relay.Message, resp *http.Response) error {
 		return nil
 	case code == http.StatusRequestTimeout || code == http.StatusTooManyRequests || code >= 500:
 		s.ready.Store(code < 500 && !s.run.Stopped())
-		err := fmt.Errorf("webhook %s answered %s%s", m.Destination, resp.Status, excerpt(resp))
+		err := fmt.Errorf("webhook %s answered %s%s", dest, resp.Status, excerpt(resp))
 		if code == http.StatusTooManyRequests || code == http.StatusServiceUnavailable {
 			if d, ok := retryAfter(resp.Header.Get("Retry-After"), s.now()); ok {
 				d = min(d, s.cfg.MaxRetryAfter)
@@ -341,7 +246,7 @@ func (s *Sink) outcome(m *relay.Message, resp *http.Response) error {
 		if code >= 300 && code < 400 {
 			hint = fmt.Sprintf(" to %s; set sink.webhook.url to the final URL (or sink.webhook.follow_redirects for 307 and 308 on the same host)", redact.URL(resp.Header.Get("Location")))
 		}
-		return relay.Permanent(fmt.Errorf("webhook %s answered %s%s%s", m.Destination, resp.Status, hint, excerpt(resp)))
+		return relay.Permanent(fmt.Errorf("webhook %s answered %s%s%s", dest, resp.Status, hint, excerpt(resp)))
 	}
 }
 
@@ -441,30 +346,10 @@ func (s *Sink) Ready() bool { return s.ready.Load() }
 // Every done has been called when Close returns. Publish calls after Close
 // report ErrClosed. Close is idempotent and safe for concurrent use.
 func (s *Sink) Close() error {
-	if !s.run.Stop(&s.mu) {
+	if !s.q.Close() {
 		return nil
 	}
 	s.ready.Store(false)
-	s.mu.Lock()
-	var left []*item
-	for {
-		select {
-		case it := <-s.queue:
-			left = append(left, it)
-			continue
-		default:
-		}
-		break
-	}
-	for _, it := range left {
-		left = append(left, s.chains[it.key]...)
-	}
-	clear(s.chains)
-	s.mu.Unlock()
-	for _, it := range left {
-		it.done(it.m, ErrClosed)
-		<-s.slots
-	}
 	s.client.CloseIdleConnections()
 	return nil
 }

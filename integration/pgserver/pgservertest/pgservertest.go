@@ -66,7 +66,7 @@ func RequireTCP(t testing.TB, addr, what string) {
 		return
 	}
 	if os.Getenv("CI") == "true" {
-		t.Fatalf("%s is not reachable at %s (%v); CI must start it before the tests (see .ci/run)", what, addr, err)
+		t.Fatalf("%s is not reachable at %s (%v); CI must start it before the tests (see .ci/services)", what, addr, err)
 	}
 	t.Skipf("%s is not reachable at %s (%v); start it to run this test, or set CI=true to make this a failure", what, addr, err)
 }

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/outboxrelay/outboxrelay/internal/schema"
+	"github.com/outboxrelay/outboxrelay/outbox/schema"
 )
 
 // benchPayload has the shape and size of make bench's 1 KB rows, as

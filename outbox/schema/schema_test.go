@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/outboxrelay/outboxrelay/internal/schema"
+	"github.com/outboxrelay/outboxrelay/outbox/schema"
 )
 
 func load(t testing.TB, opts ...schema.Option) *schema.Set {

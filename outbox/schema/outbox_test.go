@@ -8,8 +8,8 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/outboxrelay/outboxrelay/internal/schema"
 	"github.com/outboxrelay/outboxrelay/outbox"
+	"github.com/outboxrelay/outboxrelay/outbox/schema"
 )
 
 // statements counts what an outbox.Writer sends instead of sending it.

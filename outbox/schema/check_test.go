@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/outboxrelay/outboxrelay/internal/schema"
+	"github.com/outboxrelay/outboxrelay/outbox/schema"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files of TestCheckGolden")
@@ -43,7 +43,7 @@ func TestCheckGolden(t *testing.T) {
 			}
 			want, err := os.ReadFile(golden)
 			if err != nil {
-				t.Fatalf("%v (run go test ./schema -run TestCheckGolden -update)", err)
+				t.Fatalf("%v (run, in outbox/: go test ./schema -run TestCheckGolden -update)", err)
 			}
 			if b.String() != string(want) {
 				t.Errorf("report of %s:\n%s\nwant (%s):\n%s", dir, b.String(), golden, want)

@@ -1,0 +1,427 @@
+// Package rules compiles and runs the routing rules of issue 31: an ordered
+// list of routes, each with a CEL condition (cel.dev/cel-go) and what a
+// matching row becomes (a destination template, a key, headers, a format),
+// a policy for the rows no route matches, and transform expressions that
+// set headers, the key and payload fields.
+//
+// Every expression is compiled and type-checked by Compile, so that a typo
+// is one error at configuration load naming the rule and the position,
+// never a failure on the first row. An expression sees the envelope fields
+// (message_id, aggregate_type, aggregate_id, event_type, schema_version,
+// table, headers, payload) and the row's columns as row, a map from column
+// name to the column's text (a NULL column is absent).
+//
+// A Set is immutable and safe for concurrent use.
+package rules
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"reflect"
+	"slices"
+	"strings"
+
+	"cel.dev/cel-go/cel"
+	"cel.dev/cel-go/common"
+	"cel.dev/cel-go/common/types"
+	"cel.dev/cel-go/common/types/ref"
+	"google.golang.org/protobuf/types/known/structpb"
+)
+
+var jsonValue = reflect.TypeOf(&structpb.Value{})
+
+// Route is one entry of the routes list.
+type Route struct {
+	// Name names the route in errors, metrics and the dry run; default
+	// route-<index>.
+	Name string `yaml:"name"`
+	// When is a CEL expression of type bool; empty matches every row.
+	When string `yaml:"when"`
+	// Destination is the destination template the sink renders (topic,
+	// routing key, subject, stream); empty keeps the sink's own.
+	Destination string `yaml:"destination"`
+	// Key is a CEL expression of type string: the record key; empty keeps
+	// the key the row has.
+	Key string `yaml:"key"`
+	// Headers are header names to CEL expressions of type string, added to
+	// the message.
+	Headers map[string]string `yaml:"headers"`
+	// Format overrides envelope.format for the route's messages.
+	Format string `yaml:"format"`
+	// Continue: a row this route matches is also tried against the routes
+	// after it, instead of the first match winning.
+	Continue bool `yaml:"continue"`
+}
+
+// Transform sets headers, the key and top-level payload fields of every
+// routed message, before the routes' own key and headers.
+type Transform struct {
+	Key     string            `yaml:"key"`
+	Headers map[string]string `yaml:"headers"`
+	// Payload maps a top-level field of a JSON object payload to a CEL
+	// expression whose value the field gets.
+	Payload map[string]string `yaml:"payload"`
+}
+
+// Config is the routing configuration.
+type Config struct {
+	Routes []Route `yaml:"routes"`
+	// Unmatched is what becomes of a row no route matches: UnmatchedDeadLetter
+	// (the default), UnmatchedDrop, or the name of a route whose settings it
+	// gets (a default route; its when is not evaluated).
+	Unmatched string    `yaml:"unmatched"`
+	Transform Transform `yaml:"transform"`
+}
+
+// The policies of Config.Unmatched besides a route name.
+const (
+	UnmatchedDeadLetter = "deadletter"
+	UnmatchedDrop       = "drop"
+)
+
+// Row is what the expressions of a Set see of one outbox row.
+type Row struct {
+	MessageID, AggregateType, AggregateID, EventType, Table string
+	SchemaVersion                                           int
+	Headers                                                 map[string]string
+	// Payload is the payload's JSON text; nil is JSON null.
+	Payload []byte
+	// Columns are the row's columns as text, without its NULL ones.
+	Columns map[string]string
+}
+
+// Match is one route a row took and what it made of the row.
+type Match struct {
+	Route       string
+	Destination string
+	Key         string
+	// Headers are the transform's and the route's, sorted by name.
+	Headers map[string]string
+	Format  string
+}
+
+// Decision is what a Set made of a row.
+type Decision struct {
+	// Matches are the routes the row took, in order; empty when it
+	// matched none.
+	Matches []Match
+	// Dropped: no route matched and Unmatched is drop.
+	Dropped bool
+	// Payload is the transformed payload JSON, or nil when the transform
+	// sets no payload field.
+	Payload []byte
+}
+
+// ErrUnmatched is wrapped by Decide's error for a row no route matches
+// when Unmatched is deadletter: the row is dead-lettered with it.
+var ErrUnmatched = errors.New("no route matches the row and unmatched is deadletter")
+
+// A RuleError is a rule that fails, at Compile or on a row.
+type RuleError struct {
+	// Rule is the rule's place in the configuration: routes[1] (orders).when.
+	Rule string
+	Err  error
+}
+
+func (e *RuleError) Error() string { return fmt.Sprintf("rule %s: %v", e.Rule, e.Err) }
+func (e *RuleError) Unwrap() error { return e.Err }
+
+type program struct {
+	rule string
+	prg  cel.Program
+}
+
+type headerProgram struct {
+	name string
+	program
+}
+
+type compiledRoute struct {
+	name, destination, format string
+	when, key                 *program
+	headers                   []headerProgram
+	cont                      bool
+}
+
+// Set is a compiled Config.
+type Set struct {
+	routes    []compiledRoute
+	unmatched string
+	fallback  *compiledRoute
+	tKey      *program
+	tHeaders  []headerProgram
+	tPayload  []headerProgram
+}
+
+func newEnv() (*cel.Env, error) {
+	return cel.NewEnv(
+		cel.Variable("message_id", cel.StringType),
+		cel.Variable("aggregate_type", cel.StringType),
+		cel.Variable("aggregate_id", cel.StringType),
+		cel.Variable("event_type", cel.StringType),
+		cel.Variable("table", cel.StringType),
+		cel.Variable("schema_version", cel.IntType),
+		cel.Variable("headers", cel.MapType(cel.StringType, cel.StringType)),
+		cel.Variable("row", cel.MapType(cel.StringType, cel.StringType)),
+		cel.Variable("payload", cel.DynType),
+	)
+}
+
+// Compile compiles and type-checks every expression of c. Its error lists
+// every problem, each naming its rule (routes[i] (name).when, say) and,
+// for an expression, the line and column CEL reports.
+func Compile(c Config) (*Set, error) {
+	env, err := newEnv()
+	if err != nil {
+		return nil, fmt.Errorf("rules: %w", err)
+	}
+	var errs []error
+	compile := func(rule, expr string, want *cel.Type) *program {
+		if strings.TrimSpace(expr) == "" {
+			if want == cel.BoolType {
+				return nil
+			}
+			errs = append(errs, &RuleError{Rule: rule, Err: errors.New("is empty")})
+			return nil
+		}
+		ast, iss := env.CompileSource(common.NewStringSource(expr, rule))
+		if iss.Err() != nil {
+			errs = append(errs, &RuleError{Rule: rule, Err: iss.Err()})
+			return nil
+		}
+		if t := ast.OutputType(); want != nil && !t.IsExactType(want) && !t.IsExactType(cel.DynType) {
+			errs = append(errs, &RuleError{Rule: rule, Err: fmt.Errorf("%q is of type %s, want %s", expr, t, want)})
+			return nil
+		}
+		prg, err := env.Program(ast)
+		if err != nil {
+			errs = append(errs, &RuleError{Rule: rule, Err: err})
+			return nil
+		}
+		return &program{rule: rule, prg: prg}
+	}
+	headers := func(prefix string, hs map[string]string, want *cel.Type) []headerProgram {
+		var out []headerProgram
+		for _, name := range slices.Sorted(maps.Keys(hs)) {
+			if name == "" {
+				errs = append(errs, &RuleError{Rule: prefix, Err: errors.New("has an empty name")})
+				continue
+			}
+			if p := compile(prefix+"."+name, hs[name], want); p != nil {
+				out = append(out, headerProgram{name: name, program: *p})
+			}
+		}
+		return out
+	}
+	s := &Set{unmatched: c.Unmatched}
+	if s.unmatched == "" {
+		s.unmatched = UnmatchedDeadLetter
+	}
+	names := map[string]bool{}
+	for i, r := range c.Routes {
+		name := r.Name
+		if name == "" {
+			name = fmt.Sprintf("route-%d", i)
+		}
+		if names[name] {
+			errs = append(errs, fmt.Errorf("routes[%d]: the name %q is used by an earlier route", i, name))
+		}
+		names[name] = true
+		at := fmt.Sprintf("routes[%d] (%s)", i, name)
+		cr := compiledRoute{name: name, destination: r.Destination, format: r.Format, cont: r.Continue,
+			when: compile(at+".when", r.When, cel.BoolType)}
+		if r.Key != "" {
+			cr.key = compile(at+".key", r.Key, cel.StringType)
+		}
+		cr.headers = headers(at+".headers", r.Headers, cel.StringType)
+		s.routes = append(s.routes, cr)
+	}
+	switch s.unmatched {
+	case UnmatchedDeadLetter, UnmatchedDrop:
+	default:
+		i := slices.IndexFunc(s.routes, func(r compiledRoute) bool { return r.name == s.unmatched })
+		if i < 0 {
+			errs = append(errs, fmt.Errorf("unmatched %q is not deadletter, drop or the name of a route", c.Unmatched))
+		} else {
+			s.fallback = &s.routes[i]
+		}
+	}
+	if c.Transform.Key != "" {
+		s.tKey = compile("transform.key", c.Transform.Key, cel.StringType)
+	}
+	s.tHeaders = headers("transform.headers", c.Transform.Headers, cel.StringType)
+	s.tPayload = headers("transform.payload", c.Transform.Payload, nil)
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// activation is the variables of r; payload is parsed only when an
+// expression reads it.
+func activation(r *Row) map[string]any {
+	hs, cols := r.Headers, r.Columns
+	if hs == nil {
+		hs = map[string]string{}
+	}
+	if cols == nil {
+		cols = map[string]string{}
+	}
+	return map[string]any{
+		"message_id": r.MessageID, "aggregate_type": r.AggregateType, "aggregate_id": r.AggregateID,
+		"event_type": r.EventType, "table": r.Table, "schema_version": int64(r.SchemaVersion),
+		"headers": hs, "row": cols,
+		"payload": func() ref.Val {
+			var v any
+			if len(r.Payload) > 0 {
+				if err := json.Unmarshal(r.Payload, &v); err != nil {
+					return types.NewErr("payload is not JSON: %v", err)
+				}
+			}
+			return types.DefaultTypeAdapter.NativeToValue(v)
+		},
+	}
+}
+
+func (p *program) eval(vars map[string]any) (ref.Val, error) {
+	out, _, err := p.prg.Eval(vars)
+	if err != nil {
+		return nil, &RuleError{Rule: p.rule, Err: err}
+	}
+	return out, nil
+}
+
+func (p *program) bool(vars map[string]any) (bool, error) {
+	out, err := p.eval(vars)
+	if err != nil {
+		return false, err
+	}
+	b, ok := out.Value().(bool)
+	if !ok {
+		return false, &RuleError{Rule: p.rule, Err: fmt.Errorf("gave %s, not a bool", out.Type().TypeName())}
+	}
+	return b, nil
+}
+
+func (p *program) string(vars map[string]any) (string, error) {
+	out, err := p.eval(vars)
+	if err != nil {
+		return "", err
+	}
+	s, ok := out.Value().(string)
+	if !ok {
+		return "", &RuleError{Rule: p.rule, Err: fmt.Errorf("gave %s, not a string", out.Type().TypeName())}
+	}
+	return s, nil
+}
+
+func setHeaders(dst map[string]string, hs []headerProgram, vars map[string]any) error {
+	for _, h := range hs {
+		v, err := h.string(vars)
+		if err != nil {
+			return err
+		}
+		dst[h.name] = v
+	}
+	return nil
+}
+
+// Decide runs the rules on r. An error (a *RuleError, or ErrUnmatched
+// wrapped) means the row is dead-lettered with it; the Set stays usable
+// for the next row.
+func (s *Set) Decide(r *Row) (Decision, error) {
+	vars := activation(r)
+	var d Decision
+	base := Match{Key: r.AggregateID, Headers: map[string]string{}}
+	if s.tKey != nil {
+		k, err := s.tKey.string(vars)
+		if err != nil {
+			return d, err
+		}
+		base.Key = k
+	}
+	if err := setHeaders(base.Headers, s.tHeaders, vars); err != nil {
+		return d, err
+	}
+	if len(s.tPayload) > 0 {
+		p, err := s.transformPayload(r, vars)
+		if err != nil {
+			return d, err
+		}
+		d.Payload = p
+	}
+	take := func(cr *compiledRoute) error {
+		m := Match{Route: cr.name, Destination: cr.destination, Format: cr.format, Key: base.Key, Headers: maps.Clone(base.Headers)}
+		if cr.key != nil {
+			k, err := cr.key.string(vars)
+			if err != nil {
+				return err
+			}
+			m.Key = k
+		}
+		if err := setHeaders(m.Headers, cr.headers, vars); err != nil {
+			return err
+		}
+		d.Matches = append(d.Matches, m)
+		return nil
+	}
+	for i := range s.routes {
+		cr := &s.routes[i]
+		if cr.when != nil {
+			ok, err := cr.when.bool(vars)
+			if err != nil {
+				return Decision{}, err
+			}
+			if !ok {
+				continue
+			}
+		}
+		if err := take(cr); err != nil {
+			return Decision{}, err
+		}
+		if !cr.cont {
+			break
+		}
+	}
+	if len(d.Matches) > 0 {
+		return d, nil
+	}
+	switch {
+	case s.fallback != nil:
+		if err := take(s.fallback); err != nil {
+			return Decision{}, err
+		}
+		return d, nil
+	case s.unmatched == UnmatchedDrop:
+		d.Dropped = true
+		return d, nil
+	}
+	return Decision{}, fmt.Errorf("%w (%d routes)", ErrUnmatched, len(s.routes))
+}
+
+// transformPayload sets the transform's payload fields in a JSON object
+// payload.
+func (s *Set) transformPayload(r *Row, vars map[string]any) ([]byte, error) {
+	var obj map[string]any
+	if err := json.Unmarshal(r.Payload, &obj); err != nil || obj == nil {
+		return nil, &RuleError{Rule: "transform.payload", Err: errors.New("the payload is not a JSON object")}
+	}
+	for _, f := range s.tPayload {
+		out, err := f.eval(vars)
+		if err != nil {
+			return nil, err
+		}
+		v, err := out.ConvertToNative(jsonValue)
+		if err != nil {
+			return nil, &RuleError{Rule: f.rule, Err: fmt.Errorf("gave a value JSON cannot hold: %w", err)}
+		}
+		obj[f.name] = v.(*structpb.Value).AsInterface()
+	}
+	b, err := json.Marshal(obj)
+	if err != nil {
+		return nil, &RuleError{Rule: "transform.payload", Err: err}
+	}
+	return b, nil
+}
