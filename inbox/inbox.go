@@ -379,6 +379,11 @@ func (in *Inbox) try(ctx context.Context, m Message, h Handler, replay bool, the
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {
+		if out == Processed && errors.Is(err, pgx.ErrTxClosed) {
+			// The handler committed or rolled back the transaction itself:
+			// a failed attempt, whose retry finds the record or not.
+			return 0, errors.New("the handler ended the inbox's transaction itself"), nil
+		}
 		// A constraint checked at commit (deferred) or a serialization
 		// failure is the handler's: retry it. Anything else may or may not
 		// have committed; the redelivery finds out.
