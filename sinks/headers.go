@@ -49,6 +49,10 @@ var (
 	// HTTP is the webhook sink's: headers as the CloudEvents HTTP binding
 	// names its attributes (ce-).
 	HTTP = Binding{Aggregate: true, CloudEventsPrefix: "ce-"}
+	// PubSub is the pubsub sink's: attributes, with the prefix of the
+	// CloudEvents Google Pub/Sub binding (ce-). The aggregate_id is the
+	// ordering key too, which subscribers see.
+	PubSub = Binding{Aggregate: true, CloudEventsPrefix: "ce-"}
 )
 
 // ContentType is the media type of m's body: m.ContentType, or

@@ -18,7 +18,7 @@ var descriptions = map[string]string{
 	"postgres.heartbeat_interval": "heartbeat message interval, so an idle outbox does not pin WAL; 0 disables",
 	"postgres.retention":          "delete outbox rows older than this, in small batches; 0 keeps all",
 	"postgres.backfill":           "on a relay's first start (no position recorded for its slot): `auto` publishes the rows of tables `migrate` created that no relay has relayed, `all` every row the tables hold, `none` nothing; then it streams",
-	"sink.type":                   "the sink to run: `kafka`, `nats`, `rabbitmq`, `redis` or `webhook`",
+	"sink.type":                   "the sink to run: `kafka`, `kinesis`, `nats`, `pubsub`, `rabbitmq`, `redis`, `sns`, `sqs` or `webhook`",
 	"relay.drain_timeout":         "how long a shutdown waits for acknowledgements",
 	"relay.dead_letters":          "store undeliverable messages in `outboxrelay.dead_letters`; false stops the relay instead",
 	"relay.schemas.dir":           "folder of JSON Schemas, `EVENT_TYPE/vN.json`; a payload that does not match the schema of its event type and `schema_version` is dead-lettered. Empty: no validation",
