@@ -9,6 +9,7 @@ import (
 
 	"github.com/outboxrelay/outboxrelay/cdc"
 	"github.com/outboxrelay/outboxrelay/envelope"
+	"github.com/outboxrelay/outboxrelay/internal/rules"
 )
 
 // Columns names the outbox table's columns. Empty optional names mean the
@@ -90,6 +91,10 @@ type Config struct {
 	Outbox `yaml:"-"`
 	// Envelope is the body format (the file's envelope section).
 	Envelope `yaml:"-"`
+
+	// Rules are the routing rules (the file's routes, unmatched and
+	// transform keys); no routes: every row goes to the sink's destination.
+	Rules rules.Config `yaml:"-"`
 
 	// Database is written to the envelope's source.database.
 	Database string `yaml:"-"`
@@ -174,6 +179,9 @@ func (c Config) WithDefaults() Config {
 // one sentence naming the key to fix.
 func (c Config) Validate() error {
 	errs := []error{c.Outbox.Validate(), c.Envelope.Validate()}
+	if _, err := c.compileRules(); err != nil {
+		errs = append(errs, err)
+	}
 	if c.MaxInFlight < 1 {
 		errs = append(errs, errors.New("relay.max_inflight must be at least 1"))
 	}
@@ -294,4 +302,25 @@ func (Envelope) Docs() map[string]string {
 // Source is the replication stream the relay consumes (*cdc.Stream).
 type Source interface {
 	Run(ctx context.Context, h cdc.Handler) error
+}
+
+// compileRules compiles c.Rules; nil when there are no routes, and an
+// error when unmatched or transform is set without routes.
+func (c Config) compileRules() (*rules.Set, error) {
+	r := c.Rules
+	if len(r.Routes) == 0 {
+		if r.Unmatched != "" || r.Transform.Key != "" || len(r.Transform.Headers) > 0 || len(r.Transform.Payload) > 0 {
+			return nil, errors.New("unmatched and transform apply to routed rows: add routes")
+		}
+		return nil, nil
+	}
+	for i, rt := range r.Routes {
+		if rt.Format == "" {
+			continue
+		}
+		if err := (Envelope{Format: Format(rt.Format), CloudEventsSource: c.CloudEventsSource}).Validate(); err != nil {
+			return nil, fmt.Errorf("routes[%d] (%s).format: %w", i, rt.Name, err)
+		}
+	}
+	return rules.Compile(r)
 }

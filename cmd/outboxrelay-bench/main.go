@@ -35,6 +35,9 @@
 // the relay binary, read from /proc. The PostgreSQL-side consumers repeat,
 // interleaved, and the table shows medians; every run is in the JSON.
 //
+// First it runs each webhook/cloud sink's BenchmarkSink against its
+// BenchmarkBareClient (sinks.go), interleaved, and prints their ratio.
+//
 // Then it measures commit-to-consumer latency in a live run at a fixed rate
 // with synchronous_commit on, and runs the Go micro-benchmarks of cdc and
 // envelope (go test -bench).
@@ -43,6 +46,7 @@
 //
 //	go run ./cmd/outboxrelay-bench [-quick] [-rows N] [-bigtx-rows N] [-count N]
 //	    [-profile WORKLOAD] [-relay-env KEY=VALUE,...] [-out FILE]
+//	    [-sinks=false | -sinks-only] [-sink-count N] [-sink-benchtime 5000x]
 package main
 
 import (
@@ -94,22 +98,25 @@ const (
 )
 
 type options struct {
-	rows, bigTxRows int
-	quick           bool
-	only            string
-	amqpURL         string
-	out             string
-	latencyRate     int
-	latencyFor      time.Duration
-	profile         string
-	relayEnv        string
-	micro           bool
-	skipRabbit      bool
-	rabbitMaxRows   int
-	count           int
-	countMaxRows    int
-	quietWait       time.Duration
-	timeout         time.Duration
+	rows, bigTxRows  int
+	quick            bool
+	only             string
+	amqpURL          string
+	out              string
+	latencyRate      int
+	latencyFor       time.Duration
+	profile          string
+	relayEnv         string
+	micro            bool
+	sinks, sinksOnly bool
+	sinkCount        int
+	sinkBenchtime    string
+	skipRabbit       bool
+	rabbitMaxRows    int
+	count            int
+	countMaxRows     int
+	quietWait        time.Duration
+	timeout          time.Duration
 }
 
 func main() {
@@ -145,6 +152,10 @@ func main() {
 	flag.IntVar(&o.countMaxRows, "count-max-rows", 200_000, "workloads with more rows run at most twice (the table then shows the faster run)")
 	flag.DurationVar(&o.timeout, "timeout", 30*time.Minute, "give up after this long")
 	flag.BoolVar(&o.micro, "micro", true, "run the cdc, envelope and outbox/schema micro-benchmarks (go test -bench)")
+	flag.BoolVar(&o.sinks, "sinks", true, "run each cloud/webhook sink's BenchmarkSink against its BenchmarkBareClient and print their ratio")
+	flag.BoolVar(&o.sinksOnly, "sinks-only", false, "run only the sink benchmarks (no PostgreSQL), writing the results file")
+	flag.IntVar(&o.sinkCount, "sink-count", 3, "repetitions of the sink benchmarks, interleaved; the table shows medians")
+	flag.StringVar(&o.sinkBenchtime, "sink-benchtime", "5000x", "-test.benchtime of each sink benchmark")
 	flag.Parse()
 	if o.quick {
 		o.rows, o.bigTxRows, o.latencyFor = 20_000, 200_000, 5*time.Second
@@ -184,6 +195,7 @@ type results struct {
 	Workloads  []workloadResult  `json:"workloads"`
 	Latency    *latencyResult    `json:"latency,omitempty"`
 	Micro      []string          `json:"micro_benchmarks,omitempty"`
+	Sinks      []sinkRow         `json:"sinks,omitempty"`
 	Targets    []string          `json:"targets,omitempty"`
 	Notes      []string          `json:"notes,omitempty"`
 }
@@ -258,6 +270,15 @@ func run(ctx context.Context, o options) error {
 		"rows": fmt.Sprint(o.rows), "bigtx_rows": fmt.Sprint(o.bigTxRows), "quick": fmt.Sprint(o.quick),
 		"latency_rate": fmt.Sprint(o.latencyRate), "latency_duration": o.latencyFor.String(),
 		"count": fmt.Sprint(o.count), "relay_env": o.relayEnv,
+		"sink_count": fmt.Sprint(o.sinkCount), "sink_benchtime": o.sinkBenchtime,
+	}
+	if o.sinks || o.sinksOnly {
+		res.Sinks = sinkBenchmarks(ctx, root, o.sinkCount, o.sinkBenchtime)
+	}
+	if o.sinksOnly {
+		res.Seconds = time.Since(res.Started).Seconds()
+		printSinkRows(os.Stdout, res.Sinks)
+		return writeResults(root, o.out, "-sinks", res)
 	}
 
 	if o.micro {
@@ -349,15 +370,23 @@ func run(ctx context.Context, o options) error {
 	res.Targets = targets(res)
 
 	printReport(os.Stdout, res)
-	path := o.out
+	if err := writeResults(root, o.out, "", res); err != nil {
+		return err
+	}
+	_ = os.RemoveAll(workDir)
+	return nil
+}
+
+// writeResults writes res to path, by default
+// .bench/results-<time><suffix>.json in the module.
+func writeResults(root, path, suffix string, res *results) error {
 	if path == "" {
-		path = filepath.Join(root, ".bench", "results-"+res.Started.Format("20060102-150405")+".json")
+		path = filepath.Join(root, ".bench", "results-"+res.Started.Format("20060102-150405")+suffix+".json")
 	}
 	if err := writeJSON(path, res); err != nil {
 		return err
 	}
 	fmt.Println("results written to", path)
-	_ = os.RemoveAll(workDir)
 	return nil
 }
 
@@ -1233,6 +1262,7 @@ func printReport(out io.Writer, res *results) {
 	for _, n := range res.Notes {
 		fmt.Fprintln(out, "  note:", n)
 	}
+	printSinkRows(out, res.Sinks)
 	fmt.Fprintf(out, "  total %.0fs\n", res.Seconds)
 }
 
