@@ -149,7 +149,7 @@ func (in *Inbox) tryFast(ctx context.Context, ms []Message, h Handler) (outs []O
 		if !in.noDedupe {
 			delete(claimed, m.ID) // a second copy in ms is a duplicate
 		}
-		if err := h(ctx, tx, m); err != nil {
+		if err := call(ctx, tx, m, h); err != nil {
 			if ctx.Err() != nil {
 				return nil, false, fmt.Errorf("process message %s: %w", m.ID, context.Cause(ctx))
 			}
@@ -248,7 +248,7 @@ func (in *Inbox) trySaved(ctx context.Context, sp pgx.Tx, m Message, h Handler) 
 		}
 	}
 	if out == Processed {
-		if err := h(ctx, sp, m); err != nil {
+		if err := call(ctx, sp, m, h); err != nil {
 			return 0, fmt.Errorf("handler: %w", err), nil
 		}
 	}

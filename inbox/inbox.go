@@ -50,6 +50,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"time"
@@ -368,7 +369,7 @@ func (in *Inbox) try(ctx context.Context, m Message, h Handler, replay bool, the
 		}
 	}
 	if out == Processed {
-		if err := h(ctx, tx, m); err != nil {
+		if err := call(ctx, tx, m, h); err != nil {
 			return 0, fmt.Errorf("handler: %w", err), nil
 		}
 	}
@@ -378,6 +379,11 @@ func (in *Inbox) try(ctx context.Context, m Message, h Handler, replay bool, the
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {
+		if out == Processed && errors.Is(err, pgx.ErrTxClosed) {
+			// The handler committed or rolled back the transaction itself:
+			// a failed attempt, whose retry finds the record or not.
+			return 0, errors.New("the handler ended the inbox's transaction itself"), nil
+		}
 		// A constraint checked at commit (deferred) or a serialization
 		// failure is the handler's: retry it. Anything else may or may not
 		// have committed; the redelivery finds out.
@@ -388,6 +394,18 @@ func (in *Inbox) try(ctx context.Context, m Message, h Handler, replay bool, the
 		return 0, nil, fmt.Errorf("process message %s: commit: %w", m.ID, err)
 	}
 	return out, nil, nil
+}
+
+// call runs h, a panic in it being its error: a failed attempt, rolled
+// back, retried and dead-lettered like any other, where an escaped panic
+// would crash the runner on the same message after every restart.
+func call(ctx context.Context, tx pgx.Tx, m Message, h Handler) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("panic: %v\n%s", r, debug.Stack())
+		}
+	}()
+	return h(ctx, tx, m)
 }
 
 // notClaimed decides why the claim inserted nothing: m was processed or

@@ -151,13 +151,21 @@ func Decode(f Format, raw Raw) (Message, error) {
 	return m, nil
 }
 
+// maxIndexedText bounds the message id, aggregate type and aggregate id:
+// they are keys of the inbox's btree indexes, whose entries hold about
+// 2.7 kB (PostgreSQL refuses a longer one, on every redelivery).
+const maxIndexedText = 1000
+
 // storableText checks the fields the inbox keeps in text columns:
 // PostgreSQL's text holds valid UTF-8 without NUL bytes, and a message
 // whose id it cannot store could be neither recorded nor dead-lettered
-// under that id.
+// under that id, nor one too long for an index.
 func storableText(m Message) error {
 	for _, f := range []struct{ name, v string }{{"message id", m.ID}, {"aggregate type", m.AggregateType},
 		{"aggregate id", m.AggregateID}, {"event type", m.EventType}} {
+		if f.name != "event type" && len(f.v) > maxIndexedText {
+			return fmt.Errorf("%s is %d bytes, longer than the %d the inbox's indexes hold", f.name, len(f.v), maxIndexedText)
+		}
 		if !utf8.ValidString(f.v) || strings.IndexByte(f.v, 0) >= 0 {
 			return fmt.Errorf("%s %q is not UTF-8 text without NUL bytes", f.name, f.v)
 		}
@@ -233,6 +241,11 @@ type wireSource struct {
 }
 
 func decodeJSON(f Format, raw Raw) (Message, error) {
+	// encoding/json reads a byte that is not UTF-8 as U+FFFD: two ids that
+	// differ only there would be one id, the second message a duplicate.
+	if !utf8.Valid(raw.Value) {
+		return Message{}, errors.New("body is not UTF-8 JSON")
+	}
 	var w wire
 	if err := json.Unmarshal(raw.Value, &w); err != nil {
 		return Message{}, fmt.Errorf("body is not JSON: %v", err)

@@ -1,10 +1,12 @@
 package relay
 
 import (
+	"cmp"
 	"context"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"sync"
@@ -14,6 +16,7 @@ import (
 
 	"github.com/outboxrelay/outboxrelay/cdc"
 	"github.com/outboxrelay/outboxrelay/envelope"
+	"github.com/outboxrelay/outboxrelay/internal/rules"
 )
 
 // A Builder makes the relay's messages: the envelope (or CloudEvent or
@@ -39,7 +42,8 @@ type Builder struct {
 // NewBuilder returns a Builder for the pipeline configuration cfg (its
 // Database, Tables, Resolve, Columns, Format and CloudEventsSource count).
 func NewBuilder(cfg Config, opts Options) *Builder {
-	return newBuilder(&settings{Config: cfg.WithDefaults(), Options: opts}, zap.NewNop().Named("relay"))
+	s := newSettings(cfg, opts)
+	return newBuilder(&s, zap.NewNop().Named("relay"))
 }
 
 // newBuilder returns a Builder for cfg, which must have its defaults set.
@@ -51,7 +55,19 @@ func newBuilder(cfg *settings, log *zap.Logger) *Builder {
 // PostgreSQL's text output, one per column of rel, as pgoutput sends them.
 // tx is the row's transaction as far as it is known. As in the relay, an
 // invalid row still yields a message, with the reason it cannot be sent.
+// With routing rules it is the row's first message (see Rows).
 func (b *Builder) Row(ctx context.Context, rel *cdc.Relation, ins *cdc.Insert, tx cdc.Begin) (*Message, error) {
+	ms, err := b.Rows(ctx, rel, ins, tx)
+	if len(ms) == 0 {
+		return nil, err
+	}
+	return ms[0], err
+}
+
+// Rows builds the messages of one row as Row does: one, or with routing
+// rules one per route the row takes (a row the rules drop is one message
+// with Filtered set). The error is the row's, shared by its messages.
+func (b *Builder) Rows(ctx context.Context, rel *cdc.Relation, ins *cdc.Insert, tx cdc.Begin) ([]*Message, error) {
 	mp, err := b.mapping(ctx, rel)
 	if err != nil {
 		return nil, err
@@ -60,10 +76,12 @@ func (b *Builder) Row(ctx context.Context, rel *cdc.Relation, ins *cdc.Insert, t
 		return nil, fmt.Errorf("table %s is not relayed", rel.QualifiedName())
 	}
 	b.tx = tx
-	m, buildErr := b.buildRow(mp, ins)
-	// The caller owns the message: its buffer never returns to the pool.
-	m.pooled = false
-	return m, buildErr
+	ms, buildErr := b.buildRows(mp, ins)
+	for _, m := range ms {
+		// The caller owns the message: its buffer never returns to the pool.
+		m.pooled = false
+	}
+	return ms, buildErr
 }
 
 // begin starts the messages of transaction tx.
@@ -164,10 +182,11 @@ func col(vals [][]byte, i int) []byte {
 	return vals[i]
 }
 
-// buildRow makes the message for an inserted row. When the row is invalid it
-// still returns a message (with as much of the envelope as could be built)
-// and the reason, so that the row is dead-lettered rather than lost.
-func (b *Builder) buildRow(mp *mapping, ins *cdc.Insert) (*Message, error) {
+// buildRows makes the messages for an inserted row: one, or one per route
+// the row takes (see route). When the row is invalid it still returns a
+// message (with as much of the envelope as could be built) and the reason,
+// so that the row is dead-lettered rather than lost.
+func (b *Builder) buildRows(mp *mapping, ins *cdc.Insert) ([]*Message, error) {
 	v := ins.Values
 	var errs []error
 	req := func(i int, name string) string {
@@ -195,7 +214,7 @@ func (b *Builder) buildRow(mp *mapping, ins *cdc.Insert) (*Message, error) {
 		}
 		em.Payload = raw
 	}
-	if em.Payload == nil && b.cfg.Format != FormatDebezium {
+	if em.Payload == nil && b.cfg.Format != FormatDebezium && b.cfg.rules == nil {
 		// The debezium format sends a tombstone instead (finish).
 		errs = append(errs, fmt.Errorf("column %s is null", c.Payload))
 	}
@@ -226,33 +245,108 @@ func (b *Builder) buildRow(mp *mapping, ins *cdc.Insert) (*Message, error) {
 	if mp.key >= 0 {
 		key = req(mp.key, c.Key)
 	}
-	m, err := b.finish(&em, mp.table, envelope.TraceparentColumn(string(col(v, mp.traceparent))), ins.LSN, errs)
-	m.Key, m.Timestamp = key, ts
-	for j, i := range mp.headerColumns {
-		if v[i] != nil {
-			m.Headers = append(m.Headers, envelope.Header{Key: b.cfg.HeaderColumns[j], Value: string(v[i])})
+	var cols map[string]string
+	if b.cfg.rules != nil {
+		cols = make(map[string]string, len(v))
+		for i, val := range v {
+			if val != nil && i < len(mp.rel.Columns) {
+				cols[mp.rel.Columns[i].Name] = string(val)
+			}
 		}
 	}
-	return m, err
+	ms, err := b.route(&em, mp.table, envelope.TraceparentColumn(string(col(v, mp.traceparent))), ins.LSN, errs, cols, key)
+	for _, m := range ms {
+		m.Timestamp = ts
+		for j, i := range mp.headerColumns {
+			if v[i] != nil {
+				m.Headers = append(m.Headers, envelope.Header{Key: b.cfg.HeaderColumns[j], Value: string(v[i])})
+			}
+		}
+	}
+	return ms, err
 }
 
-func (b *Builder) buildEmitted(lm *cdc.LogicalMessage) (*Message, error) {
+// route finishes em into its messages as the routing rules decide: one
+// message without rules, or for a row that is invalid already (it is
+// dead-lettered as it is); else one per route the row takes, each with
+// that route's destination, key, headers and format, or one filtered
+// message for a row unmatched: drop drops. A rule that fails on the row
+// dead-letters it with the rule's error. key is the row's record key.
+func (b *Builder) route(em *envelope.Message, table, traceparent string, lsn cdc.LSN, errs []error, cols map[string]string, key string) ([]*Message, error) {
+	if b.cfg.rulesErr != nil {
+		errs = append(errs, b.cfg.rulesErr)
+	}
+	if b.cfg.rules == nil || len(errs) > 0 {
+		m, err := b.finish(em, table, b.cfg.Format, traceparent, lsn, errs)
+		m.Key = key
+		return []*Message{m}, err
+	}
+	row := &rules.Row{
+		MessageID: em.MessageID, AggregateType: em.AggregateType, AggregateID: em.AggregateID, EventType: em.EventType,
+		Table: table, SchemaVersion: em.SchemaVersion, Payload: em.Payload, Columns: cols, Key: key,
+	}
+	if hs, err := envelope.ParseHeaders(em.Headers); err == nil {
+		row.Headers = make(map[string]string, len(hs))
+		for _, h := range hs {
+			row.Headers[h.Key] = h.Value
+		}
+	}
+	if em.PayloadFormat != envelope.PayloadJSON {
+		row.Payload = nil // payload reads null: only JSON has fields
+	}
+	d, err := b.cfg.rules.Decide(row)
+	if err != nil {
+		m, ferr := b.finish(em, table, b.cfg.Format, traceparent, lsn, nil)
+		m.Key = key
+		return []*Message{m}, errors.Join(err, ferr)
+	}
+	if d.Dropped {
+		m := &Message{ID: em.MessageID, AggregateType: em.AggregateType, AggregateID: em.AggregateID, EventType: em.EventType,
+			Key: key, Table: table, LSN: lsn, CommitLSN: b.tx.FinalLSN, CommitTime: b.tx.CommitTime, Filtered: FilteredUnmatched}
+		return []*Message{m}, nil
+	}
+	if d.Payload != nil {
+		em.Payload = d.Payload
+	}
+	var out []*Message
+	var routeErrs []error
+	for _, r := range d.Matches {
+		e := *em
+		format := cmp.Or(Format(r.Format), b.cfg.Format)
+		var errs []error
+		if e.Payload == nil && format != FormatDebezium {
+			errs = append(errs, fmt.Errorf("column %s is null", b.cfg.Columns.Payload))
+		}
+		m, err := b.finish(&e, table, format, traceparent, lsn, errs)
+		m.Route, m.RouteDestination, m.Key = r.Route, r.Destination, r.Key
+		for _, k := range slices.Sorted(maps.Keys(r.Headers)) {
+			m.Headers = append(m.Headers, envelope.Header{Key: k, Value: r.Headers[k]})
+		}
+		out = append(out, m)
+		routeErrs = append(routeErrs, err)
+	}
+	// One error for the row: every route's message shares it.
+	return out, errors.Join(routeErrs...)
+}
+
+func (b *Builder) buildEmitted(lm *cdc.LogicalMessage) ([]*Message, error) {
 	e, err := envelope.ParseEmitted(lm.Content)
 	if err != nil {
 		// Keep the content so the dead letter shows what was sent.
 		em := envelope.Message{MessageID: e.ID, Payload: lm.Content, PayloadFormat: envelope.PayloadText, OccurredAt: b.tx.CommitTime}
-		return b.finish(&em, "", "", lm.LSN, []error{err})
+		m, err := b.finish(&em, "", b.cfg.Format, "", lm.LSN, []error{err})
+		return []*Message{m}, err
 	}
 	em := envelope.Message{
 		MessageID: e.ID, AggregateType: e.AggregateType, AggregateID: e.AggregateID, EventType: e.EventType,
 		SchemaVersion: e.SchemaVersion, Headers: e.Headers, Payload: e.Payload, PayloadFormat: envelope.PayloadJSON,
 		OccurredAt: b.tx.CommitTime,
 	}
-	return b.finish(&em, "", e.Traceparent, lm.LSN, nil)
+	return b.route(&em, "", e.Traceparent, lm.LSN, nil, nil, em.AggregateID)
 }
 
-func (b *Builder) finish(em *envelope.Message, table, traceparent string, lsn cdc.LSN, errs []error) (*Message, error) {
-	tombstone := b.cfg.Format == FormatDebezium && em.Payload == nil
+func (b *Builder) finish(em *envelope.Message, table string, format Format, traceparent string, lsn cdc.LSN, errs []error) (*Message, error) {
+	tombstone := format == FormatDebezium && em.Payload == nil
 	if len(errs) == 0 && b.cfg.Validator != nil && !tombstone {
 		if err := b.cfg.Validator.Validate(em); err != nil {
 			errs = append(errs, err)
@@ -270,13 +364,13 @@ func (b *Builder) finish(em *envelope.Message, table, traceparent string, lsn cd
 	}
 	m := &Message{
 		ID: em.MessageID, AggregateType: em.AggregateType, AggregateID: em.AggregateID, EventType: em.EventType,
-		Key: em.AggregateID, Table: table, Traceparent: em.Traceparent, Format: b.cfg.Format, Tombstone: tombstone,
+		Key: em.AggregateID, Table: table, Traceparent: em.Traceparent, Format: format, Tombstone: tombstone,
 		CommitTime: b.tx.CommitTime, LSN: lsn, CommitLSN: b.tx.FinalLSN,
 	}
 	m.Headers, m.Tracestate = b.brokerHeaders(m, headers, traceparent)
 	b.startSpan(m, em, traceparent != "" && m.Traceparent == traceparent)
 	size := em.SizeHint() + len(b.cfg.CloudEventsSource)
-	switch b.cfg.Format {
+	switch format {
 	case FormatCloudEvents:
 		m.Envelope = em.AppendCloudEvent(getBuffer(size), b.cfg.CloudEventsSource)
 		m.pooled = true

@@ -9,6 +9,7 @@ import (
 
 	"github.com/outboxrelay/outboxrelay/cdc"
 	"github.com/outboxrelay/outboxrelay/envelope"
+	"github.com/outboxrelay/outboxrelay/internal/rules"
 )
 
 // Columns names the outbox table's columns. Empty optional names mean the
@@ -70,6 +71,12 @@ type Config struct {
 	// DeadLetterOrder is DeadLetterPark (default) or DeadLetterPass. It
 	// applies to messages the broker refused, when Options.Parking is set.
 	DeadLetterOrder DeadLetterOrder `yaml:"dead_letter_order"`
+	// Order is OrderAggregate (default: one message per aggregate at the
+	// sink at a time) or OrderNone (no gate: an aggregate's messages are
+	// in flight together, up to the window, and a retry or a dead letter
+	// can reorder them). OrderNone cannot park, so it requires
+	// DeadLetterOrder to be DeadLetterPass.
+	Order Order `yaml:"order"`
 	// RetryMin and RetryMax bound the exponential retry backoff (defaults 100ms, 30s).
 	RetryMin time.Duration `yaml:"-"`
 	RetryMax time.Duration `yaml:"-"`
@@ -84,6 +91,10 @@ type Config struct {
 	Outbox `yaml:"-"`
 	// Envelope is the body format (the file's envelope section).
 	Envelope `yaml:"-"`
+
+	// Rules are the routing rules (the file's routes, unmatched and
+	// transform keys); no routes: every row goes to the sink's destination.
+	Rules rules.Config `yaml:"-"`
 
 	// Database is written to the envelope's source.database.
 	Database string `yaml:"-"`
@@ -120,6 +131,19 @@ type Envelope struct {
 	CloudEventsSource string `yaml:"source"`
 }
 
+// Order is the delivery order the relay keeps.
+type Order string
+
+// The delivery orders.
+const (
+	// OrderAggregate hands an aggregate's next message to the sink only
+	// once the previous one is settled.
+	OrderAggregate Order = "aggregate"
+	// OrderNone hands every message over at once: an aggregate's first
+	// deliveries keep the commit order only while nothing fails.
+	OrderNone Order = "none"
+)
+
 // Format is the body format of published messages.
 type Format string
 
@@ -142,6 +166,7 @@ func (c Config) WithDefaults() Config {
 	c.MaxInFlightBytes = cmp.Or(c.MaxInFlightBytes, 64<<20)
 	c.MaxAttempts = cmp.Or(c.MaxAttempts, 5)
 	c.DeadLetterOrder = cmp.Or(c.DeadLetterOrder, DeadLetterPark)
+	c.Order = cmp.Or(c.Order, OrderAggregate)
 	c.RetryMin = cmp.Or(c.RetryMin, 100*time.Millisecond)
 	c.RetryMax = cmp.Or(c.RetryMax, 30*time.Second)
 	c.CheckpointInterval = cmp.Or(c.CheckpointInterval, 100*time.Millisecond)
@@ -154,6 +179,9 @@ func (c Config) WithDefaults() Config {
 // one sentence naming the key to fix.
 func (c Config) Validate() error {
 	errs := []error{c.Outbox.Validate(), c.Envelope.Validate()}
+	if _, err := c.compileRules(); err != nil {
+		errs = append(errs, err)
+	}
 	if c.MaxInFlight < 1 {
 		errs = append(errs, errors.New("relay.max_inflight must be at least 1"))
 	}
@@ -168,6 +196,15 @@ func (c Config) Validate() error {
 	default:
 		errs = append(errs, fmt.Errorf("relay.dead_letter_order %q is not one of park, pass", c.DeadLetterOrder))
 	}
+	switch c.Order {
+	case OrderAggregate:
+	case OrderNone:
+		if c.DeadLetterOrder == DeadLetterPark {
+			errs = append(errs, errors.New("relay.order: none cannot hold relay.dead_letter_order: park (a dead letter's later messages are already sent); set relay.dead_letter_order: pass"))
+		}
+	default:
+		errs = append(errs, fmt.Errorf("relay.order %q is not one of aggregate, none", c.Order))
+	}
 	return errors.Join(errs...)
 }
 
@@ -178,6 +215,7 @@ func (Config) Docs() map[string]string {
 		"max_inflight":       "messages handed to the broker and not yet acknowledged (backpressure)",
 		"max_inflight_bytes": "bytes of such messages",
 		"max_attempts":       "attempts for a message the broker rejects permanently, before it is dead-lettered",
+		"order":              "`aggregate`: one message per aggregate at the broker at a time, so retries and dead letters keep its order; `none`: no gate, an aggregate's messages are in flight together up to the window, a retry or a dead letter can reorder them, and it requires `dead_letter_order: pass`",
 		"dead_letter_order":  "`park`: the later messages of a dead letter's aggregate wait behind it in `outboxrelay.parked` until `dlq replay` publishes the chain in order; `pass`: they are published, leaving a gap",
 	}
 }
@@ -264,4 +302,25 @@ func (Envelope) Docs() map[string]string {
 // Source is the replication stream the relay consumes (*cdc.Stream).
 type Source interface {
 	Run(ctx context.Context, h cdc.Handler) error
+}
+
+// compileRules compiles c.Rules; nil when there are no routes, and an
+// error when unmatched or transform is set without routes.
+func (c Config) compileRules() (*rules.Set, error) {
+	r := c.Rules
+	if len(r.Routes) == 0 {
+		if r.Unmatched != "" || r.Transform.Key != "" || len(r.Transform.Headers) > 0 || len(r.Transform.Payload) > 0 {
+			return nil, errors.New("unmatched and transform apply to routed rows: add routes")
+		}
+		return nil, nil
+	}
+	for i, rt := range r.Routes {
+		if rt.Format == "" {
+			continue
+		}
+		if err := (Envelope{Format: Format(rt.Format), CloudEventsSource: c.CloudEventsSource}).Validate(); err != nil {
+			return nil, fmt.Errorf("routes[%d] (%s).format: %w", i, rt.Name, err)
+		}
+	}
+	return rules.Compile(r)
 }

@@ -65,6 +65,15 @@ func TestConfigDefaultsValidate(t *testing.T) {
 	if err := (Config{}).WithDefaults().Validate(); err != nil {
 		t.Fatalf("defaults: %v", err)
 	}
+	if o := (Config{}).WithDefaults().Order; o != OrderAggregate {
+		t.Fatalf("default order %q, want aggregate", o)
+	}
+	for _, o := range []Order{OrderAggregate, OrderNone} {
+		c := Config{Order: o, DeadLetterOrder: DeadLetterPass}.WithDefaults()
+		if err := c.Validate(); err != nil {
+			t.Errorf("order %q: %v", o, err)
+		}
+	}
 	for _, tc := range []struct {
 		change func(*Config)
 		want   string
@@ -73,6 +82,8 @@ func TestConfigDefaultsValidate(t *testing.T) {
 		{func(c *Config) { c.MaxInFlightBytes = 1000 }, "relay.max_inflight_bytes must be at least 1024"},
 		{func(c *Config) { c.MaxAttempts = -1 }, "relay.max_attempts must be at least 1"},
 		{func(c *Config) { c.DeadLetterOrder = "drop" }, `relay.dead_letter_order "drop" is not one of park, pass`},
+		{func(c *Config) { c.Order = "partition" }, `relay.order "partition" is not one of aggregate, none`},
+		{func(c *Config) { c.Order = OrderNone }, "relay.order: none cannot hold relay.dead_letter_order: park"},
 		{func(c *Config) { c.Columns.AggregateID = "" }, "postgres.columns.aggregate_id must name a column"},
 		{func(c *Config) { c.Format = "xml" }, `envelope.format "xml" is not one of`},
 		{func(c *Config) { c.Format, c.CloudEventsSource = FormatCloudEventsBinary, "" }, "envelope.source must be a URI reference"},

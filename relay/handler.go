@@ -156,8 +156,26 @@ func (h *handler) Insert(ctx context.Context, ins *cdc.Insert) error {
 		}
 		return nil
 	}
-	m, buildErr := h.build.buildRow(mp, ins)
-	return h.dispatch(ctx, m, buildErr)
+	ms, buildErr := h.build.buildRows(mp, ins)
+	return h.dispatchAll(ctx, ms, buildErr)
+}
+
+// dispatchAll dispatches the messages of one row or logical message. A
+// message the rules filter is counted and never published: it holds no
+// slot, so its position is confirmed with its transaction's.
+func (h *handler) dispatchAll(ctx context.Context, ms []*Message, buildErr error) error {
+	for _, m := range ms {
+		if m.Filtered != "" {
+			if hook := h.cfg.Hooks.Filtered; hook != nil {
+				hook(m.Filtered)
+			}
+			continue
+		}
+		if err := h.dispatch(ctx, m, buildErr); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // Message implements cdc.Handler.
@@ -179,14 +197,14 @@ func (h *handler) Message(ctx context.Context, lm *cdc.LogicalMessage) error {
 	// not break the watermark) is counted with that transaction: opening a
 	// tracker entry of its own would end the open one, whose commit would
 	// then find nothing to close, and the watermark would stop for good.
-	m, buildErr := h.build.buildEmitted(lm)
+	ms, buildErr := h.build.buildEmitted(lm)
 	if !lm.Transactional && buildErr == nil {
 		// PostgreSQL decodes a non-transactional message at once, whether its
 		// transaction commits or not: publishing it could publish a rolled-back
 		// event, ahead of its transaction.
 		buildErr = errors.New("non-transactional logical decoding message: it may belong to a rolled-back transaction; emit with pg_logical_emit_message(true, ...)")
 	}
-	return h.dispatch(ctx, m, buildErr)
+	return h.dispatchAll(ctx, ms, buildErr)
 }
 
 // dispatch counts m in flight and submits it to the publisher. An invalid

@@ -65,6 +65,16 @@ type Message struct {
 	// LSN is the WAL position of the row; CommitLSN that of its transaction's commit.
 	LSN, CommitLSN pglogrepl.LSN
 
+	// Route is the name of the routing rule (Config.Rules) the message
+	// took; "" without rules. RouteDestination is that route's destination
+	// template, which the sink renders instead of its own; "" keeps the
+	// sink's.
+	Route, RouteDestination string
+	// Filtered is the route label of a row the rules drop
+	// (FilteredUnmatched for unmatched: drop): it is counted and its
+	// position confirmed, but it is never published. "" otherwise.
+	Filtered string
+
 	// Destination is set by the sink to the rendered topic, routing key,
 	// subject or stream, for metrics and dead letters.
 	Destination string
@@ -80,6 +90,10 @@ type Message struct {
 	pooled bool       // Envelope returns to the buffer pool once m is complete
 	span   trace.Span // the relay's producer span, when it records one
 }
+
+// FilteredUnmatched is Message.Filtered for a row no route matches when
+// the rules say unmatched: drop.
+const FilteredUnmatched = "unmatched"
 
 // PermanentError marks a publish failure that retrying will not fix: the
 // broker will never take this message as it is (too large, unroutable, an

@@ -101,6 +101,9 @@ type Hooks struct {
 	DeadLettered func(m *Message)
 	// Parked is called once m is stored behind its aggregate's dead letter.
 	Parked func(m *Message)
+	// Filtered is called for every row the routing rules drop, with the
+	// route label (Message.Filtered). Called from the stream goroutine.
+	Filtered func(route string)
 	// Skipped is called for every insert into a table the operator chose
 	// not to relay (Options.Resolver returned "").
 	Skipped func(table string)
@@ -136,6 +139,11 @@ func JoinHooks(hs ...Hooks) Hooks {
 			j.Parked = func(m *Message) { f(m); g(m) }
 		} else if g != nil {
 			j.Parked = g
+		}
+		if f, g := j.Filtered, h.Filtered; f != nil && g != nil {
+			j.Filtered = func(r string) { f(r); g(r) }
+		} else if g != nil {
+			j.Filtered = g
 		}
 		if f, g := j.Skipped, h.Skipped; f != nil && g != nil {
 			j.Skipped = func(table string) { f(table); g(table) }

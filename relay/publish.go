@@ -51,8 +51,8 @@ type publisher struct {
 	exactlyOnce bool
 	// unordered hands every message over at once, without waiting for its
 	// aggregate's previous one: the order of first deliveries is then lost
-	// under failures. Only BenchmarkAggregateOrder sets it, to measure what
-	// the per-aggregate order costs.
+	// under failures. Config.Order OrderNone sets it, and so does
+	// BenchmarkAggregateOrder, to measure what the per-aggregate order costs.
 	unordered  bool
 	atSink     atomic.Int64 // handed to the sink, outcome not reported yet
 	answeredAt atomic.Int64 // Unix nanoseconds of the sink's last outcome, or of the start of a wait
@@ -65,9 +65,10 @@ type publisher struct {
 func newPublisher(cfg *settings, sink Sink, log *zap.Logger, f *failure, bg *background, w *window, t *tracker) *publisher {
 	p := &publisher{
 		cfg: cfg, sink: sink, log: log, failure: f, bg: bg, window: w, tracker: t,
-		order:   newAggregates(),
-		retries: newRetryQueue(),
-		handoff: make(chan *Message, cfg.MaxInFlight),
+		order:     newAggregates(),
+		retries:   newRetryQueue(),
+		handoff:   make(chan *Message, cfg.MaxInFlight),
+		unordered: cfg.Order == OrderNone,
 	}
 	_, p.exactlyOnce = sink.(Transactional)
 	p.done = p.onDone

@@ -16,6 +16,8 @@ import (
 
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
+
+	"github.com/outboxrelay/outboxrelay/internal/rules"
 )
 
 // Relay moves committed outbox rows from a Source to a Sink. Run it once:
@@ -46,6 +48,17 @@ type Relay struct {
 type settings struct {
 	Config
 	Options
+	// rules are Config.Rules compiled, nil without routes; rulesErr is why
+	// they do not compile (Validate reports it first), which every row is
+	// then dead-lettered with.
+	rules    *rules.Set
+	rulesErr error
+}
+
+func newSettings(cfg Config, opts Options) settings {
+	s := settings{Config: cfg.WithDefaults(), Options: opts}
+	s.rules, s.rulesErr = s.compileRules()
+	return s
 }
 
 // New returns a Relay that publishes to sink as cfg says and calls out to
@@ -55,7 +68,7 @@ func New(cfg Config, sink Sink, log *zap.Logger, opts Options) *Relay {
 		log = zap.NewNop()
 	}
 	r := &Relay{
-		cfg:     settings{Config: cfg.WithDefaults(), Options: opts},
+		cfg:     newSettings(cfg, opts),
 		sink:    sink,
 		log:     log.Named("relay"),
 		bg:      &background{},

@@ -154,6 +154,9 @@ func Republish(ctx context.Context, db Querier, pub *Publisher, src Source, f Fi
 		if row != nil {
 			row()
 		}
+		if errors.Is(invalid, ErrFiltered) {
+			return nil // the rules drop it
+		}
 		if invalid != nil {
 			pub.Invalid(ctx, m, invalid)
 			return nil

@@ -14,6 +14,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -22,6 +23,7 @@ import (
 
 	"github.com/outboxrelay/outboxrelay/cdc"
 	"github.com/outboxrelay/outboxrelay/envelope"
+	"github.com/outboxrelay/outboxrelay/internal/rules"
 	"github.com/outboxrelay/outboxrelay/relay"
 )
 
@@ -35,6 +37,10 @@ type Source struct {
 	Database          string
 	Format            relay.Format
 	CloudEventsSource string
+	// Rules are the routing rules (relay.Config.Rules): a row is built as
+	// the relay routes it, and Scan reads every column of the table for
+	// them.
+	Rules rules.Config
 }
 
 // Filter selects rows. The time bounds apply to the creation time column
@@ -233,6 +239,30 @@ func (s Source) Routes(ctx context.Context, db Querier, f Filter, fn func(m *rel
 // (Filter.DeadLettered): `outboxrelay dlq replay` publishes it.
 var ErrDeadLettered = errors.New("already in outboxrelay.dead_letters or outboxrelay.parked; `outboxrelay dlq replay` publishes it")
 
+// ErrFiltered is the reason Scan gives for a row the routing rules drop
+// (relay.Message.Filtered): the relay never publishes it, nor may a replay.
+var ErrFiltered = errors.New("dropped by the routing rules (unmatched: drop)")
+
+// otherColumns adds to rel and cols the columns of table ident that rel
+// does not have yet.
+func (s Source) otherColumns(ctx context.Context, db Querier, ident string, rel *cdc.Relation, cols *[]string) error {
+	rows, err := db.Query(ctx, `SELECT attname FROM pg_attribute WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped ORDER BY attnum`, ident)
+	if err != nil {
+		return fmt.Errorf("read the columns: %w", err)
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return fmt.Errorf("read the columns: %w", err)
+	}
+	for _, n := range names {
+		if !slices.ContainsFunc(rel.Columns, func(c cdc.Column) bool { return c.Name == n }) {
+			*cols = append(*cols, pgx.Identifier{n}.Sanitize()+"::text")
+			rel.Columns = append(rel.Columns, cdc.Column{Name: n})
+		}
+	}
+	return nil
+}
+
 // Scan builds the message of every row f selects, over all tables in
 // commit order per aggregate (see orderKeys), and calls fn with it and the
 // reason it cannot be sent: an invalid row, which the relay would have
@@ -258,7 +288,7 @@ func (s Source) Scan(ctx context.Context, db Querier, f Filter, fn func(m *relay
 	}
 	b := relay.NewBuilder(relay.Config{
 		Database: s.Database, Tables: s.Tables, Outbox: relay.Outbox{Columns: s.Columns},
-		Envelope: relay.Envelope{Format: s.Format, CloudEventsSource: s.CloudEventsSource},
+		Envelope: relay.Envelope{Format: s.Format, CloudEventsSource: s.CloudEventsSource}, Rules: s.Rules,
 	}, relay.Options{})
 	c := s.Columns
 	var rels []*cdc.Relation
@@ -283,6 +313,12 @@ func (s Source) Scan(ctx context.Context, db Querier, f Filter, fn func(m *relay
 			}
 			cols = append(cols, pgx.Identifier{n}.Sanitize()+"::text")
 			rel.Columns = append(rel.Columns, cdc.Column{Name: n})
+		}
+		if len(s.Rules.Routes) > 0 {
+			// The rules may read any column (row["region"]).
+			if err := s.otherColumns(ctx, db, ident, rel, &cols); err != nil {
+				return fmt.Errorf("outbox table %s: %w", t, err)
+			}
 		}
 		var payloadType uint32
 		if err := db.QueryRow(ctx, `SELECT atttypid FROM pg_attribute WHERE attrelid = $1::regclass AND attname = $2 AND NOT attisdropped`,
@@ -333,15 +369,20 @@ func (s Source) Scan(ctx context.Context, db Querier, f Filter, fn func(m *relay
 		} else if createdAt >= 0 && ins.Values[createdAt] != nil {
 			tx.CommitTime, _ = envelope.ParseTimestamp(ins.Values[createdAt])
 		}
-		m, invalid := b.Row(ctx, rel, ins, tx)
-		if m == nil {
+		ms, invalid := b.Rows(ctx, rel, ins, tx)
+		if len(ms) == 0 {
 			return invalid
 		}
-		if string(raw[2]) == "true" {
-			invalid = ErrDeadLettered
-		}
-		if err := fn(m, invalid); err != nil {
-			return err
+		for _, m := range ms {
+			why := invalid
+			if string(raw[2]) == "true" {
+				why = ErrDeadLettered
+			} else if m.Filtered != "" {
+				why = ErrFiltered
+			}
+			if err := fn(m, why); err != nil {
+				return err
+			}
 		}
 	}
 	if err := rows.Err(); err != nil {

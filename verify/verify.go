@@ -57,15 +57,18 @@ type Report struct {
 	// and in outboxrelay.dead_letters (not replayed); Parked: not found and
 	// held in outboxrelay.parked behind a dead letter of their aggregate
 	// (dlq replay publishes them); Missing: none of these.
-	Committed, Found, Missing, Duplicates, DeadLettered, Parked int64
+	// Filtered: not found and dropped by the routing rules (unmatched:
+	// drop), as the relay drops them.
+	Committed, Found, Missing, Duplicates, DeadLettered, Parked, Filtered int64
 	// BrokerIDs is the number of ids read from the broker.
 	BrokerIDs int64
 }
 
 // seenTable and missingTable are temporary tables of the verifying session.
 const (
-	seenTable    = "outboxrelay_verify_seen"
-	missingTable = "outboxrelay_verify_missing"
+	seenTable     = "outboxrelay_verify_seen"
+	missingTable  = "outboxrelay_verify_missing"
+	filteredTable = "outboxrelay_verify_filtered"
 )
 
 // MissingTable names the temporary table Run leaves in the session with the
@@ -80,26 +83,17 @@ func Run(ctx context.Context, db *pgx.Conn, rd Reader, cfg Config, missing func(
 	if cfg.Margin <= 0 {
 		cfg.Margin = time.Minute
 	}
-	var dests []string
-	if cfg.Destination != nil {
-		seen := map[string]bool{}
-		err := cfg.Source.Routes(ctx, db, cfg.Filter, func(m *relay.Message) error {
-			d, err := cfg.Destination(m)
-			if err != nil {
-				return err
-			}
-			if !seen[d] {
-				if len(seen) >= 10000 {
-					return errors.New("the window has more than 10000 destinations; verify a shorter window or one --aggregate-type at a time")
-				}
-				seen[d] = true
-				dests = append(dests, d)
-			}
-			return nil
-		})
-		if err != nil {
-			return rep, err
+	for _, q := range []string{
+		"DROP TABLE IF EXISTS pg_temp." + filteredTable,
+		"CREATE TEMP TABLE " + filteredTable + " (message_id text NOT NULL)",
+	} {
+		if _, err := db.Exec(ctx, q); err != nil {
+			return rep, fmt.Errorf("prepare temporary tables: %w", err)
 		}
+	}
+	dests, err := destinations(ctx, db, cfg)
+	if err != nil {
+		return rep, err
 	}
 	for _, q := range []string{
 		"DROP TABLE IF EXISTS pg_temp." + seenTable,
@@ -169,16 +163,18 @@ func Run(ctx context.Context, db *pgx.Conn, rd Reader, cfg Config, missing func(
 	// is a pending dead letter and whether it is parked behind one.
 	classified := `SELECT c.id, c.created_at, coalesce(s.n, 0) AS n,
 			EXISTS (SELECT 1 FROM outboxrelay.dead_letters d WHERE d.slot = ` + slotArg + ` AND d.message_id = c.id AND d.replayed_at IS NULL) AS dead,
-			EXISTS (SELECT 1 FROM outboxrelay.parked p WHERE p.slot = ` + slotArg + ` AND p.message_id = c.id) AS parked
+			EXISTS (SELECT 1 FROM outboxrelay.parked p WHERE p.slot = ` + slotArg + ` AND p.message_id = c.id) AS parked,
+			EXISTS (SELECT 1 FROM pg_temp.` + filteredTable + ` f WHERE f.message_id = c.id) AS filtered
 		FROM (` + rows + `) c
 		LEFT JOIN (SELECT message_id, count(*) AS n FROM pg_temp.` + seenTable + ` GROUP BY 1) s ON s.message_id = c.id`
-	if _, err := db.Exec(ctx, "CREATE TEMP TABLE "+missingTable+" AS SELECT id, created_at FROM ("+classified+") x WHERE n = 0 AND NOT dead AND NOT parked", args...); err != nil {
+	if _, err := db.Exec(ctx, "CREATE TEMP TABLE "+missingTable+" AS SELECT id, created_at FROM ("+classified+") x WHERE n = 0 AND NOT dead AND NOT parked AND NOT filtered", args...); err != nil {
 		return rep, fmt.Errorf("reconcile: %w", err)
 	}
 	err = db.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE n > 0), coalesce(sum(n - 1) FILTER (WHERE n > 1), 0),
 			count(*) FILTER (WHERE n = 0 AND dead), count(*) FILTER (WHERE n = 0 AND NOT dead AND parked),
-			count(*) FILTER (WHERE n = 0 AND NOT dead AND NOT parked)
-		FROM (`+classified+`) x`, args...).Scan(&rep.Committed, &rep.Found, &rep.Duplicates, &rep.DeadLettered, &rep.Parked, &rep.Missing)
+			count(*) FILTER (WHERE n = 0 AND NOT dead AND NOT parked AND filtered),
+			count(*) FILTER (WHERE n = 0 AND NOT dead AND NOT parked AND NOT filtered)
+		FROM (`+classified+`) x`, args...).Scan(&rep.Committed, &rep.Found, &rep.Duplicates, &rep.DeadLettered, &rep.Parked, &rep.Filtered, &rep.Missing)
 	if err != nil {
 		return rep, fmt.Errorf("reconcile: %w", err)
 	}
@@ -223,4 +219,53 @@ func Run(ctx context.Context, db *pgx.Conn, rd Reader, cfg Config, missing func(
 			return rep, tx.Commit(ctx)
 		}
 	}
+}
+
+// destinations lists the destinations the window's rows were sent to, for
+// a reader that reads by destination. With routing rules it builds every
+// row as the relay does, so that a route's destination counts and a row
+// the rules drop is recorded in the filtered table, not expected at the
+// broker; without, the distinct routes of the window suffice.
+func destinations(ctx context.Context, db *pgx.Conn, cfg Config) ([]string, error) {
+	var dests []string
+	seen := map[string]bool{}
+	add := func(m *relay.Message) error {
+		if cfg.Destination == nil {
+			return nil
+		}
+		d, err := cfg.Destination(m)
+		if err != nil {
+			return err
+		}
+		if !seen[d] {
+			if len(seen) >= 10000 {
+				return errors.New("the window has more than 10000 destinations; verify a shorter window or one --aggregate-type at a time")
+			}
+			seen[d] = true
+			dests = append(dests, d)
+		}
+		return nil
+	}
+	if len(cfg.Source.Rules.Routes) == 0 {
+		if cfg.Destination == nil {
+			return nil, nil
+		}
+		return dests, cfg.Source.Routes(ctx, db, cfg.Filter, add)
+	}
+	// Scan streams from db: the filtered ids wait for it to end.
+	var filtered [][]any
+	err := cfg.Source.Scan(ctx, db, cfg.Filter, func(m *relay.Message, invalid error) error {
+		if errors.Is(invalid, replay.ErrFiltered) {
+			filtered = append(filtered, []any{m.ID})
+			return nil
+		}
+		return add(m)
+	})
+	if err != nil {
+		return nil, err
+	}
+	if _, err := db.CopyFrom(ctx, pgx.Identifier{filteredTable}, []string{"message_id"}, pgx.CopyFromRows(filtered)); err != nil {
+		return nil, fmt.Errorf("store filtered ids: %w", err)
+	}
+	return dests, nil
 }

@@ -122,7 +122,7 @@ func openOps(ctx context.Context, path string, stderr io.Writer) (*opsEnv, error
 	}
 	return &opsEnv{cfg: cfg, log: log, db: db, source: rows.Source{
 		Tables: app.QualifiedTables(cfg.Postgres.Tables), Columns: cfg.Postgres.Columns, Database: database,
-		Format: cfg.Envelope.Format, CloudEventsSource: cfg.Envelope.CloudEventsSource,
+		Format: cfg.Envelope.Format, CloudEventsSource: cfg.Envelope.CloudEventsSource, Rules: cfg.Config,
 	}}, nil
 }
 
@@ -279,6 +279,9 @@ func reconcile(ctx context.Context, o *opsEnv, f rows.Filter, margin time.Durati
 func printReport(w io.Writer, r verify.Report) {
 	fmt.Fprintf(w, "committed      %d\nfound          %d\nmissing        %d\nduplicates     %d\ndead-lettered  %d\nparked         %d\n",
 		r.Committed, r.Found, r.Missing, r.Duplicates, r.DeadLettered, r.Parked)
+	if r.Filtered > 0 {
+		fmt.Fprintf(w, "filtered       %d\n", r.Filtered)
+	}
 }
 
 func cmdReplay(args []string, stdout, stderr io.Writer) error {
@@ -328,6 +331,9 @@ func cmdReplay(args []string, stdout, stderr io.Writer) error {
 	res, err := publishRows(ctx, o, stderr, *rate, total, nil, func(ctx context.Context, pub *rows.Publisher, row func()) error {
 		return o.source.Scan(ctx, o.db, f, func(m *relay.Message, invalid error) error {
 			row()
+			if errors.Is(invalid, rows.ErrFiltered) {
+				return nil // the rules drop it
+			}
 			if invalid != nil {
 				pub.Invalid(ctx, m, invalid)
 				return nil

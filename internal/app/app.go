@@ -24,6 +24,7 @@ import (
 	"github.com/outboxrelay/outboxrelay/internal/admin"
 	"github.com/outboxrelay/outboxrelay/internal/config"
 	"github.com/outboxrelay/outboxrelay/internal/metrics"
+	"github.com/outboxrelay/outboxrelay/internal/rules"
 	"github.com/outboxrelay/outboxrelay/internal/store"
 	"github.com/outboxrelay/outboxrelay/relay"
 	"github.com/outboxrelay/outboxrelay/sinks"
@@ -291,20 +292,21 @@ func (r *run) wire(ctx context.Context) error {
 	// The gauges read r.relay, which is set below, before the HTTP endpoint
 	// can scrape them.
 	r.metrics = metrics.New(metrics.Config{
-		Sink:          cfg.Sink.Type,
-		Slot:          slot,
-		Pipeline:      pipelineLabel(r.opts),
-		PerPipeline:   r.opts.PerPipeline,
-		Version:       r.opts.Version,
-		Revision:      r.opts.Revision,
-		InFlight:      func() int { return r.relay.InFlight() },
-		Unanswered:    func() time.Duration { d, _ := r.relay.Unanswered(); return d },
-		LagSince:      func() time.Time { return r.relay.LagSince() },
-		Standby:       r.stream.Standby,
-		Destinations:  staticDestinations(cfg),
-		IgnoredTables: cfg.Postgres.IgnoreTables,
-		Status:        readStatus,
-		Log:           log,
+		Sink:           cfg.Sink.Type,
+		Slot:           slot,
+		Pipeline:       pipelineLabel(r.opts),
+		PerPipeline:    r.opts.PerPipeline,
+		Version:        r.opts.Version,
+		Revision:       r.opts.Revision,
+		InFlight:       func() int { return r.relay.InFlight() },
+		Unanswered:     func() time.Duration { d, _ := r.relay.Unanswered(); return d },
+		LagSince:       func() time.Time { return r.relay.LagSince() },
+		Standby:        r.stream.Standby,
+		Destinations:   staticDestinations(cfg),
+		IgnoredTables:  cfg.Postgres.IgnoreTables,
+		DropsUnmatched: len(cfg.Routes) > 0 && cfg.Unmatched == rules.UnmatchedDrop,
+		Status:         readStatus,
+		Log:            log,
 	})
 	rc := cfg.RelayConfig()
 	rc.Database = r.database

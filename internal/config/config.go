@@ -21,9 +21,12 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/outboxrelay/outboxrelay/cdc"
+	"github.com/outboxrelay/outboxrelay/envelope"
 	"github.com/outboxrelay/outboxrelay/internal/redact"
+	"github.com/outboxrelay/outboxrelay/internal/rules"
 	"github.com/outboxrelay/outboxrelay/relay"
 	"github.com/outboxrelay/outboxrelay/sinks"
+	"github.com/outboxrelay/outboxrelay/sinks/route"
 )
 
 // Config is the whole configuration file.
@@ -38,6 +41,9 @@ type Config struct {
 	Relay    Relay          `yaml:"relay"`
 	HTTP     HTTP           `yaml:"http"`
 	Log      Log            `yaml:"log"`
+	// Rules are the routing rules: the keys routes, unmatched and
+	// transform (see package rules).
+	rules.Config `yaml:",inline"`
 	// Pipelines, when set, are the pipelines the process runs, the
 	// sections above their defaults; when empty the sections above are
 	// the one pipeline, named default (see Units).
@@ -817,6 +823,21 @@ func (c *Config) validatePipeline() []error {
 	}
 	rc := c.RelayConfig()
 	errs = append(errs, Problems(rc.Validate())...)
+	for i, r := range c.Routes {
+		if _, err := route.Parse(r.Destination); err != nil {
+			errs = append(errs, fmt.Errorf("routes[%d] (%s).destination: %w", i, r.Name, err))
+		}
+		for name := range r.Headers {
+			if envelope.Reserved(name) {
+				errs = append(errs, fmt.Errorf("routes[%d] (%s).headers: %q is a header name the relay owns (%s)", i, r.Name, name, envelope.ReservedAs(name)))
+			}
+		}
+	}
+	for name := range c.Transform.Headers {
+		if envelope.Reserved(name) {
+			errs = append(errs, fmt.Errorf("transform.headers: %q is a header name the relay owns (%s)", name, envelope.ReservedAs(name)))
+		}
+	}
 	switch c.Relay.Schemas.Missing {
 	case SchemasAllow, SchemasDeadLetter:
 	default:
@@ -842,6 +863,7 @@ func (c *Config) RelayConfig() relay.Config {
 	rc.Outbox, rc.Envelope = c.Postgres.Outbox, c.Envelope
 	rc.Tables = QualifiedTables(c.Postgres.Tables)
 	rc.MessagingSystem = c.Sink.Type
+	rc.Rules = c.Config
 	return rc
 }
 

@@ -88,9 +88,10 @@ func (c Config) Units() []Unit {
 	return out
 }
 
-// pipelineConfig is p's sections with the process-wide ones of c.
+// pipelineConfig is p's sections with the process-wide ones of c (the
+// routing rules among them: they apply to every pipeline).
 func (c Config) pipelineConfig(p Pipeline) Config {
-	return Config{Postgres: p.Postgres, Sink: p.Sink, Envelope: p.Envelope, Relay: p.Relay, HTTP: c.HTTP, Log: c.Log}
+	return Config{Postgres: p.Postgres, Sink: p.Sink, Envelope: p.Envelope, Relay: p.Relay, HTTP: c.HTTP, Log: c.Log, Config: c.Config}
 }
 
 // pipelineName is what a pipeline's name may be: it is a metric label and

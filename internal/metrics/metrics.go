@@ -69,6 +69,9 @@ type Config struct {
 	Destinations []string
 	// IgnoredTables start skipped_inserts_total at 0.
 	IgnoredTables []string
+	// DropsUnmatched (the rules say unmatched: drop) starts
+	// messages_filtered_total{route="unmatched"} at 0.
+	DropsUnmatched bool
 	// InFlight reports the messages handed to the sink and not yet
 	// acknowledged (relay.Relay.InFlight); read on every scrape.
 	InFlight func() int
@@ -95,6 +98,7 @@ type Metrics struct {
 	publishErrors *prometheus.CounterVec
 	deadLetters   *prometheus.CounterVec
 	skipped       *prometheus.CounterVec
+	filtered      *prometheus.CounterVec
 	reserved      *prometheus.CounterVec
 	lag           prometheus.Gauge
 	retained      prometheus.Gauge
@@ -139,6 +143,10 @@ func New(cfg Config) *Metrics {
 		Namespace: Namespace, Name: "skipped_inserts_total",
 		Help: "Inserts into tables listed in postgres.ignore_tables, which the relay does not publish, by table.",
 	}, []string{"table"})
+	m.filtered = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Name: "messages_filtered_total",
+		Help: "Rows the routing rules dropped and did not publish, by route (unmatched: no route matched and unmatched is drop).",
+	}, []string{"route"})
 	m.reserved = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: Namespace, Name: "reserved_headers_dropped_total",
 		Help: "Row headers dropped because their name is one the relay owns, by the reserved name or prefix (ce_*) they matched; rename them in the producer.",
@@ -205,7 +213,7 @@ func New(cfg Config) *Metrics {
 	if cfg.Pipeline != "" {
 		labels["pipeline"] = cfg.Pipeline
 	}
-	prometheus.WrapRegistererWith(labels, m.registry).MustRegister(m.published, m.publishErrors, m.deadLetters, m.skipped, m.reserved, m.lag, lagSeconds, m.retained, m.keepSize,
+	prometheus.WrapRegistererWith(labels, m.registry).MustRegister(m.published, m.publishErrors, m.deadLetters, m.skipped, m.filtered, m.reserved, m.lag, lagSeconds, m.retained, m.keepSize,
 		m.walStatus, m.latency, inflight, last, unanswered, role)
 	if !cfg.PerPipeline {
 		registerProcess(m.registry, cfg.Version, cfg.Revision)
@@ -222,6 +230,9 @@ func New(cfg Config) *Metrics {
 	}
 	for _, t := range cfg.IgnoredTables {
 		m.skipped.WithLabelValues(label(t))
+	}
+	if cfg.DropsUnmatched {
+		m.filtered.WithLabelValues(relay.FilteredUnmatched)
 	}
 	for _, h := range envelope.ReservedForms() {
 		m.reserved.WithLabelValues(h)
@@ -350,6 +361,7 @@ func (m *Metrics) Hooks() relay.Hooks {
 		PublishFailed: m.observeFailed,
 		DeadLettered:  m.observeDeadLettered,
 		Skipped:       func(table string) { m.skipped.WithLabelValues(label(table)).Inc() },
+		Filtered:      func(route string) { m.filtered.WithLabelValues(label(route)).Inc() },
 		ReservedHeaderDropped: func(_ *relay.Message, reserved string) {
 			m.reserved.WithLabelValues(reserved).Inc()
 		},

@@ -15,6 +15,7 @@
 package rules
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -75,6 +76,17 @@ type Config struct {
 	Transform Transform `yaml:"transform"`
 }
 
+// Docs describes Config's keys for the configuration reference.
+func (Config) Docs() map[string]string {
+	return map[string]string{
+		"routes":            "ordered routing rules: `name`, `when` (CEL, bool), `destination` (template; empty keeps the sink's), `key` and `headers` (CEL, string), `format`, `continue`; the first match wins unless it says `continue` (see Routing)",
+		"unmatched":         "a row no route matches: `deadletter` (empty means it), `drop` (counted in `outboxrelay_messages_filtered_total`), or the name of the route that takes it",
+		"transform.key":     "CEL (string): the record key of every routed row, before the route's own",
+		"transform.headers": "header names to CEL (string) expressions, added to every routed row",
+		"transform.payload": "top-level payload fields to CEL expressions whose value they get (checked against `relay.schemas` when set)",
+	}
+}
+
 // The policies of Config.Unmatched besides a route name.
 const (
 	UnmatchedDeadLetter = "deadletter"
@@ -90,6 +102,9 @@ type Row struct {
 	Payload []byte
 	// Columns are the row's columns as text, without its NULL ones.
 	Columns map[string]string
+	// Key is the row's record key before the rules; empty means
+	// AggregateID.
+	Key string
 }
 
 // Match is one route a row took and what it made of the row.
@@ -334,7 +349,7 @@ func setHeaders(dst map[string]string, hs []headerProgram, vars map[string]any) 
 func (s *Set) Decide(r *Row) (Decision, error) {
 	vars := activation(r)
 	var d Decision
-	base := Match{Key: r.AggregateID, Headers: map[string]string{}}
+	base := Match{Key: cmp.Or(r.Key, r.AggregateID), Headers: map[string]string{}}
 	if s.tKey != nil {
 		k, err := s.tKey.string(vars)
 		if err != nil {

@@ -151,7 +151,7 @@ func newTopics(t route.Template, positions string) *topics {
 // render returns m's topic, with an error when the topic is not a legal
 // Kafka topic name.
 func (ts *topics) render(m *relay.Message) topicResult {
-	if ts.constant != nil {
+	if ts.constant != nil && m.RouteDestination == "" {
 		return *ts.constant
 	}
 	var buf [128]byte

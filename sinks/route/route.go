@@ -10,6 +10,7 @@ package route
 import (
 	"fmt"
 	"strings"
+	"sync"
 
 	"github.com/outboxrelay/outboxrelay/relay"
 )
@@ -113,7 +114,13 @@ func (t Template) Constant() (string, bool) { return t.text, t.parts == nil }
 // Append appends t rendered for m to dst and returns the extended buffer:
 // the literal text as is, and each placeholder's value escaped with esc
 // (verbatim when esc is nil).
+//
+// A message a routing rule routed (m.RouteDestination set) renders that
+// route's template instead of t.
 func (t Template) Append(dst []byte, m *relay.Message, esc *Escape) []byte {
+	if m.RouteDestination != "" {
+		t = routeTemplate(m.RouteDestination)
+	}
 	if t.parts == nil {
 		return append(dst, t.text...)
 	}
@@ -135,11 +142,30 @@ func (t Template) Append(dst []byte, m *relay.Message, esc *Escape) []byte {
 // Render returns t rendered for m as [Template.Append] does. A constant
 // template costs no allocation and a destination of up to 128 bytes one.
 func (t Template) Render(m *relay.Message, esc *Escape) string {
-	if t.parts == nil {
+	if t.parts == nil && m.RouteDestination == "" {
 		return t.text
 	}
 	var buf [128]byte
 	return string(t.Append(buf[:0], m, esc))
+}
+
+// routes are the parsed destination templates of routing rules, by text:
+// a configuration has few, and each is parsed once.
+var routes sync.Map
+
+// routeTemplate returns the parsed route destination s. The configuration
+// check parses every route's destination first, so s parses;
+// if it did not, its text is the destination, which the sink then checks.
+func routeTemplate(s string) Template {
+	if t, ok := routes.Load(s); ok {
+		return t.(Template)
+	}
+	t, err := Parse(s)
+	if err != nil {
+		t = Template{text: s}
+	}
+	routes.Store(s, t)
+	return t
 }
 
 // An Escape is a set of bytes that are percent-encoded in values, as %XX
