@@ -69,7 +69,9 @@ func TestPublishBatchOutcomes(t *testing.T) {
 	srv := httptest.NewServer(p)
 	defer srv.Close()
 	s := newSink(t, Config{TopicARN: "arn:aws:sns:us-east-1:000000000000:orders.fifo", Common: awssink.Common{Region: "us-east-1", Endpoint: srv.URL,
-		AccessKeyID: "k", SecretAccessKey: "s", Linger: 50 * time.Millisecond}})
+		// One worker that fills a batch of four: the four messages go in one
+		// request however slowly the machine hands them over.
+		AccessKeyID: "k", SecretAccessKey: "s", BatchSize: 4, MaxConcurrentBatches: 1, Linger: time.Minute}})
 	msgs := sinktest.Messages("batch", 4, 4)
 	msgs[1].AggregateID, msgs[2].AggregateID = "bad", "flaky"
 	rec := sinktest.NewRecorder()

@@ -185,7 +185,10 @@ func TestRefusedEntry(t *testing.T) {
 		}
 		return ""
 	}})
-	s := newSink(t, Config{QueueURL: url, Common: awssink.Common{Region: sqstest.Region, Endpoint: srv.URL, AccessKeyID: "k", SecretAccessKey: "s", Linger: 50 * time.Millisecond}})
+	s := newSink(t, Config{QueueURL: url, Common: awssink.Common{Region: sqstest.Region, Endpoint: srv.URL, AccessKeyID: "k", SecretAccessKey: "s",
+		// One worker that fills a batch of five: the five messages go in one
+		// request however slowly the machine hands them over.
+		BatchSize: 5, MaxConcurrentBatches: 1, Linger: time.Minute}})
 	msgs := sinktest.Messages("refuse", 5, 5)
 	msgs[2].AggregateID = "bad"
 	rec := sinktest.NewRecorder()
