@@ -13,7 +13,7 @@ package envelope
 //	             not a JSON string holding it
 //	header id    the event id (table.field.event.id = id)
 //	topic        outbox.event.<aggregatetype> (route.topic.replacement);
-//	             the relay's topic template decides, see the README
+//	             the relay's topic template decides, see docs/debezium.md
 //
 // The router adds no other header and no envelope by default: the event
 // type travels only when table.fields.additional.placement asks for it.

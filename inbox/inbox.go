@@ -91,7 +91,8 @@ type Config struct {
 	MinBackoff, MaxBackoff time.Duration
 	// Retention is the dedupe window: how long Prune keeps a processed
 	// record; 7 days by default. It must cover the longest redelivery you
-	// run, dlq replay and recover --margin included (see the README).
+	// run, dlq replay and recover --margin included (see the dedupe window in
+	// docs/consumers.md).
 	Retention time.Duration
 	// Observer receives one call per event, for metrics.
 	Observer Observer

@@ -28,7 +28,7 @@ import (
 // Settings is one sink's section of the configuration file, sink.<name>:
 // a pointer to the sink package's own configuration struct. Its yaml tags
 // are the keys (OUTBOXRELAY_SINK_<NAME>_<KEY> in the environment), [Type.Docs]
-// describes them in the README's reference, and a field
+// describes them in the generated reference (docs/configuration.md), and a field
 // tagged secret:"url" or secret:"text" is hidden when the configuration is
 // printed and may be read from its _file sibling. Fields tagged yaml:"-"
 // are for programs that use the sink package directly.

@@ -17,7 +17,7 @@ import (
 	"github.com/outboxrelay/outboxrelay/internal/redact"
 )
 
-// Exit codes, as the README's "Commands" lists them.
+// Exit codes, as docs/operations.md's "Commands" lists them.
 const (
 	exitOK        = 0
 	exitUnhealthy = 1
