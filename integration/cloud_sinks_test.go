@@ -330,6 +330,24 @@ func TestKinesisEndToEnd(t *testing.T) {
 	if ref < 3 || hung < 1 || drop < 1 {
 		t.Errorf("faults injected: %d 500s, %d hangs, %d dropped answers; want at least 3, 1 and 1", ref, hung, drop)
 	}
+
+	// verify reads the stream back through the same faulty front (only
+	// PutRecords fails there): every row found, the duplicates the
+	// dropped answers caused counted as the ledger counted them.
+	verifyCfg := e.writeConfig(fmt.Sprintf("postgres:\n  url: %s\nsink:\n  type: kinesis\n%s", e.dbURL, sinkYAML))
+	out, code := e.cli("verify", "--config", verifyCfg, "--since", "1h")
+	t.Logf("verify:\n%s", out)
+	for _, want := range []string{fmt.Sprintf("committed      %d\n", rows), fmt.Sprintf("found          %d\n", rows), "missing        0\n", fmt.Sprintf("duplicates     %d\n", dups)} {
+		if code != 0 || !strings.Contains(out, want) {
+			t.Errorf("verify with the kinesis sink: exit %d, want 0 and %q", code, strings.TrimSpace(want))
+		}
+	}
+	// A row committed while no relay runs is reported missing, by id.
+	lostID := e.insert("public.outbox", "order", "1", 1)
+	out, code = e.cli("verify", "--config", verifyCfg, "--since", "1h")
+	if code != 1 || !sameSet(missingIDs(out), lostID) || !strings.Contains(out, "missing        1\n") {
+		t.Errorf("verify after a row the relay never saw: exit %d, missing %v; want exit 1 and exactly %v\n%s", code, missingIDs(out), lostID, out)
+	}
 }
 
 // TestCloudSinksBadInput: for pubsub and kinesis, an unreachable service,

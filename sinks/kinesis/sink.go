@@ -79,6 +79,26 @@ func New(cfg Config, log *zap.Logger) (*Sink, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sink.kinesis.stream: %w", err)
 	}
+	client, err := newClient(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if log == nil {
+		log = zap.NewNop()
+	}
+	return &Sink{
+		cfg: cfg, log: log.Named("kinesis"), stream: st, client: client,
+		slots:    make(chan struct{}, cfg.MaxInFlight),
+		queue:    make(chan *item, cfg.MaxInFlight),
+		requests: make(chan struct{}, cfg.MaxRequests),
+		chains:   map[aggregate][]*item{},
+		retrying: map[*item]bool{},
+		run:      sinks.NewLifecycle("kinesis"),
+	}, nil
+}
+
+// newClient creates the Kinesis client of cfg, with its defaults applied.
+func newClient(cfg Config) (*kinesis.Client, error) {
 	opts := []func(*awsconfig.LoadOptions) error{awsconfig.WithRegion(cfg.Region)}
 	if cfg.AccessKeyID != "" {
 		opts = append(opts, awsconfig.WithCredentialsProvider(credentials.NewStaticCredentialsProvider(cfg.AccessKeyID, cfg.SecretAccessKey, "")))
@@ -93,18 +113,7 @@ func New(cfg Config, log *zap.Logger) (*Sink, error) {
 		}
 		o.RetryMaxAttempts = 2 // the relay retries with its own backoff
 	})
-	if log == nil {
-		log = zap.NewNop()
-	}
-	return &Sink{
-		cfg: cfg, log: log.Named("kinesis"), stream: st, client: client,
-		slots:    make(chan struct{}, cfg.MaxInFlight),
-		queue:    make(chan *item, cfg.MaxInFlight),
-		requests: make(chan struct{}, cfg.MaxRequests),
-		chains:   map[aggregate][]*item{},
-		retrying: map[*item]bool{},
-		run:      sinks.NewLifecycle("kinesis"),
-	}, nil
+	return client, nil
 }
 
 // Connect finds the credentials and asks Kinesis for the stream (for a
