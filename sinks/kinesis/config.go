@@ -2,18 +2,16 @@ package kinesis
 
 import (
 	"cmp"
-	"errors"
 	"fmt"
-	"net/url"
-	"time"
 
 	"github.com/outboxrelay/outboxrelay/relay"
+	"github.com/outboxrelay/outboxrelay/sinks/internal/awssink"
 )
 
 // Defaults applied by [New] to zero fields of a [Config].
 const (
 	// DefaultTimeout bounds one PutRecords call and the probe of Connect.
-	DefaultTimeout = 10 * time.Second
+	DefaultTimeout = awssink.DefaultTimeout
 	// DefaultMaxInFlight bounds the messages queued or in flight; Publish
 	// blocks beyond it.
 	DefaultMaxInFlight = 10_000
@@ -26,24 +24,16 @@ const (
 )
 
 // Config configures a Kinesis [Sink]. The zero value of every field means
-// its default; Stream and Region are required.
+// its default; Stream is required.
 type Config struct {
 	// Stream is the template of the stream name: {aggregate_type},
 	// {event_type} and {table} are replaced by the message's values.
 	Stream string `yaml:"stream"`
-	// Region is the AWS region of the streams.
-	Region string `yaml:"region"`
-	// Endpoint overrides the Kinesis endpoint URL (a VPC endpoint,
-	// kinesalite, LocalStack).
-	Endpoint string `yaml:"endpoint"`
-	// AccessKeyID and SecretAccessKey, when set, are the credentials;
-	// otherwise the SDK's default chain finds them (AWS_ACCESS_KEY_ID,
-	// the shared files, a web identity, the instance's role).
-	AccessKeyID         string `yaml:"access_key_id"`
-	SecretAccessKey     string `yaml:"secret_access_key" secret:"text"`
-	SecretAccessKeyFile string `yaml:"secret_access_key_file"`
-	// Timeout bounds one PutRecords call, default [DefaultTimeout].
-	Timeout time.Duration `yaml:"timeout"`
+	// Connection is the settings every AWS sink has: region (empty:
+	// AWS_REGION), endpoint (a VPC endpoint, kinesalite, LocalStack),
+	// static credentials with a session token (else the SDK's default
+	// chain), the bound of one call (default [DefaultTimeout]) and TLS.
+	awssink.Connection `yaml:",inline"`
 	// MaxInFlight bounds the messages queued or in flight, default
 	// [DefaultMaxInFlight].
 	MaxInFlight int `yaml:"max_inflight"`
@@ -55,8 +45,11 @@ type Config struct {
 	RecordAttempts int `yaml:"record_attempts"`
 }
 
+// service is what the shared settings' messages say of this sink.
+var service = awssink.Service{Name: "kinesis", Title: "Kinesis"}
+
 func (c Config) withDefaults() Config {
-	c.Timeout = cmp.Or(c.Timeout, DefaultTimeout)
+	c.Connection = c.Connection.WithDefaults()
 	c.MaxInFlight = cmp.Or(c.MaxInFlight, DefaultMaxInFlight)
 	c.MaxRequests = cmp.Or(c.MaxRequests, DefaultMaxRequests)
 	c.RecordAttempts = cmp.Or(c.RecordAttempts, DefaultRecordAttempts)
@@ -67,24 +60,11 @@ func (c Config) withDefaults() Config {
 // setting to fix.
 func (c Config) Validate() error {
 	c = c.withDefaults()
-	var errs []error
+	var first error
 	if _, err := parseStream(c.Stream); err != nil {
-		errs = append(errs, fmt.Errorf("sink.kinesis.stream: %w", err))
+		first = fmt.Errorf("sink.kinesis.stream: %w", err)
 	}
-	if c.Region == "" {
-		errs = append(errs, errors.New("sink.kinesis.region is empty; set it to the AWS region of the stream, for example eu-west-1"))
-	}
-	if c.Endpoint != "" {
-		if u, err := url.Parse(c.Endpoint); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			errs = append(errs, fmt.Errorf("sink.kinesis.endpoint %q is not an http:// or https:// URL", c.Endpoint))
-		}
-	}
-	if (c.AccessKeyID == "") != (c.SecretAccessKey == "" && c.SecretAccessKeyFile == "") {
-		errs = append(errs, errors.New("sink.kinesis.access_key_id and sink.kinesis.secret_access_key are set one without the other; set both, or neither for the default credential chain"))
-	}
-	if c.Timeout < 0 {
-		errs = append(errs, fmt.Errorf("sink.kinesis.timeout is %v; set it above 0", c.Timeout))
-	}
+	errs := c.Connection.Validate(service)
 	for _, n := range []struct {
 		key string
 		v   int
@@ -93,7 +73,7 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("sink.kinesis.%s is %d; set it to 1 or more", n.key, n.v))
 		}
 	}
-	return errors.Join(errs...)
+	return awssink.Join(first, errs)
 }
 
 // CheckFormat refuses the envelope formats that carry part of a message in

@@ -10,8 +10,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	awsconfig "github.com/aws/aws-sdk-go-v2/config"
-	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/kinesis"
 	"github.com/aws/aws-sdk-go-v2/service/kinesis/types"
 	"go.uber.org/zap"
@@ -98,22 +96,13 @@ func New(cfg Config, log *zap.Logger) (*Sink, error) {
 }
 
 // newClient creates the Kinesis client of cfg, with its defaults applied.
+// The SDK does not retry: the relay retries with its own backoff.
 func newClient(cfg Config) (*kinesis.Client, error) {
-	opts := []func(*awsconfig.LoadOptions) error{awsconfig.WithRegion(cfg.Region)}
-	if cfg.AccessKeyID != "" {
-		opts = append(opts, awsconfig.WithCredentialsProvider(credentials.NewStaticCredentialsProvider(cfg.AccessKeyID, cfg.SecretAccessKey, "")))
-	}
-	awsCfg, err := awsconfig.LoadDefaultConfig(context.Background(), opts...)
+	awsCfg, err := cfg.AWSConfig(service)
 	if err != nil {
-		return nil, fmt.Errorf("load the AWS configuration: %w", err)
+		return nil, err
 	}
-	client := kinesis.NewFromConfig(awsCfg, func(o *kinesis.Options) {
-		if cfg.Endpoint != "" {
-			o.BaseEndpoint = aws.String(cfg.Endpoint)
-		}
-		o.RetryMaxAttempts = 2 // the relay retries with its own backoff
-	})
-	return client, nil
+	return kinesis.NewFromConfig(awsCfg), nil
 }
 
 // Connect finds the credentials and asks Kinesis for the stream (for a

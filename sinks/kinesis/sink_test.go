@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/outboxrelay/outboxrelay/relay"
+	"github.com/outboxrelay/outboxrelay/sinks/internal/awssink"
 	"github.com/outboxrelay/outboxrelay/sinks/sinktest"
 )
 
@@ -42,8 +43,8 @@ func startKinesalite(tb testing.TB) *sinktest.Server {
 
 func testConfig(addr, stream string) Config {
 	return Config{
-		Stream: stream, Region: "us-east-1", Endpoint: "http://" + addr,
-		AccessKeyID: "test", SecretAccessKey: "test", Timeout: 5 * time.Second,
+		Stream: stream, Connection: awssink.Connection{Region: "us-east-1", Endpoint: "http://" + addr,
+			AccessKeyID: "test", SecretAccessKey: "test", Timeout: 5 * time.Second},
 	}
 }
 
@@ -247,13 +248,12 @@ func TestConnect(t *testing.T) {
 }
 
 func TestValidate(t *testing.T) {
-	err := Config{Stream: "{aggregatetype}", AccessKeyID: "a", Endpoint: "ftp://x", MaxRequests: -1}.Validate()
+	err := Config{Stream: "{aggregatetype}", Connection: awssink.Connection{AccessKeyID: "a", Endpoint: "ftp://x"}, MaxRequests: -1}.Validate()
 	for _, want := range []string{
 		"sink.kinesis.stream: stream template",
 		"unknown placeholder {aggregatetype}",
-		"sink.kinesis.region is empty",
 		"sink.kinesis.endpoint \"ftp://x\" is not an http:// or https:// URL",
-		"sink.kinesis.access_key_id and sink.kinesis.secret_access_key are set one without the other",
+		"sink.kinesis.access_key_id is set without sink.kinesis.secret_access_key; set it, or sink.kinesis.secret_access_key_file",
 		"sink.kinesis.max_requests is -1",
 	} {
 		if err == nil || !strings.Contains(err.Error(), want) {
@@ -266,5 +266,21 @@ func TestValidate(t *testing.T) {
 	}
 	if err := c.CheckFormat(relay.FormatEnvelope); err != nil {
 		t.Errorf("CheckFormat(envelope): %v", err)
+	}
+}
+
+// TestStaticCredentials: static credentials with a session token are the
+// client's, as for the other AWS sinks.
+func TestStaticCredentials(t *testing.T) {
+	cfg := testConfig("127.0.0.1:1", "orders")
+	cfg.SessionToken = "session-token"
+	s, err := New(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	creds, err := s.client.Options().Credentials.Retrieve(context.Background())
+	if err != nil || creds.AccessKeyID != "test" || creds.SecretAccessKey != "test" || creds.SessionToken != "session-token" {
+		t.Errorf("credentials %+v, %v; want test, test and the session token", creds, err)
 	}
 }

@@ -68,10 +68,10 @@ func TestPublishBatchOutcomes(t *testing.T) {
 	p := &publishBatchServer{ids: map[string][2]string{}}
 	srv := httptest.NewServer(p)
 	defer srv.Close()
-	s := newSink(t, Config{TopicARN: "arn:aws:sns:us-east-1:000000000000:orders.fifo", Common: awssink.Common{Region: "us-east-1", Endpoint: srv.URL,
+	s := newSink(t, Config{TopicARN: "arn:aws:sns:us-east-1:000000000000:orders.fifo", Common: awssink.Common{Connection: awssink.Connection{Region: "us-east-1", Endpoint: srv.URL,
 		// One worker that fills a batch of four: the four messages go in one
 		// request however slowly the machine hands them over.
-		AccessKeyID: "k", SecretAccessKey: "s", BatchSize: 4, MaxConcurrentBatches: 1, Linger: time.Minute}})
+		AccessKeyID: "k", SecretAccessKey: "s"}, BatchSize: 4, MaxConcurrentBatches: 1, Linger: time.Minute}})
 	msgs := sinktest.Messages("batch", 4, 4)
 	msgs[1].AggregateID, msgs[2].AggregateID = "bad", "flaky"
 	rec := sinktest.NewRecorder()

@@ -16,7 +16,7 @@ import (
 
 func testConfig(srv *goawstest.Server, arn string) Config {
 	// goaws has no PublishBatch: a batch size of 1 publishes with Publish.
-	return Config{TopicARN: arn, Common: awssink.Common{Region: goawstest.Region, Endpoint: srv.URL, AccessKeyID: "test", SecretAccessKey: "test", BatchSize: 1, Timeout: 5 * time.Second}}
+	return Config{TopicARN: arn, Common: awssink.Common{Connection: awssink.Connection{Region: goawstest.Region, Endpoint: srv.URL, AccessKeyID: "test", SecretAccessKey: "test", Timeout: 5 * time.Second}, BatchSize: 1}}
 }
 
 func newSink(t testing.TB, cfg Config) *Sink {
@@ -133,7 +133,7 @@ func TestValidate(t *testing.T) {
 // TestConnectUnreachable: no answer at all is an error, not an emulator's
 // odd answer.
 func TestConnectUnreachable(t *testing.T) {
-	s, err := New(Config{TopicARN: "arn:aws:sns:us-east-1:000000000000:t", Common: awssink.Common{Region: "us-east-1", Endpoint: "http://127.0.0.1:1", AccessKeyID: "k", SecretAccessKey: "s"}}, nil)
+	s, err := New(Config{TopicARN: "arn:aws:sns:us-east-1:000000000000:t", Common: awssink.Common{Connection: awssink.Connection{Region: "us-east-1", Endpoint: "http://127.0.0.1:1", AccessKeyID: "k", SecretAccessKey: "s"}}}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,7 +23,7 @@ import (
 )
 
 func testConfig(srv *sqstest.Server, queueURL string) Config {
-	return Config{QueueURL: queueURL, Common: awssink.Common{Region: sqstest.Region, Endpoint: srv.URL, AccessKeyID: "test", SecretAccessKey: "test", Timeout: 5 * time.Second}}
+	return Config{QueueURL: queueURL, Common: awssink.Common{Connection: awssink.Connection{Region: sqstest.Region, Endpoint: srv.URL, AccessKeyID: "test", SecretAccessKey: "test", Timeout: 5 * time.Second}}}
 }
 
 func newSink(t testing.TB, cfg Config) *Sink {
@@ -185,7 +185,7 @@ func TestRefusedEntry(t *testing.T) {
 		}
 		return ""
 	}})
-	s := newSink(t, Config{QueueURL: url, Common: awssink.Common{Region: sqstest.Region, Endpoint: srv.URL, AccessKeyID: "k", SecretAccessKey: "s",
+	s := newSink(t, Config{QueueURL: url, Common: awssink.Common{Connection: awssink.Connection{Region: sqstest.Region, Endpoint: srv.URL, AccessKeyID: "k", SecretAccessKey: "s"},
 		// One worker that fills a batch of five: the five messages go in one
 		// request however slowly the machine hands them over.
 		BatchSize: 5, MaxConcurrentBatches: 1, Linger: time.Minute}})
@@ -306,7 +306,7 @@ func TestConnect(t *testing.T) {
 }
 
 func TestValidate(t *testing.T) {
-	err := Config{QueueURL: "https://sqs.example/1/{aggregate_type}/q", Common: awssink.Common{BatchSize: 11, AccessKeyID: "k"}}.Validate()
+	err := Config{QueueURL: "https://sqs.example/1/{aggregate_type}/q", Common: awssink.Common{BatchSize: 11, Connection: awssink.Connection{AccessKeyID: "k"}}}.Validate()
 	for _, want := range []string{"sink.sqs.queue_url", "placeholder outside the queue name", "sink.sqs.batch_size is 11", "sink.sqs.access_key_id is set without sink.sqs.secret_access_key"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Validate: %v; want %q", err, want)
