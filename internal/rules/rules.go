@@ -160,9 +160,9 @@ type headerProgram struct {
 
 type compiledRoute struct {
 	name, destination, format, sink string
-	when, key                 *program
-	headers                   []headerProgram
-	cont                      bool
+	when, key                       *program
+	headers                         []headerProgram
+	cont                            bool
 }
 
 // Set is a compiled Config.
