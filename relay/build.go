@@ -318,7 +318,7 @@ func (b *Builder) route(em *envelope.Message, table, traceparent string, lsn cdc
 			errs = append(errs, fmt.Errorf("column %s is null", b.cfg.Columns.Payload))
 		}
 		m, err := b.finish(&e, table, format, traceparent, lsn, errs)
-		m.Route, m.RouteDestination, m.Key = r.Route, r.Destination, r.Key
+		m.Route, m.RouteDestination, m.Key, m.Sink = r.Route, r.Destination, r.Key, r.Sink
 		for _, k := range slices.Sorted(maps.Keys(r.Headers)) {
 			m.Headers = append(m.Headers, envelope.Header{Key: k, Value: r.Headers[k]})
 		}

@@ -22,7 +22,8 @@ type handler struct {
 	log     *zap.Logger
 	failure *failure
 	build   *Builder
-	pub     *publisher
+	pub     *publisher // the first sink's: exactly once has only it
+	lanes   lanes      // every sink's publisher
 	cp      *checkpointer
 	window  *window
 	tracker *tracker
@@ -41,8 +42,10 @@ func (h *handler) Start(ctx context.Context, slotConfirmed cdc.LSN) error {
 	}
 	// Another relay on the slot (a standby taking over) or an earlier run
 	// may have parked aggregates: know them before the first message.
-	if err := h.pub.loadHeads(ctx); err != nil {
-		return err
+	for _, p := range h.lanes.all {
+		if err := p.loadHeads(ctx); err != nil {
+			return err
+		}
 	}
 	if h.batch != nil {
 		if err := h.settleSink(ctx); err != nil {
@@ -228,19 +231,23 @@ func (h *handler) dispatch(ctx context.Context, m *Message, buildErr error) erro
 			return err
 		}
 	}
+	pub, routeErr := h.lanes.of(m)
+	if buildErr == nil {
+		buildErr = routeErr
+	}
 	if err := h.window.acquire(ctx, len(m.Envelope)); err != nil {
 		return err
 	}
 	m.tx = h.tx
 	m.seq = h.seq
 	h.seq++
-	h.tracker.add(h.tx)
+	h.tracker.add(h.tx, pub.lane)
 	if buildErr != nil {
 		m.Attempts = 1
 		m.FirstFailure = time.Now()
 		m.LastFailure = m.FirstFailure
 		m.LastError = fmt.Errorf("invalid outbox message: %w", buildErr)
-		h.pub.deadLetter(m, false)
+		pub.deadLetter(m, false)
 		return nil
 	}
 	if h.batch != nil {
@@ -249,6 +256,6 @@ func (h *handler) dispatch(ctx context.Context, m *Message, buildErr error) erro
 		h.batch.held.Add(1)
 		return nil
 	}
-	h.pub.submit(ctx, m)
+	pub.submit(ctx, m)
 	return nil
 }

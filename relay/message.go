@@ -70,6 +70,12 @@ type Message struct {
 	// template, which the sink renders instead of its own; "" keeps the
 	// sink's.
 	Route, RouteDestination string
+	// Sink is the name of the sink the message goes to (a key of the
+	// file's sinks section): its route's, else the first sink's, set by
+	// the relay when it dispatches the message. "" with the one sink of a
+	// sink section. Dead letters and parked messages record it, so that a
+	// replay sends them to the same sink.
+	Sink string
 	// Filtered is the route label of a row the rules drop
 	// (FilteredUnmatched for unmatched: drop): it is counted and its
 	// position confirmed, but it is never published. "" otherwise.

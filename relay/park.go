@@ -27,6 +27,8 @@ type Head struct {
 	// ID is the dead letter's id in its store.
 	ID                         int64
 	AggregateType, AggregateID string
+	// Sink is the name of the sink whose aggregate it parks (Message.Sink).
+	Sink string
 }
 
 // Parking stores parked aggregates: the dead letter at the head of each and
@@ -43,11 +45,11 @@ type Parking interface {
 	// Heads returns the aggregates parked in the store, for a relay that
 	// starts a replication session.
 	Heads(ctx context.Context) ([]Head, error)
-	// AddHead stores m as a dead letter that parks its aggregate, with its
-	// position (m.CommitLSN, m.LSN).
+	// AddHead stores m as a dead letter that parks its aggregate on its
+	// sink (m.Sink), with its position (m.CommitLSN, m.LSN).
 	AddHead(ctx context.Context, m *Message) error
-	// Park stores m behind the dead letter that parks m's aggregate and
-	// reports true. It reports false, storing nothing, when no dead letter
+	// Park stores m behind the dead letter that parks m's aggregate on
+	// m's sink (m.Sink) and reports true. It reports false, storing nothing, when no dead letter
 	// parks the aggregate any more (it was replayed or purged). A message
 	// that is the head itself, or that was committed before it (a
 	// redelivery after a restart: it was delivered before the head was
@@ -70,11 +72,16 @@ func (p *publisher) loadHeads(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("read parked aggregates: %w", err)
 	}
+	parked := 0
 	for _, h := range heads {
+		if h.Sink != p.name {
+			continue // another sink's: its aggregates flow here
+		}
 		p.order.park(aggregateKey{h.AggregateType, h.AggregateID})
+		parked++
 	}
-	if len(heads) > 0 {
-		p.log.Info("aggregates parked behind dead letters", zap.Int("aggregates", len(heads)))
+	if parked > 0 {
+		p.log.Info("aggregates parked behind dead letters", zap.Int("aggregates", parked))
 	}
 	return nil
 }

@@ -60,6 +60,10 @@ type publisher struct {
 	// deadLetters counts dead letters being stored: an exactly-once
 	// transaction is ended only once they are.
 	deadLetters sync.WaitGroup
+	// lane is the sink's index among the relay's sinks (sinks.go), name
+	// its name ("" for the one sink of a sink section).
+	lane int
+	name string
 }
 
 func newPublisher(cfg *settings, sink Sink, log *zap.Logger, f *failure, bg *background, w *window, t *tracker) *publisher {
@@ -183,7 +187,7 @@ func (p *publisher) run(ctx context.Context) {
 // watermark.
 func (p *publisher) complete(m *Message) {
 	p.window.release(len(m.Envelope))
-	p.tracker.ack(m.tx)
+	p.tracker.ack(m.tx, p.lane)
 	if m.pooled {
 		// The sink is done with m (Sink contract): reuse its buffer.
 		putBuffer(m.Envelope)

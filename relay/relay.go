@@ -10,7 +10,6 @@ package relay
 
 import (
 	"context"
-	"fmt"
 	"sync"
 	"time"
 
@@ -39,7 +38,8 @@ type Relay struct {
 	window  *window
 	tracker *tracker
 	handler *handler
-	pub     *publisher
+	pub     *publisher   // the first sink's, which exactly once uses
+	lanes   []*publisher // one per sink, in the order NewSinks got them
 	cp      *checkpointer
 }
 
@@ -64,25 +64,43 @@ func newSettings(cfg Config, opts Options) settings {
 // New returns a Relay that publishes to sink as cfg says and calls out to
 // what opts holds. It starts nothing.
 func New(cfg Config, sink Sink, log *zap.Logger, opts Options) *Relay {
+	return NewSinks(cfg, []NamedSink{{Sink: sink}}, log, opts)
+}
+
+// NewSinks returns a Relay that feeds every sink of sinks (at least one)
+// from its one Source: each message goes to the sink its route names
+// (Message.Sink), else to the first. Each sink has its own per-aggregate
+// order, retries, dead letters, parking and watermark; the position
+// confirmed to PostgreSQL is the lowest of their watermarks. It starts
+// nothing.
+func NewSinks(cfg Config, sinks []NamedSink, log *zap.Logger, opts Options) *Relay {
 	if log == nil {
 		log = zap.NewNop()
 	}
 	r := &Relay{
 		cfg:     newSettings(cfg, opts),
-		sink:    sink,
+		sink:    sinks[0].Sink,
 		log:     log.Named("relay"),
 		bg:      &background{},
-		tracker: newTracker(),
+		tracker: newSinksTracker(len(sinks)),
 	}
 	r.window = newWindow(r.cfg.MaxInFlight, r.cfg.MaxInFlightBytes)
 	r.failure = &failure{log: r.log, done: make(chan struct{})}
-	r.pub = newPublisher(&r.cfg, sink, r.log, r.failure, r.bg, r.window, r.tracker)
+	for i, ns := range sinks {
+		p := newPublisher(&r.cfg, ns.Sink, r.log, r.failure, r.bg, r.window, r.tracker)
+		p.lane, p.name = i, ns.Name
+		if len(sinks) > 1 {
+			p.log = r.log.With(zap.String("sink", ns.Name))
+		}
+		r.lanes = append(r.lanes, p)
+	}
+	r.pub = r.lanes[0]
 	r.cp = newCheckpointer(&r.cfg, r.log, r.tracker)
 	r.handler = &handler{
 		cfg: &r.cfg, log: r.log, failure: r.failure, build: newBuilder(&r.cfg, r.log),
-		pub: r.pub, cp: r.cp, window: r.window, tracker: r.tracker,
+		pub: r.pub, lanes: newLanes(r.lanes), cp: r.cp, window: r.window, tracker: r.tracker,
 	}
-	if txnSink, ok := sink.(Transactional); ok {
+	if txnSink, ok := r.sink.(Transactional); ok && len(sinks) == 1 {
 		r.handler.batch = &txnBatch{sink: txnSink}
 	}
 	return r
@@ -96,29 +114,15 @@ func (r *Relay) Run(ctx context.Context, src Source) error {
 	// acknowledged while the stream drains, as http.Server.Shutdown does.
 	sinkCtx, stopSink := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopSink()
-	r.pub.ctx = sinkCtx
 	streamCtx, stopStream := context.WithCancel(ctx)
 	defer stopStream()
 	r.failure.stopStream = stopStream
 
 	g, gctx := errgroup.WithContext(sinkCtx)
-	if runner, ok := r.sink.(Runner); ok {
-		g.Go(func() error {
-			err := runner.Run(gctx)
-			if err != nil && sinkCtx.Err() == nil {
-				r.failure.fail(fmt.Errorf("sink: %w", err))
-			}
-			return nil
-		})
+	for _, p := range r.lanes {
+		p.ctx = sinkCtx
+		r.runLane(sinkCtx, gctx, g, p)
 	}
-	g.Go(func() error {
-		r.pub.retries.run(sinkCtx, r.pub.publish)
-		return nil
-	})
-	g.Go(func() error {
-		r.pub.run(sinkCtx)
-		return nil
-	})
 	if r.cfg.Checkpoint != nil {
 		g.Go(func() error {
 			r.cp.run(streamCtx)
@@ -142,8 +146,10 @@ func (r *Relay) Run(ctx context.Context, src Source) error {
 		// closing the sink fails it.
 		r.log.Warn("sink did not stop publishing; closing it")
 	}
-	if cerr := r.sink.Close(); cerr != nil {
-		r.log.Warn("close sink", zap.Error(cerr))
+	for _, p := range r.lanes {
+		if cerr := p.sink.Close(); cerr != nil {
+			p.log.Warn("close sink", zap.Error(cerr))
+		}
 	}
 	select {
 	case <-stopped:
@@ -176,14 +182,29 @@ func (r *Relay) LagSince() time.Time { return r.tracker.lagSince() }
 
 // Retrying reports whether some message is waiting to be published again
 // or to be stored as a dead letter. Safe for concurrent use.
-func (r *Relay) Retrying() bool { return r.pub.retries.waiting.Load() > 0 || r.pub.storing.Load() > 0 }
+func (r *Relay) Retrying() bool {
+	for _, p := range r.lanes {
+		if p.retrying() {
+			return true
+		}
+	}
+	return false
+}
 
 // Unanswered returns how long the sink has held messages without reporting
 // a single outcome (acknowledgement or failure), and how many it holds; 0
 // when it holds none. A broker that accepts connections but answers
 // nothing shows here within seconds, long before any publish times out.
 // Safe for concurrent use.
-func (r *Relay) Unanswered() (time.Duration, int) { return r.pub.unanswered() }
+func (r *Relay) Unanswered() (time.Duration, int) {
+	var longest time.Duration
+	var held int
+	for _, p := range r.lanes {
+		d, n := p.unanswered()
+		longest, held = max(longest, d), held+n
+	}
+	return longest, held
+}
 
 // failure is the relay's first fatal error: it stops the stream, and Run
 // returns it. Any goroutine may fail it; Run, which owns it, returns err

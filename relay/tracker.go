@@ -18,6 +18,9 @@ type txn struct {
 	// commitTime is the source transaction's commit time (zero for markers
 	// and for messages outside a transaction).
 	commitTime time.Time
+	// sinks counts pending per sink when the relay has several (nil with
+	// one, and for markers): each sink's own watermark (sinkProgress).
+	sinks []int
 }
 
 // tracker computes the flushed position: the end LSN of the newest
@@ -37,10 +40,24 @@ type tracker struct {
 	// lastCommit is the newest commit time of the transactions passed by
 	// the watermark: heartbeats keep it close to now on an idle relay.
 	lastCommit time.Time
+	// sinks is the number of sinks when more than one: their messages are
+	// also counted apart (txn.sinks). The watermark counts them all, so it
+	// is the lowest of the sinks' own watermarks.
+	sinks int
 }
 
 func newTracker() *tracker {
 	return &tracker{drained: make(chan struct{})}
+}
+
+// newSinksTracker returns a tracker that also follows each of n sinks' own
+// watermark (sinkProgress).
+func newSinksTracker(n int) *tracker {
+	t := newTracker()
+	if n > 1 {
+		t.sinks = n
+	}
+	return t
 }
 
 // Confirmed is safe for concurrent use.
@@ -51,6 +68,9 @@ func (t *tracker) begin() *txn { return t.beginAt(time.Time{}) }
 // beginAt opens a transaction that committed at commitTime.
 func (t *tracker) beginAt(commitTime time.Time) *txn {
 	tx := &txn{commitTime: commitTime}
+	if t.sinks > 0 {
+		tx.sinks = make([]int, t.sinks)
+	}
 	t.mu.Lock()
 	t.queue = append(t.queue, tx)
 	t.open = tx
@@ -58,11 +78,15 @@ func (t *tracker) beginAt(commitTime time.Time) *txn {
 	return tx
 }
 
-// add counts one more message in flight for tx.
-func (t *tracker) add(tx *txn) {
+// add counts one more message in flight for tx, bound for the sink with
+// index sink.
+func (t *tracker) add(tx *txn, sink int) {
 	t.mu.Lock()
 	tx.pending++
 	t.pending++
+	if tx.sinks != nil {
+		tx.sinks[sink]++
+	}
 	t.mu.Unlock()
 }
 
@@ -92,11 +116,15 @@ func (t *tracker) commit(end pglogrepl.LSN) {
 	t.mu.Unlock()
 }
 
-// ack records that one message of tx was acknowledged (or dead-lettered).
-func (t *tracker) ack(tx *txn) {
+// ack records that one message of tx, bound for the sink with index sink,
+// was acknowledged (or dead-lettered).
+func (t *tracker) ack(tx *txn, sink int) {
 	t.mu.Lock()
 	tx.pending--
 	t.pending--
+	if tx.sinks != nil {
+		tx.sinks[sink]--
+	}
 	if t.pending == 0 {
 		close(t.drained)
 		t.drained = make(chan struct{})
@@ -190,4 +218,31 @@ func (t *tracker) lagSince() time.Time {
 		}
 	}
 	return t.lastCommit
+}
+
+// sinkProgress returns the own watermark of the sink with index sink (the
+// end of the newest transaction before which every one of that sink's
+// messages is settled, whatever the other sinks hold) and the commit time
+// its lag counts from, as lagSince does for all sinks. With one sink they
+// are Confirmed and lagSince.
+func (t *tracker) sinkProgress(sink int) (pglogrepl.LSN, time.Time) {
+	if t.sinks == 0 {
+		return t.Confirmed(), t.lagSince()
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	w, last := t.Confirmed(), t.lastCommit
+	for _, tx := range t.queue {
+		if !tx.committed || (tx.sinks != nil && tx.sinks[sink] > 0) {
+			if !tx.commitTime.IsZero() {
+				return w, tx.commitTime
+			}
+			return w, last
+		}
+		w = max(w, tx.end)
+		if tx.end != 0 && tx.commitTime.After(last) {
+			last = tx.commitTime
+		}
+	}
+	return w, last
 }

@@ -15,29 +15,29 @@ func TestTrackerWatermarkIsContiguous(t *testing.T) {
 	}
 
 	a := tr.begin()
-	tr.add(a)
-	tr.add(a)
+	tr.add(a, 0)
+	tr.add(a, 0)
 	tr.commit(200)
 	b := tr.begin()
-	tr.add(b)
+	tr.add(b, 0)
 	tr.commit(300)
 	c := tr.begin()
-	tr.add(c)
+	tr.add(c, 0)
 
-	tr.ack(b) // later transaction first: must not move the watermark
+	tr.ack(b, 0) // later transaction first: must not move the watermark
 	if got := tr.Confirmed(); got != 100 {
 		t.Fatalf("after ack of b only: confirmed %v, want 100", got)
 	}
-	tr.ack(a)
+	tr.ack(a, 0)
 	if got := tr.Confirmed(); got != 100 {
 		t.Fatalf("a half acknowledged: confirmed %v, want 100", got)
 	}
 	tr.idle(1000) // inside open transaction c: ignored
-	tr.ack(a)
+	tr.ack(a, 0)
 	if got := tr.Confirmed(); got != 300 {
 		t.Fatalf("a and b acknowledged: confirmed %v, want 300", got)
 	}
-	tr.ack(c) // c not committed yet
+	tr.ack(c, 0) // c not committed yet
 	if got := tr.Confirmed(); got != 300 {
 		t.Fatalf("c acknowledged but open: confirmed %v, want 300", got)
 	}
@@ -50,14 +50,14 @@ func TestTrackerWatermarkIsContiguous(t *testing.T) {
 func TestTrackerKeepaliveWaitsForInFlight(t *testing.T) {
 	tr := newTracker()
 	a := tr.begin()
-	tr.add(a)
+	tr.add(a, 0)
 	tr.commit(200)
 	tr.idle(500) // a keepalive while a is in flight must not be confirmed yet
 	tr.idle(600)
 	if got := tr.Confirmed(); got != 0 {
 		t.Fatalf("confirmed %v while a message is in flight", got)
 	}
-	tr.ack(a)
+	tr.ack(a, 0)
 	if got := tr.Confirmed(); got != 600 {
 		t.Fatalf("after ack: confirmed %v, want 600", got)
 	}
@@ -66,16 +66,16 @@ func TestTrackerKeepaliveWaitsForInFlight(t *testing.T) {
 func TestTrackerResetAbandonsOpenTransaction(t *testing.T) {
 	tr := newTracker()
 	a := tr.begin()
-	tr.add(a)
+	tr.add(a, 0)
 	tr.reset() // connection lost mid-transaction: a is re-sent later in full
 	b := tr.begin()
-	tr.add(b)
+	tr.add(b, 0)
 	tr.commit(900)
-	tr.ack(b)
+	tr.ack(b, 0)
 	if got := tr.Confirmed(); got != 0 {
 		t.Fatalf("confirmed %v past an unacknowledged message of the abandoned transaction", got)
 	}
-	tr.ack(a)
+	tr.ack(a, 0)
 	if got := tr.Confirmed(); got != pglogrepl.LSN(900) {
 		t.Fatalf("confirmed %v, want 900", got)
 	}
@@ -87,7 +87,7 @@ func TestTrackerResetAbandonsOpenTransaction(t *testing.T) {
 func TestTrackerFoldsEmptyTransactionsBehindAStuckOne(t *testing.T) {
 	tr := newTracker()
 	stuck := tr.begin()
-	tr.add(stuck)
+	tr.add(stuck, 0)
 	tr.commit(100)
 	for i := 0; i < 100000; i++ {
 		tr.begin()
@@ -96,7 +96,7 @@ func TestTrackerFoldsEmptyTransactionsBehindAStuckOne(t *testing.T) {
 	if n := len(tr.queue); n > 2 {
 		t.Fatalf("%d tracker entries for 100000 empty transactions behind a stuck one; memory must stay bounded", n)
 	}
-	tr.ack(stuck)
+	tr.ack(stuck, 0)
 	if got := tr.Confirmed(); got != pglogrepl.LSN(200+99999) {
 		t.Fatalf("confirmed %v, want %v", got, pglogrepl.LSN(200+99999))
 	}
@@ -117,15 +117,15 @@ func TestTrackerLagSince(t *testing.T) {
 		t.Fatalf("after a heartbeat: lag since %v, want its commit %v", got, at(0))
 	}
 	a := tr.beginAt(at(5))
-	tr.add(a)
+	tr.add(a, 0)
 	tr.commit(200)
 	b := tr.beginAt(at(7))
-	tr.add(b)
+	tr.add(b, 0)
 	tr.commit(300)
 	if got := tr.lagSince(); !got.Equal(at(5)) {
 		t.Fatalf("a and b pending: lag since %v, want a's commit %v", got, at(5))
 	}
-	tr.ack(b) // out of order: a is still the oldest unacknowledged
+	tr.ack(b, 0) // out of order: a is still the oldest unacknowledged
 	if got := tr.lagSince(); !got.Equal(at(5)) {
 		t.Fatalf("a pending: lag since %v, want a's commit %v", got, at(5))
 	}
@@ -133,21 +133,56 @@ func TestTrackerLagSince(t *testing.T) {
 	if got := tr.lagSince(); !got.Equal(at(5)) {
 		t.Fatalf("a pending, c open: lag since %v, want %v", got, at(5))
 	}
-	tr.ack(a)
+	tr.ack(a, 0)
 	if got := tr.lagSince(); !got.Equal(at(9)) {
 		t.Fatalf("c open: lag since %v, want c's commit %v", got, at(9))
 	}
-	tr.add(c)
+	tr.add(c, 0)
 	tr.commit(400)
-	tr.ack(c)
+	tr.ack(c, 0)
 	if got := tr.lagSince(); !got.Equal(at(9)) {
 		t.Fatalf("nothing pending: lag since %v, want the newest commit %v", got, at(9))
 	}
 	d := tr.beginAt(at(12))
-	tr.add(d)
+	tr.add(d, 0)
 	tr.reset() // the session ended: d comes again, its message is still in flight
-	tr.ack(d)
+	tr.ack(d, 0)
 	if got := tr.lagSince(); !got.Equal(at(9)) {
 		t.Fatalf("after an abandoned transaction: lag since %v, want %v", got, at(9))
+	}
+}
+
+// TestTrackerSinkProgress: with two sinks, each sink's own watermark
+// passes the transactions whose messages of that sink are settled, while
+// the confirmed position waits for the slower sink.
+func TestTrackerSinkProgress(t *testing.T) {
+	tr := newSinksTracker(2)
+	a := tr.beginAt(time.Unix(100, 0))
+	tr.add(a, 0)
+	tr.add(a, 1)
+	tr.commit(10)
+	b := tr.beginAt(time.Unix(200, 0))
+	tr.add(b, 0)
+	tr.commit(20)
+
+	tr.ack(a, 0)
+	tr.ack(b, 0)
+	if got := tr.Confirmed(); got != 0 {
+		t.Fatalf("confirmed %s while sink 1 holds a message of the first transaction", got)
+	}
+	fast, fastSince := tr.sinkProgress(0)
+	slow, slowSince := tr.sinkProgress(1)
+	if fast != 20 || slow != 0 {
+		t.Fatalf("sink watermarks %s and %s, want 0/14 and 0/0", fast, slow)
+	}
+	if !slowSince.Equal(time.Unix(100, 0)) || !fastSince.Equal(time.Unix(200, 0)) {
+		t.Fatalf("lag since %v (slow) and %v (fast), want the first and the second commit", slowSince, fastSince)
+	}
+	tr.ack(a, 1)
+	if got := tr.Confirmed(); got != 20 {
+		t.Fatalf("confirmed %s once every sink settled, want 0/14", got)
+	}
+	if slow, _ := tr.sinkProgress(1); slow != 20 {
+		t.Fatalf("sink 1 watermark %s, want 0/14", slow)
 	}
 }

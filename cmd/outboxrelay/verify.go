@@ -135,6 +135,10 @@ func (o *opsEnv) close(ctx context.Context) {
 // to render a row's destination for it, from the sink's own settings
 // (sinks.Verifiable).
 func brokerReader(cfg config.Config, rabbitQueue string) (verify.Reader, func(*relay.Message) (string, error), error) {
+	if len(cfg.Sinks) > 0 {
+		// Reading one sink's broker would report the others' rows missing.
+		return nil, nil, usageErr("verify reads one sink's broker, and the configuration lists several under sinks; verify with a configuration whose sink section is the one to check")
+	}
 	v, ok := cfg.Sink.Settings().(sinks.Verifiable)
 	if !ok {
 		return nil, nil, usageErr("sink.type %q cannot be verified: its sink does not read its broker back", cfg.Sink.Type)

@@ -136,8 +136,8 @@ type run struct {
 	database string
 	// open
 	traces   tracing
-	sink     relay.Sink
-	relaying bool // the relay owns the sink, and closes it
+	sinks    []relay.NamedSink // config.SinkList's, opened
+	relaying bool              // the relay owns the sinks, and closes them
 	stream   *cdc.Stream
 	dur      *durability
 	guard    *cdc.Guard
@@ -255,14 +255,16 @@ func (r *run) open(ctx context.Context) error {
 			r.log.Warn("OpenTelemetry spans not exported at shutdown", zap.Error(err))
 		}
 	})
-	sink, err := openSink(ctx, cfg, true, r.log)
+	opened, err := openSinks(ctx, cfg, true, r.log)
 	if err != nil {
 		return err
 	}
-	r.sink = sink
+	r.sinks = opened
 	r.push(func() {
 		if !r.relaying {
-			_ = sink.Close()
+			for _, ns := range opened {
+				_ = ns.Sink.Close()
+			}
 		}
 	})
 	if r.stream, err = cdc.NewStream(cfg.CDC(), r.log); err != nil {
@@ -287,7 +289,13 @@ func (r *run) open(ctx context.Context) error {
 func (r *run) wire(ctx context.Context) error {
 	cfg, log := r.cfg, r.log
 	slot := cfg.Postgres.Slot
-	readStatus := func(ctx context.Context) (store.Status, error) { return store.ReadStatus(ctx, r.dur.pool, slot) }
+	readStatus := func(ctx context.Context) (store.Status, error) {
+		st, err := store.ReadStatus(ctx, r.dur.pool, slot)
+		if err == nil && len(cfg.Sinks) > 0 {
+			st.Sinks = sinkStatus(r.relay.Sinks(), st.CurrentWALLSN)
+		}
+		return st, err
+	}
 	r.progress = store.NewProgress(r.dur.pool, slot, log)
 	// The gauges read r.relay, which is set below, before the HTTP endpoint
 	// can scrape them.
@@ -301,6 +309,7 @@ func (r *run) wire(ctx context.Context) error {
 		InFlight:       func() int { return r.relay.InFlight() },
 		Unanswered:     func() time.Duration { d, _ := r.relay.Unanswered(); return d },
 		LagSince:       func() time.Time { return r.relay.LagSince() },
+		SinkLag:        r.sinkLag(),
 		Standby:        r.stream.Standby,
 		Destinations:   staticDestinations(cfg),
 		IgnoredTables:  cfg.Postgres.IgnoreTables,
@@ -313,7 +322,7 @@ func (r *run) wire(ctx context.Context) error {
 	opts := r.dur.options()
 	opts.Hooks = relay.JoinHooks(relay.Hooks{Published: r.progress.Published}, r.metrics.Hooks())
 	opts.Resolver, opts.Validator, opts.Tracer = r.guard, r.validate, r.traces.Tracer()
-	r.relay = relay.New(rc, r.sink, log, opts)
+	r.relay = relay.NewSinks(rc, r.sinks, log, opts)
 	r.progress.LagSince = r.relay.LagSince
 
 	// relayCtx ends when Run's ctx does, or when the HTTP endpoint fails.
@@ -353,7 +362,7 @@ func pipelineLabel(opts Options) string {
 
 // standby reports whether the relay waits as a healthy standby.
 func (r *run) standby() bool {
-	return r.relayCtx.Err() == nil && r.stream.Standby() && r.sink.Ready()
+	return r.relayCtx.Err() == nil && r.stream.Standby() && r.sinksReady() == ""
 }
 
 // ready is /readyz: nil while the relay streams and its broker answers.
@@ -366,8 +375,8 @@ func (r *run) ready() error {
 		return errors.New("replication is not streaming")
 	case silent > r.stream.StallAfter():
 		return fmt.Errorf("PostgreSQL has sent nothing on the replication connection for %s, although asked to reply (the connection may be lost)", silent.Round(100*time.Millisecond))
-	case !r.sink.Ready():
-		return fmt.Errorf("%s sink is not connected", r.cfg.Sink.Type)
+	case r.sinksReady() != "":
+		return fmt.Errorf("%s sink is not connected", r.sinksReady())
 	case r.relay.Retrying():
 		return errors.New("retrying failed publishes")
 	}
@@ -478,7 +487,14 @@ func staticDestinations(cfg config.Config) []string {
 // error. It is for the commands that publish or read outside the relay's
 // position (dlq replay, verify); Run opens its own.
 func OpenSink(ctx context.Context, cfg config.Config, log *zap.Logger) (relay.Sink, error) {
-	return openSink(ctx, cfg, false, log)
+	if len(cfg.Sinks) == 0 {
+		return openSink(ctx, cfg, false, log)
+	}
+	sinks, err := openSinks(ctx, cfg, false, log)
+	if err != nil {
+		return nil, err
+	}
+	return newFanout(sinks), nil
 }
 
 // openSink opens the sink as its package says (sinks.Settings.Open). Only

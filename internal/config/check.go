@@ -47,6 +47,8 @@ func checkValue(n *yaml.Node, t reflect.Type, path string) error {
 	switch {
 	case t == sinkType:
 		return checkSink(n, path)
+	case t == sinksType:
+		return checkSinks(n, path)
 	case isSection(t):
 		return checkSection(n, t, path, keysOf(t))
 	case t.Kind() == reflect.Slice && t.Elem().Kind() != reflect.Uint8:

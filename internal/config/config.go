@@ -35,8 +35,11 @@ import (
 // that may carry one). Each has a sibling key with the suffix _file that
 // names a file to read it from, and Redacted hides it.
 type Config struct {
-	Postgres Postgres       `yaml:"postgres"`
-	Sink     Sink           `yaml:"sink"`
+	Postgres Postgres `yaml:"postgres"`
+	Sink     Sink     `yaml:"sink"`
+	// Sinks, when set, are several named sinks fed from the one slot,
+	// replacing Sink (see SinkList).
+	Sinks    Sinks          `yaml:"sinks,omitempty"`
 	Envelope relay.Envelope `yaml:"envelope"`
 	Relay    Relay          `yaml:"relay"`
 	HTTP     HTTP           `yaml:"http"`
@@ -460,6 +463,13 @@ func walkSecrets(v reflect.Value, path string, fn func(key, kind string, val, fi
 			walkSecrets(f.v, joinPath(path, f.name), fn)
 			continue
 		}
+		if f.v.Type() == sinksType {
+			for i := 0; i < f.v.Len(); i++ {
+				ns := f.v.Index(i)
+				walkSecrets(ns.Field(1), joinPath(path, f.name+"."+ns.Field(0).String()), fn)
+			}
+			continue
+		}
 		kind := f.tag.Get("secret")
 		if kind == "" {
 			continue
@@ -516,6 +526,7 @@ func yamlName(f reflect.StructField) string {
 // tokens become xxxxx, URLs keep everything but their passwords.
 func (c Config) Redacted() Config {
 	c.Sink = c.Sink.clone()
+	c.Sinks = c.Sinks.clone()
 	c.redactPipelines()
 	walkSecrets(reflect.ValueOf(&c).Elem(), "", func(_, kind string, val, _ reflect.Value) {
 		switch {
@@ -629,7 +640,7 @@ func format(v reflect.Value) string {
 	switch x := v.Interface().(type) {
 	case []string:
 		return strings.Join(x, ",")
-	case []Pipeline:
+	case []Pipeline, Sinks:
 		return ""
 	case time.Duration:
 		return x.String()
@@ -721,6 +732,8 @@ func setValue(v reflect.Value, s string) error {
 		return nil
 	case []Pipeline:
 		return errors.New("pipelines can be set in the file only")
+	case Sinks:
+		return errors.New("sinks can be set in the file only")
 	case []string:
 		var list []string
 		for _, p := range strings.Split(s, ",") {
@@ -806,7 +819,10 @@ func (c *Config) validatePipeline() []error {
 	if c.Postgres.HeartbeatInterval < 0 {
 		errs = append(errs, fmt.Errorf("postgres.heartbeat_interval %s must not be negative", c.Postgres.HeartbeatInterval))
 	}
-	if set := c.Sink.Settings(); set == nil {
+	errs = append(errs, c.validateSinks()...)
+	if set := c.Sink.Settings(); len(c.Sinks) > 0 {
+		// The sink section is replaced: its defaults need no check.
+	} else if set == nil {
 		errs = append(errs, fmt.Errorf("sink.type %q is not one of %s", c.Sink.Type, strings.Join(sinks.Names(), ", ")))
 	} else {
 		if err := set.Validate(); err != nil {

@@ -19,6 +19,7 @@ var descriptions = map[string]string{
 	"postgres.retention":          "delete outbox rows older than this, in small batches; 0 keeps all",
 	"postgres.backfill":           "on a relay's first start (no position recorded for its slot): `auto` publishes the rows of tables `migrate` created that no relay has relayed, `all` every row the tables hold, `none` nothing; then it streams",
 	"sink.type":                   "the sink to run: `kafka`, `kinesis`, `nats`, `pubsub`, `rabbitmq`, `redis`, `sns`, `sqs` or `webhook`",
+	"sinks":                       "several sinks fed from the one slot, by name: each `NAME: {type: ..., <type>: {...}}` as the `sink` section is written, which it replaces; routes pick one with `sink: NAME` (the first listed takes the rest). Each sink has its own order, retries, dead letters and watermark; the slot is confirmed to the slowest (see [Routing](routing.md#several-sinks-from-one-slot)). File only",
 	"relay.drain_timeout":         "how long a shutdown waits for acknowledgements",
 	"relay.dead_letters":          "store undeliverable messages in `outboxrelay.dead_letters`; false stops the relay instead",
 	"relay.schemas.dir":           "folder of JSON Schemas, `EVENT_TYPE/vN.json`; a payload that does not match the schema of its event type and `schema_version` is dead-lettered. Empty: no validation",

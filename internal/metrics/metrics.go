@@ -6,6 +6,7 @@
 package metrics
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"math"
@@ -61,6 +62,10 @@ type Config struct {
 	// from the last record (store.Status.LagSeconds), and before any
 	// record the time since New.
 	LagSince func() time.Time
+	// SinkLag reports each sink's own progress when the relay feeds
+	// several (relay.Relay.Sinks), for sink_lag_bytes and
+	// sink_lag_seconds; nil: those series are absent. Read on every scrape.
+	SinkLag func() []SinkLag
 	// Standby reports whether this process waits as a standby
 	// (cdc.Stream.Standby); read on every scrape for role.
 	Standby func() bool
@@ -114,6 +119,8 @@ type Metrics struct {
 	// polledLag is the last lag_seconds PostgreSQL computed (math.Float64bits),
 	// polledAt when it was read (Unix nanoseconds, 0: never).
 	polledLag, polledAt atomic.Uint64
+	// currentWAL is the server's position the last poll read (0: unknown).
+	currentWAL atomic.Uint64
 }
 
 // New registers the collectors (with the Go runtime and process
@@ -215,6 +222,9 @@ func New(cfg Config) *Metrics {
 	}
 	prometheus.WrapRegistererWith(labels, m.registry).MustRegister(m.published, m.publishErrors, m.deadLetters, m.skipped, m.filtered, m.reserved, m.lag, lagSeconds, m.retained, m.keepSize,
 		m.walStatus, m.latency, inflight, last, unanswered, role)
+	if cfg.SinkLag != nil {
+		prometheus.WrapRegistererWith(labels, m.registry).MustRegister(newSinkCollector(cfg.SinkLag, &m.currentWAL))
+	}
 	if !cfg.PerPipeline {
 		registerProcess(m.registry, cfg.Version, cfg.Revision)
 	}
@@ -385,7 +395,7 @@ func (m *Metrics) LagSeconds() float64 { return m.lagSeconds() }
 
 func (m *Metrics) observePublished(msg *relay.Message, ackedAt time.Time) {
 	m.acknowledged.Add(1)
-	m.publishedCounter(msg.Destination).Inc()
+	m.publishedCounter(msg.Sink, msg.Destination).Inc()
 	if !msg.CommitTime.IsZero() {
 		// The commit time is the database server's clock: clamp skew.
 		m.latency.Observe(math.Max(0, ackedAt.Sub(msg.CommitTime).Seconds()))
@@ -399,12 +409,18 @@ func (m *Metrics) observePublished(msg *relay.Message, ackedAt time.Time) {
 	}
 }
 
-// publishedCounter returns published's counter for destination d.
-func (m *Metrics) publishedCounter(d string) prometheus.Counter {
-	if c, ok := m.publishedTo.Load(d); ok {
+// publishedCounter returns published's counter for destination d of the
+// sink named sink: its name under the sinks section, or "" for the one
+// sink, labelled with Config.Sink.
+func (m *Metrics) publishedCounter(sink, d string) prometheus.Counter {
+	key := d
+	if sink != "" {
+		key = sink + "\x00" + d
+	}
+	if c, ok := m.publishedTo.Load(key); ok {
 		return c.(prometheus.Counter)
 	}
-	c, _ := m.publishedTo.LoadOrStore(d, m.published.WithLabelValues(m.cfg.Sink, label(d)))
+	c, _ := m.publishedTo.LoadOrStore(key, m.published.WithLabelValues(cmp.Or(sink, m.cfg.Sink), label(d)))
 	return c.(prometheus.Counter)
 }
 
@@ -418,8 +434,8 @@ func (m *Metrics) observeDeadLettered(msg *relay.Message) {
 	m.deadLetters.WithLabelValues(reason).Inc()
 }
 
-func (m *Metrics) observeFailed(_ *relay.Message, err error) {
-	m.publishErrors.WithLabelValues(m.cfg.Sink, Reason(err)).Inc()
+func (m *Metrics) observeFailed(msg *relay.Message, err error) {
+	m.publishErrors.WithLabelValues(cmp.Or(msg.Sink, m.cfg.Sink), Reason(err)).Inc()
 }
 
 // Run refreshes the slot's series (replication_lag_bytes, slot_wal_status,
@@ -458,6 +474,7 @@ func (m *Metrics) Run(ctx context.Context) error {
 }
 
 func (m *Metrics) observeSlot(st store.Status) {
+	m.currentWAL.Store(uint64(st.CurrentWALLSN))
 	if st.LagKnown() {
 		m.lag.Set(float64(st.LagBytes))
 		m.lagBytes.Store(max(0, st.LagBytes))

@@ -54,6 +54,9 @@ type Route struct {
 	// Continue: a row this route matches is also tried against the routes
 	// after it, instead of the first match winning.
 	Continue bool `yaml:"continue"`
+	// Sink names the sink (a key of the file's sinks section) the route's
+	// messages go to; empty is the first sink listed, or the one sink.
+	Sink string `yaml:"sink"`
 }
 
 // Transform sets headers, the key and top-level payload fields of every
@@ -79,7 +82,7 @@ type Config struct {
 // Docs describes Config's keys for the configuration reference.
 func (Config) Docs() map[string]string {
 	return map[string]string{
-		"routes":            "ordered routing rules: `name`, `when` (CEL, bool), `destination` (template; empty keeps the sink's), `key` and `headers` (CEL, string), `format`, `continue`; the first match wins unless it says `continue` (see Routing)",
+		"routes":            "ordered routing rules: `name`, `when` (CEL, bool), `destination` (template; empty keeps the sink's), `key` and `headers` (CEL, string), `format`, `continue`, `sink` (a name from `sinks`; empty: the first one); the first match wins unless it says `continue` (see Routing)",
 		"unmatched":         "a row no route matches: `deadletter` (empty means it), `drop` (counted in `outboxrelay_messages_filtered_total`), or the name of the route that takes it",
 		"transform.key":     "CEL (string): the record key of every routed row, before the route's own",
 		"transform.headers": "header names to CEL (string) expressions, added to every routed row",
@@ -109,7 +112,9 @@ type Row struct {
 
 // Match is one route a row took and what it made of the row.
 type Match struct {
-	Route       string
+	Route string
+	// Sink is the route's sink name; empty is the first (or only) sink.
+	Sink        string
 	Destination string
 	Key         string
 	// Headers are the transform's and the route's, sorted by name.
@@ -154,10 +159,10 @@ type headerProgram struct {
 }
 
 type compiledRoute struct {
-	name, destination, format string
-	when, key                 *program
-	headers                   []headerProgram
-	cont                      bool
+	name, destination, format, sink string
+	when, key                       *program
+	headers                         []headerProgram
+	cont                            bool
 }
 
 // Set is a compiled Config.
@@ -245,7 +250,7 @@ func Compile(c Config) (*Set, error) {
 		}
 		names[name] = true
 		at := fmt.Sprintf("routes[%d] (%s)", i, name)
-		cr := compiledRoute{name: name, destination: r.Destination, format: r.Format, cont: r.Continue,
+		cr := compiledRoute{name: name, destination: r.Destination, format: r.Format, sink: r.Sink, cont: r.Continue,
 			when: compile(at+".when", r.When, cel.BoolType)}
 		if r.Key != "" {
 			cr.key = compile(at+".key", r.Key, cel.StringType)
@@ -368,7 +373,7 @@ func (s *Set) Decide(r *Row) (Decision, error) {
 		d.Payload = p
 	}
 	take := func(cr *compiledRoute) error {
-		m := Match{Route: cr.name, Destination: cr.destination, Format: cr.format, Key: base.Key, Headers: maps.Clone(base.Headers)}
+		m := Match{Route: cr.name, Sink: cr.sink, Destination: cr.destination, Format: cr.format, Key: base.Key, Headers: maps.Clone(base.Headers)}
 		if cr.key != nil {
 			k, err := cr.key.string(vars)
 			if err != nil {

@@ -36,7 +36,10 @@ type DeadLetters struct {
 type DeadLetter struct {
 	ID int64 `json:"id"`
 	// Slot is the replication slot whose relay dead-lettered the message.
-	Slot          string          `json:"slot"`
+	Slot string `json:"slot"`
+	// Sink is the name of the sink it was bound for, under the sinks
+	// section; "" for the one sink of a sink section.
+	Sink          string          `json:"sink,omitempty"`
 	MessageID     string          `json:"message_id"`
 	Destination   string          `json:"destination"`
 	AggregateType string          `json:"aggregate_type"`
@@ -96,11 +99,11 @@ func (s *DeadLetters) add(ctx context.Context, m *relay.Message, parks bool) err
 	rec := recordOf(m)
 	_, err = s.DB.Exec(ctx, `INSERT INTO outboxrelay.dead_letters
 		(slot, message_id, destination, aggregate_type, aggregate_id, event_type, source_table, traceparent, headers, envelope, error, attempts, first_failed_at, last_failed_at,
-		 body, content_type, attributes, parks, commit_lsn, lsn, record_key, record_timestamp, tombstone)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19::pg_lsn, $20::pg_lsn, $21, $22, $23)`,
+		 body, content_type, attributes, parks, commit_lsn, lsn, record_key, record_timestamp, tombstone, sink)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19::pg_lsn, $20::pg_lsn, $21, $22, $23, $24)`,
 		s.Slot, clean(m.ID), clean(m.Destination), clean(m.AggregateType), clean(m.AggregateID), clean(m.EventType), m.Table,
 		m.Traceparent, string(hj), clean(string(m.Envelope)), clean(errText), m.Attempts, first, last,
-		bodyOf(m), m.ContentType, nullJSON(attrs), parks, m.CommitLSN.String(), m.LSN.String(), rec.Key, rec.Timestamp, rec.Tombstone)
+		bodyOf(m), m.ContentType, nullJSON(attrs), parks, m.CommitLSN.String(), m.LSN.String(), rec.Key, rec.Timestamp, rec.Tombstone, m.Sink)
 	if err != nil {
 		return fmt.Errorf("store dead letter %s: %w", m.ID, err)
 	}
@@ -169,7 +172,7 @@ type DeadLetterFilter struct {
 func (s *DeadLetters) List(ctx context.Context, f DeadLetterFilter) ([]DeadLetter, error) {
 	q := `SELECT id, slot, message_id, destination, aggregate_type, aggregate_id, event_type, source_table, traceparent, headers,
 		envelope, error, attempts, first_failed_at, last_failed_at, created_at, replayed_at,
-		body, coalesce(content_type, ''), attributes, coalesce(parks, false), record_key, record_timestamp, tombstone
+		body, coalesce(content_type, ''), attributes, coalesce(parks, false), record_key, record_timestamp, tombstone, sink
 		FROM outboxrelay.dead_letters WHERE ($1 = '' OR slot = $1) AND ($2 = 0 OR id = $2) AND ($3 OR replayed_at IS NULL OR parks) ORDER BY id`
 	rows, err := s.DB.Query(ctx, q, s.Slot, f.ID, f.IncludeReplayed)
 	if err != nil {
@@ -180,7 +183,7 @@ func (s *DeadLetters) List(ctx context.Context, f DeadLetterFilter) ([]DeadLette
 		var headers, attrs []byte
 		err := row.Scan(&l.ID, &l.Slot, &l.MessageID, &l.Destination, &l.AggregateType, &l.AggregateID, &l.EventType, &l.Table,
 			&l.Traceparent, &headers, &l.Envelope, &l.Error, &l.Attempts, &l.FirstFailedAt, &l.LastFailedAt, &l.CreatedAt, &l.ReplayedAt,
-			&l.Body, &l.ContentType, &attrs, &l.Parks, &l.rec.Key, &l.rec.Timestamp, &l.rec.Tombstone)
+			&l.Body, &l.ContentType, &attrs, &l.Parks, &l.rec.Key, &l.rec.Timestamp, &l.rec.Tombstone, &l.Sink)
 		l.Headers = headers
 		l.Attributes = attrs
 		return l, err
@@ -211,7 +214,7 @@ func (l *DeadLetter) Message() (*relay.Message, error) {
 	m := &relay.Message{
 		ID: l.MessageID, AggregateType: l.AggregateType, AggregateID: l.AggregateID, EventType: l.EventType,
 		Table: l.Table, Traceparent: l.Traceparent, Headers: headers, Envelope: body,
-		ContentType: l.ContentType, Attributes: attrs, CommitTime: l.CreatedAt,
+		ContentType: l.ContentType, Attributes: attrs, CommitTime: l.CreatedAt, Sink: l.Sink,
 	}
 	l.rec.apply(m)
 	return m, nil
@@ -225,7 +228,8 @@ type Replayed struct {
 }
 
 // Replay publishes each selected dead letter again through sink, one at a
-// time, and marks it replayed once the broker has acknowledged it. A head
+// time (each message naming its sink in Message.Sink, for a sink that
+// dispatches among several), and marks it replayed once the broker has acknowledged it. A head
 // is followed by its chain, in order, each message published only once the
 // one before it was acknowledged and deleted from outboxrelay.parked once it
 // was; then the aggregate is released (see release). Replay stops at the
@@ -256,7 +260,7 @@ func (s *DeadLetters) Replay(ctx context.Context, sink relay.Sink, f DeadLetterF
 			n.Letters++
 		}
 		if l.Parks {
-			parked, err := s.replayChain(ctx, sink, l.ID)
+			parked, err := s.replayChain(ctx, sink, l.ID, l.Sink)
 			n.Parked += parked
 			if err != nil {
 				return n, err

@@ -46,14 +46,14 @@ type ParkedMessage struct {
 
 // Heads returns the slot's parked aggregates (relay.Parking).
 func (s *DeadLetters) Heads(ctx context.Context) ([]relay.Head, error) {
-	rows, err := s.DB.Query(ctx, `SELECT id, aggregate_type, aggregate_id FROM outboxrelay.dead_letters
+	rows, err := s.DB.Query(ctx, `SELECT id, aggregate_type, aggregate_id, sink FROM outboxrelay.dead_letters
 		WHERE slot = $1 AND parks ORDER BY id`, s.Slot)
 	if err != nil {
 		return nil, fmt.Errorf("list parked aggregates: %w", err)
 	}
 	heads, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (relay.Head, error) {
 		var h relay.Head
-		err := row.Scan(&h.ID, &h.AggregateType, &h.AggregateID)
+		err := row.Scan(&h.ID, &h.AggregateType, &h.AggregateID, &h.Sink)
 		return h, err
 	})
 	if err != nil {
@@ -74,8 +74,8 @@ func (s *DeadLetters) Park(ctx context.Context, m *relay.Message) (bool, error) 
 		var head int64
 		var commitLSN, lsn string
 		err := tx.QueryRow(ctx, `SELECT id, coalesce(commit_lsn, '0/0')::text, coalesce(lsn, '0/0')::text FROM outboxrelay.dead_letters
-			WHERE slot = $1 AND aggregate_type = $2 AND aggregate_id = $3 AND parks ORDER BY id LIMIT 1 FOR UPDATE`,
-			s.Slot, clean(m.AggregateType), clean(m.AggregateID)).Scan(&head, &commitLSN, &lsn)
+			WHERE slot = $1 AND aggregate_type = $2 AND aggregate_id = $3 AND sink = $4 AND parks ORDER BY id LIMIT 1 FOR UPDATE`,
+			s.Slot, clean(m.AggregateType), clean(m.AggregateID), m.Sink).Scan(&head, &commitLSN, &lsn)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil // released
 		}
@@ -89,12 +89,12 @@ func (s *DeadLetters) Park(ctx context.Context, m *relay.Message) (bool, error) 
 		rec := recordOf(m)
 		_, err = tx.Exec(ctx, `INSERT INTO outboxrelay.parked
 			(slot, head_id, message_id, aggregate_type, aggregate_id, event_type, source_table, traceparent, headers, body, content_type, attributes,
-			 commit_lsn, lsn, committed_at, record_key, record_timestamp, tombstone)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13::pg_lsn, $14::pg_lsn, $15, $16, $17, $18)
+			 commit_lsn, lsn, committed_at, record_key, record_timestamp, tombstone, sink)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13::pg_lsn, $14::pg_lsn, $15, $16, $17, $18, $19)
 			ON CONFLICT (head_id, lsn) DO NOTHING`,
 			s.Slot, head, clean(m.ID), clean(m.AggregateType), clean(m.AggregateID), clean(m.EventType), m.Table, m.Traceparent,
 			string(hj), bodyOf(m), m.ContentType, nullJSON(attrs), m.CommitLSN.String(), m.LSN.String(), m.CommitTime,
-			rec.Key, rec.Timestamp, rec.Tombstone)
+			rec.Key, rec.Timestamp, rec.Tombstone, m.Sink)
 		return err
 	})
 	if err != nil {
@@ -158,7 +158,7 @@ func (p *ParkedMessage) Message() (*relay.Message, error) {
 // the one before it was acknowledged, deleting each once it is, and then
 // releases the aggregate. A relay running meanwhile may park more: they are
 // published too before the release.
-func (s *DeadLetters) replayChain(ctx context.Context, sink relay.Sink, head int64) (int, error) {
+func (s *DeadLetters) replayChain(ctx context.Context, sink relay.Sink, head int64, sinkName string) (int, error) {
 	n := 0
 	for {
 		chain, err := s.chain(ctx, head)
@@ -171,6 +171,7 @@ func (s *DeadLetters) replayChain(ctx context.Context, sink relay.Sink, head int
 			if err != nil {
 				return n, err
 			}
+			m.Sink = sinkName // the head's: a chain waits on one sink
 			if err := publish(ctx, sink, m); err != nil {
 				return n, fmt.Errorf("replay message %s parked behind dead letter %d: %w", p.MessageID, head, err)
 			}

@@ -113,6 +113,26 @@ type Status struct {
 	// Warnings say why some figures are missing (for example the
 	// outboxrelay schema is not there). Not a column of the view.
 	Warnings []string `json:"warnings,omitempty"`
+	// Sinks is each sink's own progress when the relay feeds several
+	// (the sinks section), as the running relay knows it: the slot's
+	// confirmed position is the lowest of their watermarks. Not a column
+	// of the view.
+	Sinks []SinkStatus `json:"sinks,omitempty"`
+}
+
+// SinkStatus is one sink's own progress (Status.Sinks). Figures that are
+// not known are null.
+type SinkStatus struct {
+	Name string `json:"name"`
+	// ConfirmedLSN is the sink's own watermark: every one of its messages
+	// before it is acknowledged (or dead-lettered or parked).
+	ConfirmedLSN LSN `json:"confirmed_lsn"`
+	// LagBytes is current_wal_lsn minus ConfirmedLSN; LagSeconds the age of
+	// the sink's oldest message its broker has not acknowledged.
+	LagBytes   *int64   `json:"lag_bytes"`
+	LagSeconds *float64 `json:"lag_seconds"`
+	Ready      bool     `json:"ready"`
+	Retrying   bool     `json:"retrying"`
 }
 
 // LagKnown reports whether LagBytes is meaningful.
@@ -132,32 +152,33 @@ func (s Status) RetainedKnown() bool {
 // MarshalJSON writes unknown figures as null, in the order of the view's columns.
 func (s Status) MarshalJSON() ([]byte, error) {
 	type nullable struct {
-		Slot              string     `json:"slot"`
-		Exists            bool       `json:"exists"`
-		Active            *bool      `json:"active"`
-		WALStatus         *string    `json:"wal_status"`
-		ConfirmedFlushLSN LSN        `json:"confirmed_flush_lsn"`
-		RestartLSN        LSN        `json:"restart_lsn"`
-		CurrentWALLSN     LSN        `json:"current_wal_lsn"`
-		LagBytes          *int64     `json:"lag_bytes"`
-		LagSeconds        *float64   `json:"lag_seconds"`
-		RetainedWALBytes  *int64     `json:"retained_wal_bytes"`
-		LastPublishedLSN  LSN        `json:"last_published_lsn"`
-		LastPublishedAt   *time.Time `json:"last_published_at"`
-		LastMessageID     *string    `json:"last_message_id"`
-		PublishedTotal    int64      `json:"published_total"`
-		DeadLetters       int64      `json:"dead_letters"`
-		LastError         string     `json:"last_error,omitempty"`
-		Coverage          []string   `json:"coverage,omitempty"`
-		Failover          *bool      `json:"failover,omitempty"`
-		Synced            *bool      `json:"synced,omitempty"`
-		Warnings          []string   `json:"warnings,omitempty"`
+		Slot              string       `json:"slot"`
+		Exists            bool         `json:"exists"`
+		Active            *bool        `json:"active"`
+		WALStatus         *string      `json:"wal_status"`
+		ConfirmedFlushLSN LSN          `json:"confirmed_flush_lsn"`
+		RestartLSN        LSN          `json:"restart_lsn"`
+		CurrentWALLSN     LSN          `json:"current_wal_lsn"`
+		LagBytes          *int64       `json:"lag_bytes"`
+		LagSeconds        *float64     `json:"lag_seconds"`
+		RetainedWALBytes  *int64       `json:"retained_wal_bytes"`
+		LastPublishedLSN  LSN          `json:"last_published_lsn"`
+		LastPublishedAt   *time.Time   `json:"last_published_at"`
+		LastMessageID     *string      `json:"last_message_id"`
+		PublishedTotal    int64        `json:"published_total"`
+		DeadLetters       int64        `json:"dead_letters"`
+		LastError         string       `json:"last_error,omitempty"`
+		Coverage          []string     `json:"coverage,omitempty"`
+		Failover          *bool        `json:"failover,omitempty"`
+		Synced            *bool        `json:"synced,omitempty"`
+		Warnings          []string     `json:"warnings,omitempty"`
+		Sinks             []SinkStatus `json:"sinks,omitempty"`
 	}
 	n := nullable{
 		Slot: s.Slot, Exists: s.Exists, ConfirmedFlushLSN: s.ConfirmedFlushLSN, RestartLSN: s.RestartLSN,
 		CurrentWALLSN: s.CurrentWALLSN, LastPublishedLSN: s.LastPublishedLSN, PublishedTotal: s.PublishedTotal,
 		DeadLetters: s.DeadLetters, LastError: s.LastError, Coverage: s.Coverage, Warnings: s.Warnings,
-		Failover: s.Failover, Synced: s.Synced,
+		Failover: s.Failover, Synced: s.Synced, Sinks: s.Sinks,
 	}
 	if s.Exists {
 		n.Active = &s.Active
