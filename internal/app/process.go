@@ -41,12 +41,17 @@ var (
 // A pipeline that fails is restarted alone, after a backoff, and the
 // others go on; a pipeline marked fatal stops the whole process instead.
 type Process struct {
-	cfg   config.Config
-	log   *zap.Logger
-	opts  Options
-	units []*unit
-	reg   *prometheus.Registry
-	srv   *admin.Server
+	cfg     config.Config // http and log stay those of the first configuration
+	log     *zap.Logger
+	opts    Options
+	reg     *prometheus.Registry
+	srv     *admin.Server
+	reloads chan reloadRequest
+	ended   chan struct{} // closed when Run returns
+
+	mu     sync.Mutex
+	units  []*unit       // in configuration order; Reload replaces it
+	reload *ReloadStatus // the last reload, nil before the first
 }
 
 // unit is one pipeline of a Process and its current App.
@@ -61,6 +66,12 @@ type unit struct {
 	paused   bool               // asked to pause, until resumed
 	cancel   context.CancelFunc // stops the current attempt
 	changed  chan struct{}      // closed and replaced on every change
+
+	// Set by Process.Run when it starts the unit's supervisor: stop ends
+	// it (a reload removed or changed the pipeline), done is closed once
+	// it has returned, its App drained.
+	stop context.CancelFunc
+	done chan struct{}
 }
 
 // NewProcess checks what can be checked without connecting (each
@@ -69,15 +80,32 @@ func NewProcess(cfg config.Config, log *zap.Logger, opts Options) (*Process, err
 	if log == nil {
 		log = zap.NewNop()
 	}
-	p := &Process{cfg: cfg, log: log, opts: opts}
+	units, err := newUnits(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &Process{cfg: cfg, log: log, opts: opts, units: units, reloads: make(chan reloadRequest), ended: make(chan struct{})}, nil
+}
+
+// newUnits checks each pipeline of cfg as NewProcess does and returns
+// them as units that have not started.
+func newUnits(cfg config.Config) ([]*unit, error) {
+	var units []*unit
 	for _, u := range cfg.Units() {
 		if _, err := SchemaValidator(u.Config.Relay.Schemas); err != nil {
 			return nil, fmt.Errorf("pipeline %s: %w", u.Name, err)
 		}
 		u.Config.HTTP.Listen = "" // the Process serves the one endpoint
-		p.units = append(p.units, &unit{Unit: u, state: StateStarting, since: time.Now()})
+		units = append(units, &unit{Unit: u, state: StateStarting, since: time.Now()})
 	}
-	return p, nil
+	return units, nil
+}
+
+// list is a copy of the current units.
+func (p *Process) list() []*unit {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]*unit(nil), p.units...)
 }
 
 // Addr is the HTTP endpoint's bound address, nil before Run binds it or
@@ -91,8 +119,9 @@ func (p *Process) Addr() string {
 
 // Run runs every pipeline until ctx ends, then drains them all and
 // returns nil; or, when a fatal pipeline fails, stops the others and
-// returns that pipeline's error.
+// returns that pipeline's error. Meanwhile it applies each Reload.
 func (p *Process) Run(ctx context.Context) error {
+	defer close(p.ended)
 	reportCtx, stopReport := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopReport()
 	var served chan error
@@ -115,14 +144,21 @@ func (p *Process) Run(ctx context.Context) error {
 	runCtx, stop := context.WithCancelCause(ctx)
 	defer stop(nil)
 	var wg sync.WaitGroup
-	for _, u := range p.units {
+	launch := func(u *unit) {
+		unitCtx, stopUnit := context.WithCancel(runCtx)
+		u.stop, u.done = stopUnit, make(chan struct{})
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := p.supervise(runCtx, u); err != nil {
+			defer close(u.done)
+			defer stopUnit()
+			if err := p.supervise(unitCtx, u); err != nil {
 				stop(err)
 			}
 		}()
+	}
+	for _, u := range p.list() {
+		launch(u)
 	}
 	if served != nil {
 		go func() {
@@ -136,6 +172,13 @@ func (p *Process) Run(ctx context.Context) error {
 			case <-runCtx.Done():
 			}
 		}()
+	}
+	for runCtx.Err() == nil {
+		select {
+		case <-runCtx.Done():
+		case req := <-p.reloads:
+			req.done <- p.apply(runCtx, req.cfg, launch)
+		}
 	}
 	wg.Wait()
 	stopReport()
@@ -389,20 +432,21 @@ func (p *Process) ready(q url.Values) error {
 		return nil
 	}
 	var bad []string
-	for _, u := range p.units {
+	units := p.list()
+	for _, u := range units {
 		// A pause is the operator's decision, not a fault of the process.
 		if err := u.readiness(standbyOK); err != nil && !errors.Is(err, errPaused) {
 			bad = append(bad, u.Name+": "+err.Error())
 		}
 	}
 	if len(bad) > 0 {
-		return fmt.Errorf("%d of %d pipelines: %s", len(bad), len(p.units), strings.Join(bad, "; "))
+		return fmt.Errorf("%d of %d pipelines: %s", len(bad), len(units), strings.Join(bad, "; "))
 	}
 	return nil
 }
 
 func (p *Process) unit(name string) *unit {
-	for _, u := range p.units {
+	for _, u := range p.list() {
 		if u.Name == name {
 			return u
 		}
@@ -414,7 +458,7 @@ func (p *Process) unit(name string) *unit {
 // process's and each running pipeline's.
 func (p *Process) gatherers() []prometheus.Gatherer {
 	out := []prometheus.Gatherer{p.reg}
-	for _, u := range p.units {
+	for _, u := range p.list() {
 		if a := u.snapshot().app; a != nil {
 			if g := a.Gatherer(); g != nil {
 				out = append(out, g)
@@ -447,9 +491,10 @@ type PipelineStatus struct {
 
 // Statuses reads every pipeline's status, in configuration order.
 func (p *Process) Statuses(ctx context.Context) []PipelineStatus {
-	out := make([]PipelineStatus, len(p.units))
+	units := p.list()
+	out := make([]PipelineStatus, len(units))
 	var wg sync.WaitGroup
-	for i, u := range p.units {
+	for i, u := range units {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
