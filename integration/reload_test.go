@@ -15,7 +15,7 @@ import (
 )
 
 // loader commits rows to one database from a goroutine of its own, a
-// transaction of five rows (one aggregate of three) every 20 ms, until
+// transaction of five rows (one aggregate of three) every interval, until
 // stopped, and keeps the ids as the ledger.
 type loader struct {
 	mu     sync.Mutex
@@ -25,7 +25,7 @@ type loader struct {
 	done   chan struct{}
 }
 
-func startLoader(t *testing.T, url, name string) *loader {
+func startLoader(t *testing.T, url, name string, every time.Duration) *loader {
 	t.Helper()
 	conn, err := pgx.Connect(t.Context(), url)
 	if err != nil {
@@ -55,7 +55,7 @@ func startLoader(t *testing.T, url, name string) *loader {
 			l.mu.Lock()
 			l.ids = append(l.ids, ids...)
 			l.mu.Unlock()
-			time.Sleep(20 * time.Millisecond)
+			time.Sleep(every)
 		}
 	}()
 	t.Cleanup(l.stopNow)
@@ -143,7 +143,7 @@ func TestPipelinesReload(t *testing.T) {
 	loads := map[string]*loader{}
 	for name, e := range envs {
 		consumers[name] = e.consume("outbox.order")
-		loads[name] = startLoader(t, e.dbURL, name) // c's rows wait in its slot until it is added
+		loads[name] = startLoader(t, e.dbURL, name, 20*time.Millisecond) // c's rows wait in its slot until it is added
 	}
 	waitRows := func(name string, n int) {
 		t.Helper()

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -17,6 +18,7 @@ import (
 	"github.com/outboxrelay/outboxrelay/internal/config"
 	"github.com/outboxrelay/outboxrelay/internal/metrics"
 	"github.com/outboxrelay/outboxrelay/internal/redact"
+	"github.com/outboxrelay/outboxrelay/internal/replicas"
 	"github.com/outboxrelay/outboxrelay/internal/store"
 )
 
@@ -48,6 +50,7 @@ type Process struct {
 	srv     *admin.Server
 	reloads chan reloadRequest
 	ended   chan struct{} // closed when Run returns
+	group   *replicas.Group
 
 	mu     sync.Mutex
 	units  []*unit       // in configuration order; Reload replaces it
@@ -72,6 +75,9 @@ type unit struct {
 	// it has returned, its App drained.
 	stop context.CancelFunc
 	done chan struct{}
+	// shed is set when the process hands this pipeline to another
+	// replica: its App drains and starts again, as a standby.
+	shed bool
 }
 
 // NewProcess checks what can be checked without connecting (each
@@ -84,7 +90,24 @@ func NewProcess(cfg config.Config, log *zap.Logger, opts Options) (*Process, err
 	if err != nil {
 		return nil, err
 	}
-	return &Process{cfg: cfg, log: log, opts: opts, units: units, reloads: make(chan reloadRequest), ended: make(chan struct{})}, nil
+	group := replicas.New(shareOf(cfg), SharePoll, log.Named("replicas"))
+	return &Process{cfg: cfg, log: log, opts: opts, units: units, group: group,
+		reloads: make(chan reloadRequest), ended: make(chan struct{})}, nil
+}
+
+// SharePoll is how often the replicas count each other and a replica
+// holding more than its share hands one pipeline back.
+var SharePoll = time.Second
+
+// shareOf is where and under which key the replicas of cfg count each
+// other: the first pipeline's database, and its pipelines and slots.
+func shareOf(cfg config.Config) replicas.Config {
+	units := cfg.Units()
+	names := make([]string, len(units))
+	for i, u := range units {
+		names[i] = u.Name + "=" + u.Config.Postgres.Slot
+	}
+	return replicas.Config{URL: units[0].Config.Postgres.URL, Key: replicas.KeyOf(names), Pipelines: len(units)}
 }
 
 // newUnits checks each pipeline of cfg as NewProcess does and returns
@@ -160,6 +183,15 @@ func (p *Process) Run(ctx context.Context) error {
 	for _, u := range p.list() {
 		launch(u)
 	}
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		_ = p.group.Run(runCtx)
+	}()
+	go func() {
+		defer wg.Done()
+		p.balance(runCtx)
+	}()
 	if served != nil {
 		go func() {
 			select {
@@ -198,7 +230,7 @@ func (p *Process) Run(ctx context.Context) error {
 func (p *Process) supervise(ctx context.Context, u *unit) error {
 	b := backoff.Backoff{Min: RestartMin, Max: RestartMax}
 	opts := p.opts
-	opts.Pipeline, opts.PerPipeline = u.Name, true
+	opts.Pipeline, opts.PerPipeline, opts.Gate = u.Name, true, p.group
 	for {
 		if !u.waitResumed(ctx) {
 			u.set(nil, StateStopped, nil)
@@ -226,6 +258,13 @@ func (p *Process) supervise(ctx context.Context, u *unit) error {
 		if ctx.Err() != nil {
 			u.set(nil, StateStopped, nil)
 			return nil
+		}
+		if u.takeShed() && attemptCtx.Err() != nil {
+			// Run drained and confirmed; the next App waits as a standby
+			// until this process has room again.
+			b.Reset()
+			p.log.Info("pipeline handed to another replica: drained, its position confirmed", zap.String("pipeline", u.Name))
+			continue
 		}
 		if u.isPaused() && attemptCtx.Err() != nil {
 			// Run drained and confirmed before it returned.
@@ -328,6 +367,62 @@ func (u *unit) waitResumed(ctx context.Context) bool {
 		case <-ctx.Done():
 			return false
 		case <-changed:
+		}
+	}
+}
+
+// shedNow asks u's current App to drain and stop, so that another
+// replica takes the slot; supervise starts a new one at once.
+func (u *unit) shedNow() {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.shed = true
+	if u.cancel != nil {
+		u.cancel()
+	}
+}
+
+// takeShed reports and clears a shedNow.
+func (u *unit) takeShed() bool {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	shed := u.shed
+	u.shed = false
+	return shed
+}
+
+func (u *unit) shedding() bool {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.shed
+}
+
+// balance hands pipelines back while this replica streams more than its
+// share (a replica joined): one per SharePoll, the last streaming one in
+// configuration order, waiting until the previous has drained.
+func (p *Process) balance(ctx context.Context) {
+	t := time.NewTicker(SharePoll)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if p.group.Excess() <= 0 {
+			continue
+		}
+		units := p.list()
+		if slices.ContainsFunc(units, (*unit).shedding) {
+			continue
+		}
+		for i := len(units) - 1; i >= 0; i-- {
+			if a := units[i].snapshot().app; a != nil && a.Streaming() {
+				p.log.Info("more pipelines than this replica's share: handing one to another replica",
+					zap.String("pipeline", units[i].Name), zap.Any("share", p.group.Share()))
+				units[i].shedNow()
+				break
+			}
 		}
 	}
 }

@@ -131,6 +131,7 @@ func (p *Process) apply(ctx context.Context, cfg config.Config, launch func(*uni
 	p.mu.Lock()
 	p.units = units
 	p.mu.Unlock()
+	p.group.Set(shareOf(cfg))
 	if ctx.Err() == nil {
 		for _, u := range starting {
 			launch(u)
