@@ -73,6 +73,18 @@ type Config struct {
 	StandbyPoll time.Duration `yaml:"-"`
 	// ReceiveTimeout ends a session that received nothing for this long (default 30s).
 	ReceiveTimeout time.Duration `yaml:"-"`
+	// Gate, when set, is asked before each session whether this process
+	// may stream one more slot (replicas sharing pipelines); a refusal
+	// waits as a standby does. Nil: always.
+	Gate Gate `yaml:"-"`
+}
+
+// Gate limits how many slots one process streams at once. Safe for
+// concurrent use by the streams that share it.
+type Gate interface {
+	// Take reserves room for one session; release gives it back when the
+	// session ends. ok is false when the process holds its share.
+	Take() (release func(), ok bool)
 }
 
 // Docs describes the postgres section's keys that Config holds, for the

@@ -163,16 +163,17 @@ func (s *Stream) Run(ctx context.Context, h Handler) error {
 			retry.Reset()
 		}
 		var wait time.Duration
-		s.standby.Store(IsSlotInUse(err))
+		gated := errors.Is(err, ErrGated)
+		s.standby.Store(IsSlotInUse(err) || gated)
 		if errors.Is(err, errResume) {
 			// Everything handed out is confirmed: resume at once.
 			retry.Reset()
 			continue
 		}
-		if IsSlotInUse(err) {
+		if IsSlotInUse(err) || gated {
 			// A standby polls quickly so that it takes over within seconds.
 			wait = backoff.Jitter(s.cfg.StandbyPoll)
-			standby.polled(s.log, s.cfg.Slot, s.cfg.StandbyPoll, time.Now())
+			standby.polled(s.log, s.cfg.Slot, s.cfg.StandbyPoll, time.Now(), gated)
 		} else {
 			wait = retry.Next()
 			standby = standbyLog{}
@@ -196,9 +197,12 @@ type standbyLog struct {
 	polls         int
 }
 
-func (l *standbyLog) polled(log *zap.Logger, slot string, poll time.Duration, now time.Time) {
+func (l *standbyLog) polled(log *zap.Logger, slot string, poll time.Duration, now time.Time, gated bool) {
 	l.polls++
 	switch {
+	case l.since.IsZero() && gated:
+		l.since, l.logged = now, now
+		log.Info("this process streams its share of the pipelines; waiting as standby for this one", zap.String("slot", slot), zap.Duration("poll", poll))
 	case l.since.IsZero():
 		l.since, l.logged = now, now
 		log.Info("slot is in use by another process; waiting as standby", zap.String("slot", slot), zap.Duration("poll", poll))
@@ -208,7 +212,18 @@ func (l *standbyLog) polled(log *zap.Logger, slot string, poll time.Duration, no
 	}
 }
 
+// ErrGated ends a session that Config.Gate did not let start: the process
+// streams its share of the pipelines. It is retryable, as a slot in use.
+var ErrGated = errors.New("this process streams its share of the pipelines")
+
 func (s *Stream) session(ctx context.Context, h Handler) (err error) {
+	if s.cfg.Gate != nil {
+		release, ok := s.cfg.Gate.Take()
+		if !ok {
+			return retryableErr{ErrGated}
+		}
+		defer release()
+	}
 	conn, err := pgconn.ConnectConfig(ctx, s.connCfg)
 	if err != nil {
 		return fmt.Errorf("connect for replication: %w", err)
@@ -243,7 +258,8 @@ func (s *Stream) session(ctx context.Context, h Handler) (err error) {
 	}
 	s.streaming.Store(true)
 	s.standby.Store(false)
-	s.log.Info("streaming", zap.String("slot", s.cfg.Slot), zap.String("from", start.String()))
+	// backend_pid is the slot's active_pid in pg_replication_slots.
+	s.log.Info("streaming", zap.String("slot", s.cfg.Slot), zap.String("from", start.String()), zap.Uint32("backend_pid", conn.PID()))
 
 	st := &statusWriter{conn: conn, h: h, reply: make(chan struct{}, 1),
 		replyEvery: max(1, int(s.cfg.ReceiveTimeout/(3*s.cfg.StatusInterval))), silent: s.Silent}

@@ -218,13 +218,13 @@ func TestStandbyLogsOnce(t *testing.T) {
 	var l standbyLog
 	start := time.Date(2026, 12, 1, 8, 0, 0, 0, time.UTC)
 	for i := range 17 { // 17 polls in 13 s
-		l.polled(log, "outboxrelay", time.Second, start.Add(time.Duration(i)*780*time.Millisecond))
+		l.polled(log, "outboxrelay", time.Second, start.Add(time.Duration(i)*780*time.Millisecond), false)
 	}
 	if n := logs.Len(); n != 1 {
 		t.Fatalf("17 polls in 13 s logged %d lines, want 1", n)
 	}
 	for i := range 600 { // ten more minutes at a poll a second
-		l.polled(log, "outboxrelay", time.Second, start.Add(13*time.Second+time.Duration(i)*time.Second))
+		l.polled(log, "outboxrelay", time.Second, start.Add(13*time.Second+time.Duration(i)*time.Second), false)
 	}
 	entries := logs.AllUntimed()
 	if len(entries) != 3 || entries[1].Message != "still waiting as standby" {

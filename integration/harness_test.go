@@ -377,6 +377,10 @@ type record struct {
 	Value   []byte
 	Headers map[string]string
 	Env     map[string]any
+	// ProducerID is the idempotent producer that wrote it (a relay's sink
+	// client), Timestamp when that producer sent it.
+	ProducerID int64
+	Timestamp  time.Time
 }
 
 // consumer reads every record of the given topics from the start.
@@ -409,7 +413,8 @@ func (e *env) consumeWith(opts []kgo.Opt, topics ...string) *consumer {
 		for ctx.Err() == nil {
 			fs := cl.PollFetches(ctx)
 			fs.EachRecord(func(r *kgo.Record) {
-				rec := record{Topic: r.Topic, Key: string(r.Key), Value: r.Value, Headers: map[string]string{}}
+				rec := record{Topic: r.Topic, Key: string(r.Key), Value: r.Value, Headers: map[string]string{},
+					ProducerID: r.ProducerID, Timestamp: r.Timestamp}
 				for _, h := range r.Headers {
 					rec.Headers[h.Key] = string(h.Value)
 				}

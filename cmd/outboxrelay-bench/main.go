@@ -47,6 +47,13 @@
 //	go run ./cmd/outboxrelay-bench [-quick] [-rows N] [-bigtx-rows N] [-count N]
 //	    [-profile WORKLOAD] [-relay-env KEY=VALUE,...] [-out FILE]
 //	    [-sinks=false | -sinks-only] [-sink-count N] [-sink-benchtime 5000x]
+//	    [-pipelines=false] [-idle-pipelines 50] [-idle-window 20s] [-busy-pipelines 10] [-busy-rows N] [-busy-count 2]
+//
+// The many-pipelines section (pipelines.go) starts a relay of 50 idle
+// pipelines and one of a single pipeline, and reports the RSS and CPU per
+// added idle pipeline; then it drains one backlog with 10 pipelines in one
+// process and with 10 processes of one pipeline each, interleaved, each
+// pipeline on a slot of its own, and reports the total rows/s and their ratio.
 package main
 
 import (
@@ -117,6 +124,13 @@ type options struct {
 	countMaxRows     int
 	quietWait        time.Duration
 	timeout          time.Duration
+	// The many-pipelines section (pipelines.go).
+	pipelines     bool
+	idlePipelines int
+	idleWindow    time.Duration
+	busyPipelines int
+	busyRows      int
+	busyReps      int
 }
 
 func main() {
@@ -156,9 +170,16 @@ func main() {
 	flag.BoolVar(&o.sinksOnly, "sinks-only", false, "run only the sink benchmarks (no PostgreSQL), writing the results file")
 	flag.IntVar(&o.sinkCount, "sink-count", 3, "repetitions of the sink benchmarks, interleaved; the table shows medians")
 	flag.StringVar(&o.sinkBenchtime, "sink-benchtime", "5000x", "-test.benchtime of each sink benchmark")
+	flag.BoolVar(&o.pipelines, "pipelines", true, "run the many-pipelines section (-only pipelines runs it alone among the workloads)")
+	flag.IntVar(&o.idlePipelines, "idle-pipelines", 50, "idle pipelines in one process, measured against a process of one")
+	flag.DurationVar(&o.idleWindow, "idle-window", 20*time.Second, "how long the idle processes' CPU is measured")
+	flag.IntVar(&o.busyPipelines, "busy-pipelines", 10, "busy pipelines in one process, against as many processes of one")
+	flag.IntVar(&o.busyRows, "busy-rows", 20_000, "rows of 1 KB each busy pipeline drains (one backlog, a slot each)")
+	flag.IntVar(&o.busyReps, "busy-count", 2, "repetitions of the busy pair, interleaved")
 	flag.Parse()
 	if o.quick {
 		o.rows, o.bigTxRows, o.latencyFor = 20_000, 200_000, 5*time.Second
+		o.busyRows, o.idleWindow = 5_000, 10*time.Second
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
@@ -196,6 +217,7 @@ type results struct {
 	Latency    *latencyResult    `json:"latency,omitempty"`
 	Micro      []string          `json:"micro_benchmarks,omitempty"`
 	Sinks      []sinkRow         `json:"sinks,omitempty"`
+	Pipelines  *pipelinesResult  `json:"pipelines,omitempty"`
 	Targets    []string          `json:"targets,omitempty"`
 	Notes      []string          `json:"notes,omitempty"`
 }
@@ -271,6 +293,8 @@ func run(ctx context.Context, o options) error {
 		"latency_rate": fmt.Sprint(o.latencyRate), "latency_duration": o.latencyFor.String(),
 		"count": fmt.Sprint(o.count), "relay_env": o.relayEnv,
 		"sink_count": fmt.Sprint(o.sinkCount), "sink_benchtime": o.sinkBenchtime,
+		"idle_pipelines": fmt.Sprint(o.idlePipelines), "idle_window": o.idleWindow.String(),
+		"busy_pipelines": fmt.Sprint(o.busyPipelines), "busy_rows": fmt.Sprint(o.busyRows), "busy_count": fmt.Sprint(o.busyReps),
 	}
 	if o.sinks || o.sinksOnly {
 		res.Sinks = sinkBenchmarks(ctx, root, o.sinkCount, o.sinkBenchtime)
@@ -316,6 +340,8 @@ func run(ctx context.Context, o options) error {
 		"wal_buffers":           "64MB",
 		"max_wal_senders":       "64",
 		"max_replication_slots": "64",
+		// 50 pipelines in one process hold a pool and a stream each.
+		"max_connections": "400",
 		// The tables are insert-only; autovacuum would only add noise.
 		"autovacuum": "off",
 	}})
@@ -354,6 +380,10 @@ func run(ctx context.Context, o options) error {
 		if wr != nil {
 			res.Workloads = append(res.Workloads, *wr)
 		}
+	}
+
+	if o.pipelines && (o.only == "" || slices.Contains(strings.Split(o.only, ","), "pipelines")) {
+		res.Pipelines = runPipelines(ctx, env, o)
 	}
 
 	if o.latencyRate > 0 {

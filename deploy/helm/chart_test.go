@@ -363,6 +363,34 @@ func TestChartSingleReplica(t *testing.T) {
 	checkConfig(t, o)
 }
 
+// TestChartPipelines: a pipelines list on three replicas, which share the
+// pipelines (each streams its share, the others wait as standbys for the
+// rest): a Deployment of 3, readiness that counts a standby pipeline as
+// ready, a PodDisruptionBudget that lets one replica go at a time, and a
+// configuration the relay accepts with its six pipelines.
+func TestChartPipelines(t *testing.T) {
+	o, err := render(t, filepath.Join(chartDir, "ci", "pipelines-values.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if *o.deployments[0].Spec.Replicas != 3 {
+		t.Errorf("replicas = %d, want 3", *o.deployments[0].Spec.Replicas)
+	}
+	if p := container(t, o).ReadinessProbe.HTTPGet.Path; p != "/readyz?standby=ok" {
+		t.Errorf("readiness path %q, want /readyz?standby=ok: a replica waits as standby for the pipelines past its share", p)
+	}
+	if len(o.pdbs) != 1 || o.pdbs[0].Spec.MaxUnavailable.IntValue() != 1 {
+		t.Errorf("PodDisruptionBudget: %+v, want maxUnavailable 1", o.pdbs)
+	}
+	if s := o.deployments[0].Spec.Strategy.RollingUpdate; s == nil || s.MaxUnavailable.IntValue() != 1 {
+		t.Errorf("rolling update %+v, want one replica at a time", s)
+	}
+	if cfg := o.configMaps[0].Data["config.yaml"]; strings.Count(cfg, "name: ") != 6 {
+		t.Errorf("config.yaml does not hold the six pipelines:\n%s", cfg)
+	}
+	checkConfig(t, o)
+}
+
 // TestChartRefusesBadValues: values that cannot work fail the render with
 // one message naming the fix.
 func TestChartRefusesBadValues(t *testing.T) {

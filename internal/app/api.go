@@ -111,7 +111,11 @@ func apiError(msg string) map[string]string { return map[string]string{"error": 
 func (p *Process) listPipelines(_ http.ResponseWriter, r *http.Request) (int, any) {
 	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
 	defer cancel()
-	return http.StatusOK, map[string]any{"pipelines": p.Statuses(ctx)}
+	body := map[string]any{"pipelines": p.Statuses(ctx), "replicas": p.group.Share()}
+	if st := p.LastReload(); st != nil {
+		body["reload"] = st
+	}
+	return http.StatusOK, body
 }
 
 func (p *Process) showPipeline(_ http.ResponseWriter, r *http.Request) (int, any) {

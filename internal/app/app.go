@@ -48,6 +48,9 @@ type Options struct {
 	// PerPipeline is set by Process for each of its pipelines: the
 	// metrics leave out the process's series, which Process serves once.
 	PerPipeline bool
+	// Gate is set by Process: it keeps the process to its share of the
+	// pipelines among replicas (cdc.Config.Gate). Nil: no limit.
+	Gate cdc.Gate
 }
 
 // App is the relay and the parts that report on it, wired from one
@@ -171,6 +174,12 @@ func (a *App) Standby() bool {
 	return r != nil && r.standby()
 }
 
+// Streaming reports whether this App streams its slot now.
+func (a *App) Streaming() bool {
+	r := a.wired.Load()
+	return r != nil && r.stream.Streaming()
+}
+
 // Status reads the slot's status, as GET /status does; an error before
 // the App has connected.
 func (a *App) Status(ctx context.Context) (store.Status, error) {
@@ -267,7 +276,9 @@ func (r *run) open(ctx context.Context) error {
 			}
 		}
 	})
-	if r.stream, err = cdc.NewStream(cfg.CDC(), r.log); err != nil {
+	cdcCfg := cfg.CDC()
+	cdcCfg.Gate = r.opts.Gate
+	if r.stream, err = cdc.NewStream(cdcCfg, r.log); err != nil {
 		return err
 	}
 	if err := r.stream.Ping(ctx); err != nil {

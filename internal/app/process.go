@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -17,6 +18,7 @@ import (
 	"github.com/outboxrelay/outboxrelay/internal/config"
 	"github.com/outboxrelay/outboxrelay/internal/metrics"
 	"github.com/outboxrelay/outboxrelay/internal/redact"
+	"github.com/outboxrelay/outboxrelay/internal/replicas"
 	"github.com/outboxrelay/outboxrelay/internal/store"
 )
 
@@ -41,12 +43,18 @@ var (
 // A pipeline that fails is restarted alone, after a backoff, and the
 // others go on; a pipeline marked fatal stops the whole process instead.
 type Process struct {
-	cfg   config.Config
-	log   *zap.Logger
-	opts  Options
-	units []*unit
-	reg   *prometheus.Registry
-	srv   *admin.Server
+	cfg     config.Config // http and log stay those of the first configuration
+	log     *zap.Logger
+	opts    Options
+	reg     *prometheus.Registry
+	srv     *admin.Server
+	reloads chan reloadRequest
+	ended   chan struct{} // closed when Run returns
+	group   *replicas.Group
+
+	mu     sync.Mutex
+	units  []*unit       // in configuration order; Reload replaces it
+	reload *ReloadStatus // the last reload, nil before the first
 }
 
 // unit is one pipeline of a Process and its current App.
@@ -61,6 +69,15 @@ type unit struct {
 	paused   bool               // asked to pause, until resumed
 	cancel   context.CancelFunc // stops the current attempt
 	changed  chan struct{}      // closed and replaced on every change
+
+	// Set by Process.Run when it starts the unit's supervisor: stop ends
+	// it (a reload removed or changed the pipeline), done is closed once
+	// it has returned, its App drained.
+	stop context.CancelFunc
+	done chan struct{}
+	// shed is set when the process hands this pipeline to another
+	// replica: its App drains and starts again, as a standby.
+	shed bool
 }
 
 // NewProcess checks what can be checked without connecting (each
@@ -69,15 +86,49 @@ func NewProcess(cfg config.Config, log *zap.Logger, opts Options) (*Process, err
 	if log == nil {
 		log = zap.NewNop()
 	}
-	p := &Process{cfg: cfg, log: log, opts: opts}
+	units, err := newUnits(cfg)
+	if err != nil {
+		return nil, err
+	}
+	group := replicas.New(shareOf(cfg), SharePoll, log.Named("replicas"))
+	return &Process{cfg: cfg, log: log, opts: opts, units: units, group: group,
+		reloads: make(chan reloadRequest), ended: make(chan struct{})}, nil
+}
+
+// SharePoll is how often the replicas count each other and a replica
+// holding more than its share hands one pipeline back.
+var SharePoll = time.Second
+
+// shareOf is where and under which key the replicas of cfg count each
+// other: the first pipeline's database, and its pipelines and slots.
+func shareOf(cfg config.Config) replicas.Config {
+	units := cfg.Units()
+	names := make([]string, len(units))
+	for i, u := range units {
+		names[i] = u.Name + "=" + u.Config.Postgres.Slot
+	}
+	return replicas.Config{URL: units[0].Config.Postgres.URL, Key: replicas.KeyOf(names), Pipelines: len(units)}
+}
+
+// newUnits checks each pipeline of cfg as NewProcess does and returns
+// them as units that have not started.
+func newUnits(cfg config.Config) ([]*unit, error) {
+	var units []*unit
 	for _, u := range cfg.Units() {
 		if _, err := SchemaValidator(u.Config.Relay.Schemas); err != nil {
 			return nil, fmt.Errorf("pipeline %s: %w", u.Name, err)
 		}
 		u.Config.HTTP.Listen = "" // the Process serves the one endpoint
-		p.units = append(p.units, &unit{Unit: u, state: StateStarting, since: time.Now()})
+		units = append(units, &unit{Unit: u, state: StateStarting, since: time.Now()})
 	}
-	return p, nil
+	return units, nil
+}
+
+// list is a copy of the current units.
+func (p *Process) list() []*unit {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]*unit(nil), p.units...)
 }
 
 // Addr is the HTTP endpoint's bound address, nil before Run binds it or
@@ -91,8 +142,9 @@ func (p *Process) Addr() string {
 
 // Run runs every pipeline until ctx ends, then drains them all and
 // returns nil; or, when a fatal pipeline fails, stops the others and
-// returns that pipeline's error.
+// returns that pipeline's error. Meanwhile it applies each Reload.
 func (p *Process) Run(ctx context.Context) error {
+	defer close(p.ended)
 	reportCtx, stopReport := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopReport()
 	var served chan error
@@ -115,15 +167,31 @@ func (p *Process) Run(ctx context.Context) error {
 	runCtx, stop := context.WithCancelCause(ctx)
 	defer stop(nil)
 	var wg sync.WaitGroup
-	for _, u := range p.units {
+	launch := func(u *unit) {
+		unitCtx, stopUnit := context.WithCancel(runCtx)
+		u.stop, u.done = stopUnit, make(chan struct{})
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := p.supervise(runCtx, u); err != nil {
+			defer close(u.done)
+			defer stopUnit()
+			if err := p.supervise(unitCtx, u); err != nil {
 				stop(err)
 			}
 		}()
 	}
+	for _, u := range p.list() {
+		launch(u)
+	}
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		_ = p.group.Run(runCtx)
+	}()
+	go func() {
+		defer wg.Done()
+		p.balance(runCtx)
+	}()
 	if served != nil {
 		go func() {
 			select {
@@ -136,6 +204,13 @@ func (p *Process) Run(ctx context.Context) error {
 			case <-runCtx.Done():
 			}
 		}()
+	}
+	for runCtx.Err() == nil {
+		select {
+		case <-runCtx.Done():
+		case req := <-p.reloads:
+			req.done <- p.apply(runCtx, req.cfg, launch)
+		}
 	}
 	wg.Wait()
 	stopReport()
@@ -155,7 +230,7 @@ func (p *Process) Run(ctx context.Context) error {
 func (p *Process) supervise(ctx context.Context, u *unit) error {
 	b := backoff.Backoff{Min: RestartMin, Max: RestartMax}
 	opts := p.opts
-	opts.Pipeline, opts.PerPipeline = u.Name, true
+	opts.Pipeline, opts.PerPipeline, opts.Gate = u.Name, true, p.group
 	for {
 		if !u.waitResumed(ctx) {
 			u.set(nil, StateStopped, nil)
@@ -183,6 +258,13 @@ func (p *Process) supervise(ctx context.Context, u *unit) error {
 		if ctx.Err() != nil {
 			u.set(nil, StateStopped, nil)
 			return nil
+		}
+		if u.takeShed() && attemptCtx.Err() != nil {
+			// Run drained and confirmed; the next App waits as a standby
+			// until this process has room again.
+			b.Reset()
+			p.log.Info("pipeline handed to another replica: drained, its position confirmed", zap.String("pipeline", u.Name))
+			continue
 		}
 		if u.isPaused() && attemptCtx.Err() != nil {
 			// Run drained and confirmed before it returned.
@@ -289,6 +371,62 @@ func (u *unit) waitResumed(ctx context.Context) bool {
 	}
 }
 
+// shedNow asks u's current App to drain and stop, so that another
+// replica takes the slot; supervise starts a new one at once.
+func (u *unit) shedNow() {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.shed = true
+	if u.cancel != nil {
+		u.cancel()
+	}
+}
+
+// takeShed reports and clears a shedNow.
+func (u *unit) takeShed() bool {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	shed := u.shed
+	u.shed = false
+	return shed
+}
+
+func (u *unit) shedding() bool {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.shed
+}
+
+// balance hands pipelines back while this replica streams more than its
+// share (a replica joined): one per SharePoll, the last streaming one in
+// configuration order, waiting until the previous has drained.
+func (p *Process) balance(ctx context.Context) {
+	t := time.NewTicker(SharePoll)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if p.group.Excess() <= 0 {
+			continue
+		}
+		units := p.list()
+		if slices.ContainsFunc(units, (*unit).shedding) {
+			continue
+		}
+		for i := len(units) - 1; i >= 0; i-- {
+			if a := units[i].snapshot().app; a != nil && a.Streaming() {
+				p.log.Info("more pipelines than this replica's share: handing one to another replica",
+					zap.String("pipeline", units[i].Name), zap.Any("share", p.group.Share()))
+				units[i].shedNow()
+				break
+			}
+		}
+	}
+}
+
 // pause asks u to stop reading and drain; resume to start again.
 func (u *unit) pause(on bool) {
 	u.mu.Lock()
@@ -389,20 +527,21 @@ func (p *Process) ready(q url.Values) error {
 		return nil
 	}
 	var bad []string
-	for _, u := range p.units {
+	units := p.list()
+	for _, u := range units {
 		// A pause is the operator's decision, not a fault of the process.
 		if err := u.readiness(standbyOK); err != nil && !errors.Is(err, errPaused) {
 			bad = append(bad, u.Name+": "+err.Error())
 		}
 	}
 	if len(bad) > 0 {
-		return fmt.Errorf("%d of %d pipelines: %s", len(bad), len(p.units), strings.Join(bad, "; "))
+		return fmt.Errorf("%d of %d pipelines: %s", len(bad), len(units), strings.Join(bad, "; "))
 	}
 	return nil
 }
 
 func (p *Process) unit(name string) *unit {
-	for _, u := range p.units {
+	for _, u := range p.list() {
 		if u.Name == name {
 			return u
 		}
@@ -414,7 +553,7 @@ func (p *Process) unit(name string) *unit {
 // process's and each running pipeline's.
 func (p *Process) gatherers() []prometheus.Gatherer {
 	out := []prometheus.Gatherer{p.reg}
-	for _, u := range p.units {
+	for _, u := range p.list() {
 		if a := u.snapshot().app; a != nil {
 			if g := a.Gatherer(); g != nil {
 				out = append(out, g)
@@ -447,9 +586,10 @@ type PipelineStatus struct {
 
 // Statuses reads every pipeline's status, in configuration order.
 func (p *Process) Statuses(ctx context.Context) []PipelineStatus {
-	out := make([]PipelineStatus, len(p.units))
+	units := p.list()
+	out := make([]PipelineStatus, len(units))
 	var wg sync.WaitGroup
-	for i, u := range p.units {
+	for i, u := range units {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
