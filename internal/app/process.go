@@ -15,6 +15,7 @@ import (
 	"github.com/outboxrelay/outboxrelay/internal/admin"
 	"github.com/outboxrelay/outboxrelay/internal/backoff"
 	"github.com/outboxrelay/outboxrelay/internal/config"
+	"github.com/outboxrelay/outboxrelay/internal/console"
 	"github.com/outboxrelay/outboxrelay/internal/metrics"
 	"github.com/outboxrelay/outboxrelay/internal/redact"
 	"github.com/outboxrelay/outboxrelay/internal/store"
@@ -47,6 +48,10 @@ type Process struct {
 	units []*unit
 	reg   *prometheus.Registry
 	srv   *admin.Server
+	// sessions are the console's sign-ins; history the figures its lag
+	// chart draws, sampled while the HTTP endpoint serves.
+	sessions *console.Sessions
+	history  *console.History
 }
 
 // unit is one pipeline of a Process and its current App.
@@ -69,7 +74,7 @@ func NewProcess(cfg config.Config, log *zap.Logger, opts Options) (*Process, err
 	if log == nil {
 		log = zap.NewNop()
 	}
-	p := &Process{cfg: cfg, log: log, opts: opts}
+	p := &Process{cfg: cfg, log: log, opts: opts, sessions: console.NewSessions(), history: console.NewHistory(historyLength())}
 	for _, u := range cfg.Units() {
 		if _, err := SchemaValidator(u.Config.Relay.Schemas); err != nil {
 			return nil, fmt.Errorf("pipeline %s: %w", u.Name, err)
@@ -111,6 +116,15 @@ func (p *Process) Run(ctx context.Context) error {
 		}
 		served = make(chan error, 1)
 		go func() { served <- p.srv.Run(reportCtx) }()
+		sampled := make(chan struct{})
+		defer func() {
+			stopReport()
+			<-sampled
+		}()
+		go func() {
+			defer close(sampled)
+			p.sampleHistory(reportCtx)
+		}()
 	}
 	runCtx, stop := context.WithCancelCause(ctx)
 	defer stop(nil)
