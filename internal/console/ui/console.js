@@ -90,6 +90,13 @@
     if (s < 3600) return (s / 60).toFixed(1) + ' min';
     return (s / 3600).toFixed(1) + ' h';
   }
+  // fmtTick labels the chart's axis with as few digits as its scale needs.
+  function fmtTick(v, top) {
+    if (v === 0) return '0';
+    if (top >= 7200) return (v / 3600).toFixed(1) + ' h';
+    if (top >= 120) return (v / 60).toFixed(top >= 600 ? 0 : 1) + ' min';
+    return Number(v.toFixed(2)) + ' s';
+  }
   function fmtBytes(b) {
     if (b === null || b === undefined) return '—';
     const units = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
@@ -105,9 +112,13 @@
     if (r === null || r === undefined) return '—';
     return (r < 10 ? r.toFixed(1) : Math.round(r).toLocaleString('en')) + ' msg/s';
   }
+  // fmtTime writes a time in the browser's zone as 2026-12-02 19:06:17.
   function fmtTime(t) {
     if (!t || t.startsWith('0001-')) return '—';
-    return new Date(t).toLocaleString('en-GB', { hour12: false });
+    const d = new Date(t);
+    const two = (n) => String(n).padStart(2, '0');
+    return d.getFullYear() + '-' + two(d.getMonth() + 1) + '-' + two(d.getDate()) + ' ' +
+      two(d.getHours()) + ':' + two(d.getMinutes()) + ':' + two(d.getSeconds());
   }
 
   // --- session -------------------------------------------------------
@@ -206,42 +217,49 @@
     return null;
   }
 
-  // keepFocus re-renders while keeping the keyboard focus on the element
-  // with the same data-key, so the refresh never steals it.
-  function keepFocus(render) {
-    const key = document.activeElement && document.activeElement.dataset ? document.activeElement.dataset.key : undefined;
-    render();
-    if (key) {
-      const again = document.querySelector('[data-key="' + CSS.escape(key) + '"]');
-      if (again) again.focus();
-    }
-  }
-
+  // renderPipelines updates the table in place: a row, and its button,
+  // stay the same elements across refreshes, so the keyboard focus and a
+  // pointer on its way to a button are never lost to a redraw.
   function renderPipelines() {
-    keepFocus(() => {
-      const body = $('pipelines').tBodies[0];
-      body.replaceChildren();
-      for (const p of state.pipelines) {
-        const slot = p.slot || {};
-        const paused = p.state === 'paused';
-        const stateCell = el('td', {}, el('span', { class: 'state state-' + p.state, text: p.state }));
-        const why = p.error || (!p.ready && !paused ? p.not_ready : '') || p.status_error;
-        if (why) stateCell.append(el('span', { class: 'why', text: why }));
-        const action = paused
-          ? el('button', { type: 'button', 'data-action': 'resume', 'data-key': 'resume:' + p.name, 'aria-label': 'Resume pipeline ' + p.name, text: 'Resume', onclick: () => pauseResume(p.name, 'resume') })
-          : el('button', { type: 'button', 'data-action': 'pause', 'data-key': 'pause:' + p.name, 'aria-label': 'Pause pipeline ' + p.name, text: 'Pause', onclick: () => pauseResume(p.name, 'pause') });
-        action.disabled = !canAct();
-        body.append(el('tr', { 'data-pipeline': p.name },
+    const body = $('pipelines').tBodies[0];
+    const rows = new Map(Array.from(body.rows).map((r) => [r.dataset.pipeline, r]));
+    const names = new Set(state.pipelines.map((p) => p.name));
+    for (const [name, row] of rows) if (!names.has(name)) row.remove();
+    for (const p of state.pipelines) {
+      let row = rows.get(p.name);
+      if (!row) {
+        row = el('tr', { 'data-pipeline': p.name },
           el('th', { scope: 'row', text: p.name }),
-          stateCell,
-          el('td', { class: 'num', 'data-field': 'lag_seconds', text: fmtSeconds(slot.lag_seconds) }),
-          el('td', { class: 'num', 'data-field': 'lag_bytes', text: fmtBytes(slot.lag_bytes) }),
-          el('td', { class: 'num', 'data-field': 'retained_wal_bytes', text: fmtBytes(slot.retained_wal_bytes) }),
-          el('td', { class: 'num', 'data-field': 'throughput', text: fmtRate(lastRate(p.name)) }),
-          el('td', { class: 'num', 'data-field': 'dead_letters', text: slot.dead_letters === undefined || slot.dead_letters === null ? '—' : String(slot.dead_letters) }),
-          el('td', {}, action)));
+          el('td', { 'data-field': 'state' }),
+          el('td', { class: 'num', 'data-field': 'lag_seconds' }),
+          el('td', { class: 'num', 'data-field': 'lag_bytes' }),
+          el('td', { class: 'num', 'data-field': 'retained_wal_bytes' }),
+          el('td', { class: 'num', 'data-field': 'throughput' }),
+          el('td', { class: 'num', 'data-field': 'dead_letters' }),
+          el('td', { 'data-field': 'action' },
+            el('button', { type: 'button', 'data-action': 'pause', onclick: (ev) => pauseResume(p.name, ev.currentTarget.dataset.action) })));
       }
-    });
+      if (!rows.has(p.name)) body.append(row); // a pipeline's row is moved never: a moved node is a new one to a driver
+      const slot = p.slot || {};
+      const paused = p.state === 'paused';
+      const cell = (f) => row.querySelector('[data-field="' + f + '"]');
+      const why = p.error || (!p.ready && !paused ? p.not_ready : '') || p.status_error;
+      cell('state').replaceChildren(el('span', { class: 'state state-' + p.state, text: p.state }));
+      if (why) cell('state').append(el('span', { class: 'why', text: why }));
+      cell('lag_seconds').textContent = fmtSeconds(slot.lag_seconds);
+      cell('lag_bytes').textContent = fmtBytes(slot.lag_bytes);
+      cell('retained_wal_bytes').textContent = fmtBytes(slot.retained_wal_bytes);
+      cell('throughput').textContent = fmtRate(lastRate(p.name));
+      cell('dead_letters').textContent = slot.dead_letters === undefined || slot.dead_letters === null ? '—' : String(slot.dead_letters);
+      const button = cell('action').firstChild;
+      const what = paused ? 'resume' : 'pause';
+      const label = paused ? 'Resume' : 'Pause';
+      button.dataset.action = what;
+      button.dataset.key = what + ':' + p.name;
+      button.textContent = label;
+      button.setAttribute('aria-label', label + ' pipeline ' + p.name);
+      button.disabled = !canAct();
+    }
   }
 
   async function pauseResume(name, what) {
@@ -262,31 +280,35 @@
 
   // --- chart ---------------------------------------------------------
 
-  function niceMax(v) {
-    if (v <= 1) return 1;
+  // niceScale is the chart's top and how many gridlines split it into
+  // round steps.
+  const STEPS = [[1, 4], [1.5, 3], [2, 4], [2.5, 5], [3, 3], [4, 4], [5, 5], [6, 3], [8, 4], [10, 5]];
+  function niceScale(v) {
+    if (v <= 1) return [1, 4];
     const p = Math.pow(10, Math.floor(Math.log10(v)));
-    for (const m of [1, 2, 2.5, 5, 10]) if (m * p >= v) return m * p;
-    return 10 * p;
+    for (const [m, n] of STEPS) if (m * p >= v) return [m * p, n];
+    return [10 * p, 5];
   }
 
   function renderChart() {
-    const W = 760, H = 220, L = 52, R = 12, T = 12, B = 28;
+    const W = 900, H = 200, L = 56, R = 14, T = 10, B = 26;
     const span = (state.historySpan || 3600) * 1000;
     const now = Date.now();
     let top = 0;
     for (const name of Object.keys(state.history)) {
       for (const s of state.history[name]) if (s.lag_seconds !== null && s.lag_seconds > top) top = s.lag_seconds;
     }
-    top = niceMax(top * 1.1);
+    const [scaled, divisions] = niceScale(top * 1.1);
+    top = scaled;
     const x = (t) => L + ((t - (now - span)) / span) * (W - L - R);
     const y = (v) => T + (1 - v / top) * (H - T - B);
     const root = svg('svg', { viewBox: '0 0 ' + W + ' ' + H, role: 'img', 'aria-labelledby': 'chart-title chart-desc' });
     root.append(svg('title', { id: 'chart-title', text: 'Lag in seconds, each pipeline, over the last hour' }));
     const desc = [];
-    for (let i = 0; i <= 4; i++) {
-      const v = (top * i) / 4;
+    for (let i = 0; i <= divisions; i++) {
+      const v = (top * i) / divisions;
       root.append(svg('line', { class: 'axis', x1: L, x2: W - R, y1: y(v), y2: y(v) }));
-      root.append(svg('text', { x: L - 6, y: y(v) + 4, 'text-anchor': 'end', text: fmtSeconds(v) }));
+      root.append(svg('text', { x: L - 6, y: y(v) + 4, 'text-anchor': 'end', text: fmtTick(v, top) }));
     }
     for (let m = 60; m >= 0; m -= 15) {
       const t = now - m * 60000;
