@@ -117,3 +117,105 @@ func TestActionsNeedTheActionToken(t *testing.T) {
 		t.Errorf("a refused action's audit line: %v", first)
 	}
 }
+
+// TestConsoleSessionCSRF: the console signs in with the action token and
+// gets an HttpOnly SameSite=Strict cookie and a CSRF token. An action with
+// the cookie but without the token, or with a wrong one, is refused (403)
+// and audited; with both it is authorised. A session of the read token
+// reads but may not act; a signed-out session is refused (401).
+func TestConsoleSessionCSRF(t *testing.T) {
+	_, h, logs := testProcess(t, config.HTTP{Token: "read", ActionToken: "act"})
+	do := func(method, path, body string, cookie *http.Cookie, csrf string) *httptest.ResponseRecorder {
+		req := httptest.NewRequest(method, path, strings.NewReader(body))
+		if cookie != nil {
+			req.AddCookie(cookie)
+		}
+		if csrf != "" {
+			req.Header.Set("X-CSRF-Token", csrf)
+		}
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		return rec
+	}
+	signIn := func(token string) (*http.Cookie, string) {
+		rec := do("POST", "/api/v1/session", `{"token":"`+token+`"}`, nil, "")
+		var st struct {
+			Actions   bool   `json:"actions"`
+			CSRFToken string `json:"csrf_token"`
+		}
+		if err := json.Unmarshal(rec.Body.Bytes(), &st); rec.Code != 200 || err != nil || st.CSRFToken == "" {
+			t.Fatalf("sign in with %q: %d %s", token, rec.Code, rec.Body)
+		}
+		cookies := rec.Result().Cookies()
+		if len(cookies) != 1 || !cookies[0].HttpOnly || cookies[0].SameSite != http.SameSiteStrictMode || cookies[0].Name != "outboxrelay_session" {
+			t.Fatalf("sign-in cookie: %+v", cookies)
+		}
+		if st.Actions != (token == "act") {
+			t.Errorf("sign in with %q: actions %v", token, st.Actions)
+		}
+		return cookies[0], st.CSRFToken
+	}
+	if rec := do("POST", "/api/v1/session", `{"token":"guess"}`, nil, ""); rec.Code != http.StatusUnauthorized || len(rec.Result().Cookies()) != 0 {
+		t.Errorf("sign in with a wrong token: %d %v", rec.Code, rec.Result().Cookies())
+	}
+	cookie, csrf := signIn("act")
+	const resume = "/api/v1/pipelines/a/resume"
+	if rec := do("POST", resume, "", cookie, ""); rec.Code != http.StatusForbidden || !strings.Contains(rec.Body.String(), "X-CSRF-Token") {
+		t.Errorf("an action with the cookie and no CSRF token: %d %s", rec.Code, rec.Body)
+	}
+	if rec := do("POST", resume, "", cookie, csrf+"x"); rec.Code != http.StatusForbidden {
+		t.Errorf("an action with a wrong CSRF token: %d %s", rec.Code, rec.Body)
+	}
+	if rec := do("POST", resume, "", nil, csrf); rec.Code != http.StatusUnauthorized {
+		t.Errorf("an action with the CSRF token and no cookie: %d %s", rec.Code, rec.Body)
+	}
+	if rec := do("POST", resume, "", cookie, csrf); rec.Code != http.StatusConflict {
+		t.Errorf("an action with the cookie and its CSRF token: %d %s, want 409 (authorised; not paused)", rec.Code, rec.Body)
+	}
+	if rec := do("GET", "/api/v1/pipelines", "", cookie, ""); rec.Code != http.StatusOK {
+		t.Errorf("a read with the session: %d %s", rec.Code, rec.Body)
+	}
+	if rec := do("GET", "/api/v1/session", "", cookie, ""); !strings.Contains(rec.Body.String(), csrf) {
+		t.Errorf("the session does not hand its CSRF token again: %s", rec.Body)
+	}
+	readCookie, readCSRF := signIn("read")
+	if rec := do("GET", "/api/v1/history", "", readCookie, ""); rec.Code != http.StatusOK || !strings.Contains(rec.Body.String(), `"name":"a"`) {
+		t.Errorf("history with the read session: %d %s", rec.Code, rec.Body)
+	}
+	if rec := do("POST", resume, "", readCookie, readCSRF); rec.Code != http.StatusForbidden || !strings.Contains(rec.Body.String(), "only read") {
+		t.Errorf("an action of the read session: %d %s", rec.Code, rec.Body)
+	}
+	if rec := do("DELETE", "/api/v1/session", "", cookie, ""); rec.Code != http.StatusForbidden {
+		t.Errorf("sign-out without the CSRF token: %d", rec.Code)
+	}
+	if rec := do("DELETE", "/api/v1/session", "", cookie, csrf); rec.Code != http.StatusOK {
+		t.Errorf("sign-out: %d %s", rec.Code, rec.Body)
+	}
+	if rec := do("POST", resume, "", cookie, csrf); rec.Code != http.StatusUnauthorized {
+		t.Errorf("an action of a signed-out session: %d %s", rec.Code, rec.Body)
+	}
+	if rec := do("GET", "/ui/", "", nil, ""); rec.Code != http.StatusOK || rec.Header().Get("Content-Security-Policy") == "" {
+		t.Errorf("the page, before signing in: %d %v", rec.Code, rec.Header())
+	}
+
+	// Every sign-in, action and sign-out, refused or not, is audited.
+	var refusedCSRF, session int
+	for _, e := range logs.FilterMessage("audit").All() {
+		m := e.ContextMap()
+		if m["via"] == "session" {
+			session++
+		}
+		if m["status"] == int64(http.StatusForbidden) && strings.Contains(m["result"].(string), "X-CSRF-Token") && m["what"] == "POST /api/v1/pipelines/{name}/resume" {
+			refusedCSRF++
+		}
+	}
+	if all := len(logs.FilterMessage("audit").All()); all != 11 {
+		t.Errorf("%d audit lines, want 11 (3 sign-ins, 6 actions, 2 sign-outs)", all)
+	}
+	if refusedCSRF != 2 {
+		t.Errorf("%d audit lines of actions refused for the CSRF token, want 2", refusedCSRF)
+	}
+	if session != 7 {
+		t.Errorf("%d audit lines say via session, want 7 (5 actions and 2 sign-outs with the cookie)", session)
+	}
+}

@@ -16,6 +16,7 @@ import (
 	"github.com/outboxrelay/outboxrelay/internal/admin"
 	"github.com/outboxrelay/outboxrelay/internal/backoff"
 	"github.com/outboxrelay/outboxrelay/internal/config"
+	"github.com/outboxrelay/outboxrelay/internal/console"
 	"github.com/outboxrelay/outboxrelay/internal/metrics"
 	"github.com/outboxrelay/outboxrelay/internal/redact"
 	"github.com/outboxrelay/outboxrelay/internal/replicas"
@@ -51,6 +52,10 @@ type Process struct {
 	reloads chan reloadRequest
 	ended   chan struct{} // closed when Run returns
 	group   *replicas.Group
+	// sessions are the console's sign-ins; history the figures its lag
+	// chart draws, sampled while the HTTP endpoint serves.
+	sessions *console.Sessions
+	history  *console.History
 
 	mu     sync.Mutex
 	units  []*unit       // in configuration order; Reload replaces it
@@ -92,6 +97,7 @@ func NewProcess(cfg config.Config, log *zap.Logger, opts Options) (*Process, err
 	}
 	group := replicas.New(shareOf(cfg), SharePoll, log.Named("replicas"))
 	return &Process{cfg: cfg, log: log, opts: opts, units: units, group: group,
+		sessions: console.NewSessions(), history: console.NewHistory(historyLength()),
 		reloads: make(chan reloadRequest), ended: make(chan struct{})}, nil
 }
 
@@ -163,6 +169,15 @@ func (p *Process) Run(ctx context.Context) error {
 		}
 		served = make(chan error, 1)
 		go func() { served <- p.srv.Run(reportCtx) }()
+		sampled := make(chan struct{})
+		defer func() {
+			stopReport()
+			<-sampled
+		}()
+		go func() {
+			defer close(sampled)
+			p.sampleHistory(reportCtx)
+		}()
 	}
 	runCtx, stop := context.WithCancelCause(ctx)
 	defer stop(nil)

@@ -375,3 +375,42 @@ func (s *DeadLetters) Purge(ctx context.Context, before time.Time) (Purged, erro
 	}
 	return n, nil
 }
+
+// PurgeID deletes the slot's dead letter id, replayed or not, and the
+// messages parked behind it, releasing its aggregate as Purge does. A
+// letter of another slot is not found: Purged is zero and the error says so.
+func (s *DeadLetters) PurgeID(ctx context.Context, id int64) (Purged, error) {
+	var n Purged
+	err := pgx.BeginFunc(ctx, s.DB, func(tx pgx.Tx) error {
+		// The head's lock first, as in Purge.
+		var found bool
+		if err := tx.QueryRow(ctx, `SELECT true FROM outboxrelay.dead_letters WHERE ($1 = '' OR slot = $1) AND id = $2 FOR UPDATE`, s.Slot, id).Scan(&found); err != nil {
+			if errors.Is(err, pgx.ErrNoRows) {
+				return ErrNoDeadLetter
+			}
+			return err
+		}
+		tag, err := tx.Exec(ctx, "DELETE FROM outboxrelay.parked WHERE head_id = $1", id)
+		if err != nil {
+			return err
+		}
+		n.Parked = tag.RowsAffected()
+		tag, err = tx.Exec(ctx, "DELETE FROM outboxrelay.dead_letters WHERE id = $1", id)
+		if err != nil {
+			return err
+		}
+		n.Letters = tag.RowsAffected()
+		return nil
+	})
+	if errors.Is(err, ErrNoDeadLetter) {
+		return Purged{}, fmt.Errorf("%w %d", ErrNoDeadLetter, id)
+	}
+	if err != nil {
+		return Purged{}, fmt.Errorf("purge dead letter %d: %w", id, err)
+	}
+	return n, nil
+}
+
+// ErrNoDeadLetter is PurgeID's error for an id the slot has no dead
+// letter of.
+var ErrNoDeadLetter = errors.New("no such dead letter")

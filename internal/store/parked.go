@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
@@ -40,6 +41,9 @@ type ParkedMessage struct {
 	CommittedAt   time.Time       `json:"committed_at"`
 	CreatedAt     time.Time       `json:"created_at"`
 	Body          []byte          `json:"-"`
+	// Envelope is Body as text, when it is UTF-8 (a binary format's body
+	// is left out), as a dead letter's envelope is shown.
+	Envelope string `json:"envelope,omitempty"`
 	// rec is what the outbox router's options made of the row.
 	rec record
 }
@@ -131,6 +135,9 @@ func (s *DeadLetters) chain(ctx context.Context, head int64) ([]ParkedMessage, e
 		err := row.Scan(&p.ID, &p.HeadID, &p.MessageID, &p.AggregateType, &p.AggregateID, &p.EventType, &p.Table, &p.Traceparent,
 			&headers, &p.ContentType, &attrs, &p.CommittedAt, &p.CreatedAt, &p.Body, &p.rec.Key, &p.rec.Timestamp, &p.rec.Tombstone)
 		p.Headers, p.Attributes = headers, attrs
+		if utf8.Valid(p.Body) {
+			p.Envelope = string(p.Body)
+		}
 		return p, err
 	})
 	if err != nil {
