@@ -114,6 +114,14 @@ func (s *Sink) Pipeline() bool {
 		kgo.ManualFlushing(),
 		kgo.MaxBufferedRecords(s.maxInFlight),
 		kgo.WithHooks(pipeHook{}),
+		// A round ends only once each of its records has an outcome, so a
+		// partition that franz-go keeps retrying would hold every other
+		// partition's next round. Fail fast instead: the failed
+		// aggregates are held and retried by the relay, with its backoff,
+		// while the others go on. A record franz-go is unsure about (a
+		// request timed out) is still retried until it knows.
+		kgo.RecordRetries(1),
+		kgo.UnknownTopicRetries(1),
 	)
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
