@@ -36,13 +36,16 @@ type aggregates struct {
 	// (DeadLetterPark): their messages still pass through busy one at a
 	// time, but to the parking store instead of the sink.
 	heads map[aggregateKey]struct{}
+	// pipes replaces busy with a Pipeliner sink (pipeline.go).
+	pipes     map[aggregateKey]*pipe
+	freePipes []*pipe
 }
 
 // aggregateKey identifies an aggregate: its type and id, as in the outbox row.
 type aggregateKey struct{ typ, id string }
 
 func newAggregates() *aggregates {
-	return &aggregates{busy: make(map[aggregateKey][]*Message), heads: make(map[aggregateKey]struct{})}
+	return &aggregates{busy: make(map[aggregateKey][]*Message), heads: make(map[aggregateKey]struct{}), pipes: make(map[aggregateKey]*pipe)}
 }
 
 func keyOf(m *Message) aggregateKey { return aggregateKey{m.AggregateType, m.AggregateID} }

@@ -115,7 +115,7 @@ func (p *publisher) park(m *Message) {
 			p.order.unpark(keyOf(m))
 			p.log.Info("aggregate released from its dead letter; publishing again",
 				zap.String("aggregate_type", m.AggregateType), zap.String("aggregate_id", m.AggregateID))
-			p.handoff <- m
+			p.handoff <- handed{m: m}
 			return
 		}
 		p.log.Debug("parked behind a dead letter", zap.String("message_id", m.ID),

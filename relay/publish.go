@@ -45,7 +45,7 @@ type publisher struct {
 	// handoff carries messages released by their aggregate's previous one
 	// to the publish loop. Its capacity is Config.MaxInFlight, more than
 	// the messages the window lets exist, so a send never blocks.
-	handoff chan *Message
+	handoff chan handed
 	// exactlyOnce: the sink is Transactional, and publishes without the
 	// per-aggregate order (see Transactional).
 	exactlyOnce bool
@@ -53,7 +53,11 @@ type publisher struct {
 	// aggregate's previous one: the order of first deliveries is then lost
 	// under failures. Config.Order OrderNone sets it, and so does
 	// BenchmarkAggregateOrder, to measure what the per-aggregate order costs.
-	unordered  bool
+	unordered bool
+	// pipe is the sink when it pipelines (Pipeliner, pipeline.go): an
+	// aggregate's messages go out together, and are gated only while one
+	// of them failed. nil otherwise.
+	pipe       Pipeliner
 	atSink     atomic.Int64 // handed to the sink, outcome not reported yet
 	answeredAt atomic.Int64 // Unix nanoseconds of the sink's last outcome, or of the start of a wait
 	storing    atomic.Int64 // dead letters and parked messages being stored
@@ -71,10 +75,13 @@ func newPublisher(cfg *settings, sink Sink, log *zap.Logger, f *failure, bg *bac
 		cfg: cfg, sink: sink, log: log, failure: f, bg: bg, window: w, tracker: t,
 		order:     newAggregates(),
 		retries:   newRetryQueue(),
-		handoff:   make(chan *Message, cfg.MaxInFlight),
+		handoff:   make(chan handed, cfg.MaxInFlight),
 		unordered: cfg.Order == OrderNone,
 	}
 	_, p.exactlyOnce = sink.(Transactional)
+	if pl, ok := sink.(Pipeliner); ok && !p.exactlyOnce && !p.unordered && pl.Pipeline() {
+		p.pipe = pl
+	}
 	p.done = p.onDone
 	return p
 }
@@ -82,9 +89,14 @@ func newPublisher(cfg *settings, sink Sink, log *zap.Logger, f *failure, bg *bac
 // submit publishes m, new from the stream, or leaves it waiting behind its
 // aggregate's unsettled message (see aggregates).
 func (p *publisher) submit(ctx context.Context, m *Message) {
-	if p.unordered {
+	switch {
+	case p.unordered:
 		p.publish(ctx, m)
-	} else if p.order.admit(m) {
+	case p.pipe != nil:
+		if p.order.admitPiped(m) {
+			p.send(ctx, m)
+		}
+	case p.order.admit(m):
 		p.send(ctx, m)
 	}
 }
@@ -147,25 +159,52 @@ func (p *publisher) onDone(m *Message, err error) {
 		h(m, err)
 	}
 	spanFailed(m, err)
-	if !Retryable(err) && m.Attempts >= p.cfg.MaxAttempts {
+	if p.pipe != nil {
+		if p.unordered { // BenchmarkAggregateOrder's reference: nothing is held
+			p.pipe.Resume(m.AggregateType, m.AggregateID)
+		} else if m = p.order.failedPiped(m); m == nil {
+			return // the aggregate's others at the sink are reported first
+		} else {
+			p.pipe.Resume(m.AggregateType, m.AggregateID)
+		}
+	}
+	p.recover(m)
+}
+
+// recover retries m, failed, or dead-letters it when its error is
+// permanent and its attempts are used up. The aggregate's later messages
+// stay held until m is settled: none of them is at the sink, so none can
+// arrive before m's retry.
+func (p *publisher) recover(m *Message) {
+	if !Retryable(m.LastError) && m.Attempts >= p.cfg.MaxAttempts {
 		p.deadLetter(m, true)
 		return
 	}
-	// The aggregate's later messages stay held until m is settled: none of
-	// them is at the sink, so none can arrive before m's retry.
 	p.retry(m)
 }
 
 // settle completes m and, when m was published through the per-aggregate
 // order (gated), hands its aggregate's next message to the publish loop.
 func (p *publisher) settle(m *Message, gated bool) {
-	var next *Message
-	if gated && !p.unordered {
+	var next, head *Message
+	var drain []*Message
+	switch {
+	case !gated || p.unordered:
+	case p.pipe != nil:
+		next, drain, head = p.order.settledPiped(m)
+	default:
 		next = p.order.next(m)
 	}
 	p.complete(m)
 	if next != nil {
-		p.handoff <- next
+		p.handoff <- handed{m: next}
+	}
+	for i, d := range drain {
+		p.handoff <- handed{m: d, drain: i == len(drain)-1}
+	}
+	if head != nil {
+		p.pipe.Resume(head.AggregateType, head.AggregateID)
+		p.recover(head)
 	}
 }
 
@@ -176,8 +215,18 @@ func (p *publisher) run(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case m := <-p.handoff:
-			p.send(ctx, m)
+		case h := <-p.handoff:
+			k := keyOf(h.m) // h.m may be settled, and no longer the relay's, once handed over
+			p.send(ctx, h.m)
+			for more := h.drain; more; {
+				// The aggregate's messages that came meanwhile go out now,
+				// behind the released ones, before the stream's next.
+				next := p.order.drained(k)
+				for _, m := range next {
+					p.send(ctx, m)
+				}
+				more = len(next) > 0
+			}
 		}
 	}
 }
@@ -279,4 +328,13 @@ func permanentStoreError(err error) bool {
 	}
 	code := coded.SQLState()
 	return strings.HasPrefix(code, "22") || strings.HasPrefix(code, "23") || strings.HasPrefix(code, "42")
+}
+
+// handed is a message on its way to the publish loop. drain marks the
+// last of an aggregate's messages released together (settledPiped): once
+// it is handed over, the publish loop also hands over those that came to
+// wait meanwhile.
+type handed struct {
+	m     *Message
+	drain bool
 }

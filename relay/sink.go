@@ -66,3 +66,28 @@ type Transactional interface {
 	// goroutine; it must not block.
 	EndTxn(commitLSN cdc.LSN)
 }
+
+// Pipeliner is implemented by sinks that keep an aggregate's first
+// deliveries in commit order with several of its messages at the sink at
+// once (sinks/kafka). With such a sink and the default order, the relay
+// hands an aggregate's messages over without waiting for the previous
+// one's acknowledgement, and falls back to one at a time only while a
+// failure of the aggregate is handled (see pipeline.go).
+type Pipeliner interface {
+	Sink
+	// Pipeline switches the sink to pipelined publishing and reports
+	// whether it did; the relay calls it once, before the first Publish.
+	// From then on the sink must keep two promises for each aggregate
+	// (same AggregateType and AggregateID): once it has reported a
+	// failure for one of its messages, it reports every message of the
+	// aggregate handed to it later as failed, without sending it, until
+	// Resume; and it never reports a message as acknowledged when an
+	// earlier one of its aggregate, handed over before it, was reported
+	// failed. Together they mean that no later message can reach the
+	// broker ahead of a failed one's retry.
+	Pipeline() bool
+	// Resume lifts the hold on the aggregate. The relay calls it once every
+	// message of the aggregate it handed over has been reported, before it
+	// hands over the failed one again (or dead-letters it).
+	Resume(aggregateType, aggregateID string)
+}

@@ -53,6 +53,12 @@ type Sink struct {
 
 	bg sync.WaitGroup // goroutines of topicRecreated
 
+	// opts and maxInFlight rebuild the client for Pipeline; pipe is set
+	// by it, before the first Publish (pipeline.go).
+	opts        []kgo.Opt
+	maxInFlight int
+	pipe        *pipeline
+
 	closeOnce sync.Once
 }
 
@@ -82,6 +88,8 @@ func New(cfg Config, log *zap.Logger) (*Sink, error) {
 		topics:  newTopics(tmpl, cfg.PositionsTopic),
 		log:     log,
 		health:  new(health),
+
+		maxInFlight: cfg.MaxInFlight,
 	}
 	s.promise = s.produced
 	if s.values, err = newValues(cfg); err != nil {
@@ -92,6 +100,7 @@ func New(cfg Config, log *zap.Logger) (*Sink, error) {
 	if err != nil {
 		return nil, err
 	}
+	s.opts = opts
 	s.client, err = kgo.NewClient(opts...)
 	if err != nil {
 		return nil, fmt.Errorf("create kafka client: %w", err)
@@ -167,6 +176,10 @@ type pending struct {
 	m    *relay.Message
 	done func(*relay.Message, error)
 	hdrs [8]kgo.RecordHeader
+	// partitioned is set once franz-go has placed the record in a
+	// partition buffer; round, when the pipeline produced it in a round.
+	partitioned atomic.Bool
+	round       bool
 	// topic and purges identify the topic's instance the record was
 	// produced for: purges is topic.purges at Publish.
 	topic  *topicState
@@ -194,11 +207,11 @@ func (s *Sink) Publish(ctx context.Context, m *relay.Message, done func(*relay.M
 	t := s.topics.render(m)
 	m.Destination = t.topic
 	if t.err != nil {
-		done(m, relay.Permanent(t.err))
+		s.reject(m, done, relay.Permanent(t.err))
 		return
 	}
 	if err := ctx.Err(); err != nil {
-		done(m, err)
+		s.reject(m, done, err)
 		return
 	}
 
@@ -213,18 +226,38 @@ func (s *Sink) Publish(ctx context.Context, m *relay.Message, done func(*relay.M
 
 	val, ct, err := s.values.encode(ctx, t.topic, m)
 	if err != nil {
-		done(m, err)
+		s.reject(m, done, err)
 		s.inflight.Done()
 		return
 	}
 	p, err := newPending(ctx, m, done, t, val, ct)
 	if err != nil {
-		done(m, relay.Permanent(err))
+		s.reject(m, done, relay.Permanent(err))
 		s.inflight.Done()
+		return
+	}
+	if s.pipe != nil {
+		s.pipe.enqueue(p)
 		return
 	}
 	r := &p.rec
 	s.client.Produce(ctx, r, s.promise)
+}
+
+// reject reports err for m, which is not produced; pipelined, it holds m's
+// aggregate (relay.Pipeliner).
+func (s *Sink) reject(m *relay.Message, done func(*relay.Message, error), err error) {
+	if s.pipe != nil {
+		s.pipe.hold(m)
+	}
+	done(m, err)
+}
+
+// finish reports err for p, queued by the pipeline but not produced, and
+// holds its aggregate.
+func (s *Sink) finish(p *pending, err error) {
+	s.reject(p.m, p.done, err)
+	s.inflight.Done()
 }
 
 // newPending builds the record of m for the rendered topic t. A non-nil val
@@ -286,8 +319,15 @@ func (s *Sink) produced(r *kgo.Record, err error) {
 		s.topicRecreated(r.Topic, p)
 	}
 	m, done := p.m, p.done
-	done(m, produceError(r.Topic, err))
+	err = produceError(r.Topic, err)
+	if err != nil && s.pipe != nil {
+		err = s.pipe.failed(p, r, err)
+	}
+	done(m, err)
 	s.inflight.Done()
+	if p.round {
+		s.pipe.round.Done()
+	}
 }
 
 // topicRecreated handles UNKNOWN_TOPIC_ID: franz-go saw the topic deleted and
@@ -356,6 +396,9 @@ func (s *Sink) Close() error {
 		s.closed = true
 		s.mu.Unlock()
 		s.client.Close()
+		if s.pipe != nil {
+			s.pipe.close()
+		}
 		s.inflight.Wait()
 		s.bg.Wait()
 	})
