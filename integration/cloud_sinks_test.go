@@ -36,10 +36,12 @@ import (
 // broker that fails about 30% of publishes, a kill -9 of the relay
 // mid-way, and a ledger of what reached the broker.
 
-// cloudLedger inserts rows on 4 aggregates in 3 rounds, kills the relay once
-// about half of them are in, inserts 3 more rounds, restarts it and waits
-// for every row; delivered reads what the broker holds, in its order.
-func cloudLedger(t *testing.T, e *env, sinkType, sinkYAML string, delivered func() []delivered) (ids map[string][]string, got []delivered) {
+// cloudLedger inserts rows on 4 aggregates in 3 rounds, and 2 a round on
+// the aggregate refused (the broker refuses its messages), kills the
+// relay once about half of them are in, inserts 3 more rounds, restarts
+// it and waits for every row of the 4; delivered reads what the broker
+// holds, in its order. It returns the relay still running.
+func cloudLedger(t *testing.T, e *env, sinkType, sinkYAML, refused string, delivered func() []delivered) (p *proc, ids map[string][]string, refusedIDs []string, got []delivered) {
 	t.Helper()
 	ids = map[string][]string{}
 	aggs := []string{"1", "2", "3", "4"}
@@ -48,6 +50,7 @@ func cloudLedger(t *testing.T, e *env, sinkType, sinkYAML string, delivered func
 			for _, agg := range aggs {
 				ids[agg] = append(ids[agg], e.insert("public.outbox", "order", agg, 20)...)
 			}
+			refusedIDs = append(refusedIDs, e.insert("public.outbox", "order", refused, 2)...)
 		}
 	}
 	distinct := func() int {
@@ -66,7 +69,7 @@ func cloudLedger(t *testing.T, e *env, sinkType, sinkYAML string, delivered func
 			time.Sleep(50 * time.Millisecond)
 		}
 	}
-	p := e.startSinkRelay(sinkType, sinkYAML)
+	p = e.startSinkRelay(sinkType, sinkYAML)
 	insert(3)
 	wait(120, time.Minute)
 	p.kill()
@@ -76,8 +79,34 @@ func cloudLedger(t *testing.T, e *env, sinkType, sinkYAML string, delivered func
 	insert(3)
 	p = e.startSinkRelay(sinkType, sinkYAML)
 	wait(6*20*len(aggs), time.Minute)
-	p.stop()
-	return ids, delivered()
+	return p, ids, refusedIDs, delivered()
+}
+
+// checkRefused waits until every row of the aggregate refused is a dead
+// letter whose error contains reason or is parked behind one, and fails t
+// unless that is so with at least one dead letter; it returns the counts.
+func checkRefused(t *testing.T, e *env, refused []string, reason string) (letters, withReason, parked int) {
+	t.Helper()
+	agg := ""
+	if err := e.db.QueryRow(t.Context(), "SELECT aggregate_id FROM outbox WHERE id = $1", refused[0]).Scan(&agg); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		if err := e.db.QueryRow(t.Context(), `SELECT count(*), count(*) FILTER (WHERE strpos(error, $2) > 0)
+			FROM outboxrelay.dead_letters WHERE aggregate_id = $1`, agg, reason).Scan(&letters, &withReason); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.db.QueryRow(t.Context(), `SELECT count(DISTINCT message_id) FROM outboxrelay.parked WHERE aggregate_id = $1`, agg).Scan(&parked); err != nil {
+			t.Fatal(err)
+		}
+		if letters+parked >= len(refused) || time.Now().After(deadline) {
+			break
+		}
+	}
+	if letters < 1 || withReason != letters || letters+parked != len(refused) {
+		t.Errorf("refused aggregate: %d dead letters (%d with %q) and %d parked, want %d in all, each letter with the reason", letters, withReason, reason, parked, len(refused))
+	}
+	return letters, withReason, parked
 }
 
 // ledgerFigures checks and logs the ledger: lost rows, duplicates, and the
@@ -117,12 +146,17 @@ func decodeEnvelope(t *testing.T, data []byte) map[string]any {
 // pubsubFaults fails about 30% of Publish calls: half with Unavailable,
 // which the client retries itself, half with FailedPrecondition, which
 // reaches the sink and pauses the aggregate's ordering key until the
-// relay's retry resumes it.
+// relay's retry resumes it. Every publish of the ordering key refused
+// fails with InvalidArgument, which the sink takes as permanent.
 type pubsubFaults struct {
-	calls, unavailable, precondition atomic.Int64
+	calls, unavailable, precondition, refused atomic.Int64
 }
 
-func (f *pubsubFaults) React(any) (bool, any, error) {
+func (f *pubsubFaults) React(req any) (bool, any, error) {
+	if r, ok := req.(*pubsubpb.PublishRequest); ok && len(r.Messages) > 0 && r.Messages[0].OrderingKey == "refused" {
+		f.refused.Add(1)
+		return true, nil, status.Error(codes.InvalidArgument, "injected: aggregate refused is closed")
+	}
 	switch n := f.calls.Add(1); {
 	case n%20 == 3 || n%20 == 9 || n%20 == 15:
 		f.unavailable.Add(1)
@@ -159,7 +193,15 @@ func TestPubSubEndToEnd(t *testing.T) {
 		}
 		return got
 	}
-	ids, got := cloudLedger(t, e, "pubsub", sinkYAML, read)
+	sinkYAML += "relay:\n  max_attempts: 2\n"
+	p, ids, refused, got := cloudLedger(t, e, "pubsub", sinkYAML, "refused", read)
+	letters, _, parked := checkRefused(t, e, refused, "InvalidArgument")
+	p.stop()
+	for _, d := range read() {
+		if d.key == "refused" {
+			t.Errorf("refused message %s reached the topic", d.id)
+		}
+	}
 	rows, lost, dups := ledgerFigures(t, ids, got)
 	for _, d := range got {
 		if d.key != d.env["aggregate_id"] {
@@ -167,11 +209,11 @@ func TestPubSubEndToEnd(t *testing.T) {
 			break
 		}
 	}
-	u, p := faults.unavailable.Load(), faults.precondition.Load()
-	t.Logf("ledger: %d rows, 1 kill -9, %d Publish calls, faults: %d unavailable, %d failed precondition; %d lost, %d duplicates, per-aggregate order checked",
-		rows, faults.calls.Load(), u, p, lost, dups)
-	if u < 3 || p < 3 {
-		t.Errorf("faults injected: %d unavailable, %d failed precondition; want at least 3 each", u, p)
+	u, pre := faults.unavailable.Load(), faults.precondition.Load()
+	t.Logf("ledger: %d rows (+%d refused), 1 kill -9, %d Publish calls, faults: %d unavailable, %d failed precondition, %d InvalidArgument; %d lost, %d duplicates, per-aggregate order checked; %d dead letters with the reason, %d parked",
+		rows, len(refused), faults.calls.Load(), u, pre, faults.refused.Load(), lost, dups, letters, parked)
+	if u < 3 || pre < 3 {
+		t.Errorf("faults injected: %d unavailable, %d failed precondition; want at least 3 each", u, pre)
 	}
 
 	verifyCfg := e.writeConfig(fmt.Sprintf("postgres:\n  url: %s\nsink:\n  type: pubsub\n%s", e.dbURL, sinkYAML))
@@ -322,22 +364,29 @@ func TestKinesisEndToEnd(t *testing.T) {
 		return append([]delivered(nil), got...)
 	}
 	sinkYAML := fmt.Sprintf("  kinesis:\n    stream: \"e2e-{aggregate_type}\"\n    region: us-east-1\n    endpoint: %s\n    access_key_id: test\n    secret_access_key: test\n    timeout: 500ms\n", front.URL)
-	ids, all := cloudLedger(t, e, "kinesis", sinkYAML, read)
+	// The refused aggregate's id is longer than a partition key may be.
+	p, ids, refused, all := cloudLedger(t, e, "kinesis", sinkYAML, strings.Repeat("k", 300), read)
+	letters, _, parked := checkRefused(t, e, refused, "a Kinesis partition key takes at most 256")
+	p.stop()
 	rows, lost, dups := ledgerFigures(t, ids, all)
 	req, ref, hung, drop := faults.requests.Load(), faults.refused.Load(), faults.hung.Load(), faults.dropped.Load()
-	t.Logf("ledger: %d rows, 1 kill -9, %d PutRecords calls through the proxy, faults: %d answered 500, %d hung past the timeout, %d answers dropped after the put; %d lost, %d duplicates, per-aggregate order checked",
-		rows, req, ref, hung, drop, lost, dups)
+	t.Logf("ledger: %d rows (+%d refused), 1 kill -9, %d PutRecords calls through the proxy, faults: %d answered 500, %d hung past the timeout, %d answers dropped after the put; %d lost, %d duplicates, per-aggregate order checked; %d dead letters with the reason, %d parked",
+		rows, len(refused), req, ref, hung, drop, lost, dups, letters, parked)
 	if ref < 3 || hung < 1 || drop < 1 {
 		t.Errorf("faults injected: %d 500s, %d hangs, %d dropped answers; want at least 3, 1 and 1", ref, hung, drop)
 	}
 
 	// verify reads the stream back through the same faulty front (only
 	// PutRecords fails there): every row found, the duplicates the
-	// dropped answers caused counted as the ledger counted them.
+	// dropped answers caused counted as the ledger counted them, the
+	// refused aggregate's rows dead-lettered or parked.
 	verifyCfg := e.writeConfig(fmt.Sprintf("postgres:\n  url: %s\nsink:\n  type: kinesis\n%s", e.dbURL, sinkYAML))
 	out, code := e.cli("verify", "--config", verifyCfg, "--since", "1h")
 	t.Logf("verify:\n%s", out)
-	for _, want := range []string{fmt.Sprintf("committed      %d\n", rows), fmt.Sprintf("found          %d\n", rows), "missing        0\n", fmt.Sprintf("duplicates     %d\n", dups)} {
+	for _, want := range []string{
+		fmt.Sprintf("committed      %d\n", rows+len(refused)), fmt.Sprintf("found          %d\n", rows), "missing        0\n",
+		fmt.Sprintf("duplicates     %d\n", dups), fmt.Sprintf("dead-lettered  %d\n", letters), fmt.Sprintf("parked         %d\n", parked),
+	} {
 		if code != 0 || !strings.Contains(out, want) {
 			t.Errorf("verify with the kinesis sink: exit %d, want 0 and %q", code, strings.TrimSpace(want))
 		}

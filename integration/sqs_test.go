@@ -157,8 +157,8 @@ relay:
 }
 
 // TestAWSBadInput: an unreachable endpoint, a missing queue, a template
-// outside the name and a missing secret are each one clear error at
-// start, exit 2, and no slot is created.
+// outside the name and a missing secret (or its unreadable file) are
+// each one clear error at start, exit 2, and no slot is created.
 func TestAWSBadInput(t *testing.T) {
 	e := newEnv(t)
 	srv := sqstest.Start(t)
@@ -178,6 +178,12 @@ func TestAWSBadInput(t *testing.T) {
 			"cannot reach the SNS topic arn:aws:sns:us-east-1:000000000000:t"},
 		{"sns not an arn", "sns", "  sns:\n    topic_arn: orders\n" + creds,
 			"sink.sns.topic_arn: \"orders\" is not an SNS topic ARN"},
+		{"sns template", "sns", "  sns:\n    topic_arn: \"arn:aws:sns:{aggregate_type}:1:t\"\n" + creds,
+			"sink.sns.topic_arn: \"arn:aws:sns:{aggregate_type}:1:t\" has a placeholder outside the topic name"},
+		{"sns missing secret", "sns", "  sns:\n    topic_arn: arn:aws:sns:us-east-1:1:t\n    access_key_id: test",
+			"sink.sns.access_key_id is set without sink.sns.secret_access_key"},
+		{"sns missing secret file", "sns", "  sns:\n    topic_arn: arn:aws:sns:us-east-1:1:t\n    access_key_id: test\n    secret_access_key_file: /nonexistent/aws-secret",
+			"sink.sns.secret_access_key_file: stat /nonexistent/aws-secret"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			checkBadStart(t, e, "aws_bad_"+strings.ReplaceAll(c.name, " ", "_"), c.typ, c.sink, c.want)
