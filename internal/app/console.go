@@ -82,7 +82,7 @@ type pipelineHistory struct {
 func (p *Process) showHistory(_ http.ResponseWriter, r *http.Request) (int, any) {
 	out := []pipelineHistory{}
 	only := r.URL.Query().Get("pipeline")
-	for _, u := range p.units {
+	for _, u := range p.list() {
 		if only == "" || only == u.Name {
 			out = append(out, pipelineHistory{u.Name, p.history.Samples(u.Name)})
 		}
