@@ -215,7 +215,7 @@ func (Config) Docs() map[string]string {
 		"max_inflight":       "messages handed to the broker and not yet acknowledged (backpressure)",
 		"max_inflight_bytes": "bytes of such messages",
 		"max_attempts":       "attempts for a message the broker rejects permanently, before it is dead-lettered",
-		"order":              "`aggregate`: one message per aggregate at the broker at a time, so retries and dead letters keep its order; `none`: no gate, an aggregate's messages are in flight together up to the window, a retry or a dead letter can reorder them, and it requires `dead_letter_order: pass`",
+		"order":              "`aggregate`: first deliveries of an aggregate in commit order through retries and dead letters (one message per aggregate at the broker at a time; Kafka pipelines and holds an aggregate while a failure is handled); `none`: no gate, an aggregate's messages are in flight together up to the window, a retry or a dead letter can reorder them, and it requires `dead_letter_order: pass`",
 		"dead_letter_order":  "`park`: the later messages of a dead letter's aggregate wait behind it in `outboxrelay.parked` until `dlq replay` publishes the chain in order; `pass`: they are published, leaving a gap",
 	}
 }
