@@ -297,7 +297,11 @@ func startRelay(env *benchEnv, name, config, slot string) (*relayProc, error) {
 		return nil, err
 	}
 	cmd := exec.Command(env.relayBin, "run", "--config", cfgPath)
-	cmd.Env = append(append(relayEnv(), env.relayExtraEnv...), "OUTBOXRELAY_POSTGRES_SLOT="+slot)
+	// The bench creates every slot before it loads the backlog, so the slot
+	// holds every row. The first relay's first start would also publish the
+	// table's rows (postgres.backfill: auto, on a table migrate created),
+	// and the broker would hold the backlog twice.
+	cmd.Env = append(append(relayEnv(), env.relayExtraEnv...), "OUTBOXRELAY_POSTGRES_SLOT="+slot, "OUTBOXRELAY_POSTGRES_BACKFILL=none")
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
 		logf.Close()
