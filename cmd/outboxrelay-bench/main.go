@@ -14,6 +14,10 @@
 //	relay->kafka+schemas  the same with relay.schemas.dir set, every row
 //	                 validated against a JSON Schema (1 KB, 100 rows/txn only):
 //	                 its ratio to relay->kafka is the cost of validation
+//	relay->kafka+routes  the same with 10 routing rules and a transform
+//	                 (1 KB, 100 rows/txn only): every row is tried against
+//	                 nine routes before the tenth takes it; its ratio to
+//	                 relay->kafka is the cost of the rules
 //	relay->kafka order:none  the same with relay.order: none (1kb-x100-hot
 //	                 only): relay->kafka's ratio to it is what the
 //	                 per-aggregate order costs a hot aggregate
@@ -91,6 +95,8 @@ const (
 	cRelayKafka  = "relay->kafka"
 	// cRelayKafkaSchemas validates every row against benchSchema.
 	cRelayKafkaSchemas = "relay->kafka+schemas"
+	// cRelayKafkaRoutes routes every row through benchRoutes.
+	cRelayKafkaRoutes = "relay->kafka+routes"
 	// cRelayKafkaNoOrder runs with relay.order: none, on the hot
 	// aggregate workload: the reference that prices the ordering gate.
 	cRelayKafkaNoOrder = "relay->kafka order:none"
@@ -457,16 +463,17 @@ func runWorkload(ctx context.Context, env *benchEnv, w workload, o options, rb *
 	defer env.dropDatabase(db)
 
 	withRabbit := rb != nil && w.Rows <= o.rabbitMaxRows
-	// Validation is measured where the issue sets its budget: 1 KB rows.
-	withSchemas := w.Payload == 1024 && w.RowsPerTxn == 100 && w.aggregates() == 1000
+	var variants []kafkaVariant
+	for _, v := range kafkaVariants {
+		if v.applies(w) {
+			variants = append(variants, v)
+		}
+	}
 	var slots []string
 	for r := 1; r <= reps; r++ {
 		slots = append(slots, slotName("recvlogical", r), slotName("pglogrepl", r), slotName("relay_kafka", r), slotName("bare_kafka", r))
-		if withSchemas {
-			slots = append(slots, slotName("relay_kafka_schemas", r))
-		}
-		if w.HotAggregate {
-			slots = append(slots, slotName("relay_kafka_none", r))
+		for _, v := range variants {
+			slots = append(slots, slotName(v.slot, r))
 		}
 	}
 	// The RabbitMQ triple (relay, bare publisher, pipeline) repeats too, interleaved;
@@ -533,18 +540,11 @@ func runWorkload(ctx context.Context, env *benchEnv, w workload, o options, rb *
 		if i := add(m, err, cBareKafka, r); i >= 0 {
 			wr.Runs[i].checkDelivered(w.Rows)
 		}
-		if withSchemas {
+		for _, v := range variants {
 			quiet()
-			m, err = runRelayKafkaSchemas(ctx, env, w, url, db, slotName("relay_kafka_schemas", r), end)
-			if i := add(m, err, cRelayKafkaSchemas, r); i >= 0 {
-				// A row the schema refused would be missing here.
-				wr.Runs[i].checkDelivered(w.Rows)
-			}
-		}
-		if w.HotAggregate {
-			quiet()
-			m, err = runRelayKafkaWith(ctx, env, w, url, db, slotName("relay_kafka_none", r), end, "", "relay:\n  order: none\n  dead_letter_order: pass\n")
-			if i := add(m, err, cRelayKafkaNoOrder, r); i >= 0 {
+			m, err = runRelayKafkaVariant(ctx, env, w, url, db, slotName(v.slot, r), end, v)
+			if i := add(m, err, v.consumer, r); i >= 0 {
+				// A row the feature refused or misrouted would be missing here.
 				wr.Runs[i].checkDelivered(w.Rows)
 			}
 		}
@@ -663,18 +663,110 @@ const benchSchema = `{"$schema": "https://json-schema.org/draft/2020-12/schema",
  "required": ["seq", "data"],
  "properties": {"seq": {"type": "integer", "minimum": 1}, "data": {"type": "string", "maxLength": 65536}}}`
 
-// runRelayKafkaSchemas is runRelayKafka with every row validated against
-// benchSchema; missing: deadletter, so a row that escaped validation would
-// be missing from the broker.
-func runRelayKafkaSchemas(ctx context.Context, env *benchEnv, w workload, url, db, slot string, end pglogrepl.LSN) (measurement, error) {
+// schemasConfig writes benchSchema into the work folder and returns the
+// configuration that validates every row against it; missing: deadletter,
+// so a row that escaped validation would be missing from the broker.
+func schemasConfig(env *benchEnv) (string, error) {
 	dir := filepath.Join(env.workDir, "schemas")
 	if err := os.MkdirAll(filepath.Join(dir, "order.created"), 0o755); err != nil {
-		return measurement{}, err
+		return "", err
 	}
 	if err := os.WriteFile(filepath.Join(dir, "order.created", "v1.json"), []byte(benchSchema), 0o644); err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("relay:\n  schemas:\n    dir: %s\n    missing: deadletter\n", dir), nil
+}
+
+// benchRoutes are ten routes and a transform as a service's outbox might
+// have them: conditions on the aggregate type, the event type, the headers
+// and payload fields, in the order a team would write them, specific ones
+// first. The benchmark's rows (aggregate_type order, event_type
+// order.created, no headers, payload {"seq": N, "data": ...}) fail the
+// first nine, each for a reason of its own, and the tenth takes them to
+// the topic the record counter reads; unmatched: deadletter, so a row the
+// rules lost would be missing from the broker. The transform sets the key
+// and a header from a payload field.
+const benchRoutes = `routes:
+  - name: payments-eu
+    when: 'aggregate_type == "payment" && "region" in row && row["region"] == "eu"'
+    destination: payments.eu
+  - name: refunds
+    when: 'event_type == "order.refunded" || event_type == "payment.refunded"'
+    destination: refunds
+  - name: tenant-acme
+    when: '"tenant" in headers && headers["tenant"] == "acme"'
+    destination: 'acme.{aggregate_type}'
+  - name: priority
+    when: 'aggregate_type == "order" && has(payload.priority) && payload.priority == "high"'
+    destination: orders.priority
+  - name: shipments
+    when: 'aggregate_type == "shipment"'
+    destination: 'outbox.{aggregate_type}'
+  - name: customers
+    when: 'aggregate_type in ["customer", "account"]'
+    destination: 'crm.{aggregate_type}'
+  - name: deletions
+    when: 'event_type.endsWith(".deleted")'
+    destination: audit.deletions
+  - name: test-data
+    when: 'aggregate_id.startsWith("test-")'
+    destination: sandbox
+  - name: partner
+    when: '"x-partner" in headers'
+    destination: partner.events
+  - name: orders
+    when: 'aggregate_type == "order" && payload.seq > 0.0'
+    destination: 'outbox.{aggregate_type}'
+unmatched: deadletter
+transform:
+  key: 'aggregate_type + ":" + aggregate_id'
+  headers: {x-seq: 'has(payload.seq) ? string(int(payload.seq)) : ""'}
+`
+
+// kafkaVariant is relay->kafka with one feature turned on: measured on a
+// slot of its own, interleaved with the plain relay->kafka repetitions, so
+// that the ratio of each pair is the feature's cost under the same load.
+type kafkaVariant struct {
+	consumer string
+	slot     string
+	applies  func(workload) bool
+	// config returns the YAML appended to the relay's configuration.
+	config func(env *benchEnv) (string, error)
+	// what names the feature in targets; empty when the variant has a
+	// target of its own there.
+	what string
+}
+
+// oneKBx100 is where the features' costs are measured, where the issues
+// set their budgets: 1 KB rows, 100 a transaction, over 1,000 aggregates.
+func oneKBx100(w workload) bool {
+	return w.Payload == 1024 && w.RowsPerTxn == 100 && w.aggregates() == 1000
+}
+
+func fixedConfig(yaml string) func(*benchEnv) (string, error) {
+	return func(*benchEnv) (string, error) { return yaml, nil }
+}
+
+var kafkaVariants = []kafkaVariant{
+	{consumer: cRelayKafkaSchemas, slot: "relay_kafka_schemas", applies: oneKBx100, config: schemasConfig, what: "schema validation"},
+	{consumer: cRelayKafkaRoutes, slot: "relay_kafka_routes", applies: oneKBx100, config: fixedConfig(benchRoutes), what: "10 routes and a transform"},
+	// The reference that prices the ordering gate on the hot aggregate:
+	// relay->kafka's ratio to it (targets).
+	{consumer: cRelayKafkaNoOrder, slot: "relay_kafka_none", applies: func(w workload) bool { return w.HotAggregate },
+		config: fixedConfig("relay:\n  order: none\n  dead_letter_order: pass\n")},
+}
+
+// isKafkaVariant reports whether consumer is one of kafkaVariants.
+func isKafkaVariant(consumer string) bool {
+	return slices.ContainsFunc(kafkaVariants, func(v kafkaVariant) bool { return v.consumer == consumer })
+}
+
+// runRelayKafkaVariant is runRelayKafka with v's configuration.
+func runRelayKafkaVariant(ctx context.Context, env *benchEnv, w workload, url, db, slot string, end pglogrepl.LSN, v kafkaVariant) (measurement, error) {
+	extra, err := v.config(env)
+	if err != nil {
 		return measurement{}, err
 	}
-	extra := fmt.Sprintf("relay:\n  schemas:\n    dir: %s\n    missing: deadletter\n", dir)
 	return runRelayKafkaWith(ctx, env, w, url, db, slot, end, "", extra)
 }
 
@@ -737,12 +829,11 @@ func (wr *workloadResult) summarize() {
 		switch m.Consumer {
 		case cPglogrepl, cRelayKafka, cBareKafka:
 			ref = cRecvlogical
-		case cRelayKafkaSchemas:
-			ref = cRelayKafka
-		case cRelayKafkaNoOrder:
-			ref = cRelayKafka
 		case cRelayRabbit, cBarePipeline:
 			ref = cBareAMQP
+		}
+		if isKafkaVariant(m.Consumer) {
+			ref = cRelayKafka
 		}
 		if ref != "" && rate[ref] > 0 && m.RowsPerSec > 0 {
 			m.Ratio, m.RatioOf = m.RowsPerSec/rate[ref], ref
@@ -780,10 +871,10 @@ func (m *measurement) finish(w workload) {
 	per := func(d time.Duration) float64 { return d.Seconds() / rows * 100_000 }
 	m.CPUPer100k = per(m.consumerCPU)
 	m.WalsenderCPUPer100k = per(m.walsenderCPU)
-	switch m.Consumer {
-	case cRelayKafka, cRelayKafkaSchemas, cRelayKafkaNoOrder, cBareKafka:
+	switch c := m.Consumer; {
+	case c == cRelayKafka || c == cBareKafka || isKafkaVariant(c):
 		m.BrokerCPUPer100k = per(m.benchCPU)
-	case cRelayRabbit, cBareAMQP, cBarePipeline:
+	case c == cRelayRabbit || c == cBareAMQP || c == cBarePipeline:
 		m.brokerCPU = max(m.brokerCPU, 0) // negative if the broker restarted
 		m.BrokerCPUPer100k = per(m.brokerCPU)
 	}
@@ -1031,15 +1122,20 @@ func targets(res *results) []string {
 		check(rate >= 0.9, "relay->rabbitmq at %s: %.0f rows/s against the bare amqp091 publisher's %.0f (medians); median of %d interleaved pairs x%.2f, relay CPU per row / the bare publisher's x%.2f%s (target >= 0.90)",
 			name, m.RowsPerSec, ref.RowsPerSec, n, rate, cpu, pipeline)
 	}
-	if w := workloadOf(res, "1kb-x100"); w != nil && summaryOf(res, w.Name, cRelayKafkaSchemas) != nil {
-		rate, cpu, n := pairedRatios(w.Runs, cRelayKafkaSchemas, cRelayKafka, quietPair)
+	// The cost of a feature: the variant against relay->kafka, pair by pair.
+	for _, v := range kafkaVariants {
+		w := workloadOf(res, "1kb-x100")
+		if v.what == "" || w == nil || summaryOf(res, w.Name, v.consumer) == nil {
+			continue
+		}
+		rate, cpu, n := pairedRatios(w.Runs, v.consumer, cRelayKafka, quietPair)
 		if n == 0 {
-			rate, cpu, n = pairedRatios(w.Runs, cRelayKafkaSchemas, cRelayKafka, math.Inf(1))
-			out = append(out, fmt.Sprintf("n/a    schema validation at %s: no repetition ran with the rest of the machine under %.0f%% busy; run again on a quieter machine (median of all %d pairs, noisy: rows/s x%.2f, relay CPU per row x%.2f)",
-				w.Name, 100*quietPair, n, rate, cpu))
+			rate, cpu, n = pairedRatios(w.Runs, v.consumer, cRelayKafka, math.Inf(1))
+			out = append(out, fmt.Sprintf("n/a    %s at %s: no repetition ran with the rest of the machine under %.0f%% busy; run again on a quieter machine (median of all %d pairs, noisy: rows/s x%.2f, relay CPU per row x%.2f)",
+				v.what, w.Name, 100*quietPair, n, rate, cpu))
 		} else {
-			check(rate >= 0.9, "schema validation at %s: relay->kafka+schemas / relay->kafka, median of %d quiet repetition pairs (others busy < %.0f%%): rows/s x%.2f, relay CPU per row x%.2f (target rows/s >= 0.90)",
-				w.Name, n, 100*quietPair, rate, cpu)
+			check(rate >= 0.9, "%s at %s: %s / relay->kafka, median of %d quiet interleaved pairs (others busy < %.0f%%): rows/s x%.2f, relay CPU per row x%.2f (target rows/s >= 0.90)",
+				v.what, w.Name, v.consumer, n, 100*quietPair, rate, cpu)
 		}
 	}
 	// The aggregate dimension: the ordering gate lets one message per
