@@ -43,16 +43,23 @@ func interopTraceparent(tp string) bool {
 	return strings.HasPrefix(tp, "00-4bf92f3577b34da6a3ce929d0e0e47") && strings.HasSuffix(tp, "-00f067aa0ba902b7-01")
 }
 
-// python3 returns a Python that imports pika (Debian's /usr/bin/python3
-// first: python3-pika installs there), or skips (fails under CI).
+// pikaPython returns a Python that imports pika, or skips (fails under CI).
 func pikaPython(t *testing.T) string {
 	t.Helper()
+	return pythonImporting(t, "pika", "python3-pika")
+}
+
+// pythonImporting returns a Python that imports module (Debian's
+// /usr/bin/python3 first: Debian's python3-* packages install there), or
+// skips (fails under CI) naming the package that provides it.
+func pythonImporting(t *testing.T, module, debPackage string) string {
+	t.Helper()
 	for _, py := range []string{"/usr/bin/python3", "python3"} {
-		if path, err := exec.LookPath(py); err == nil && exec.Command(path, "-c", "import pika").Run() == nil {
+		if path, err := exec.LookPath(py); err == nil && exec.Command(path, "-c", "import "+module).Run() == nil {
 			return path
 		}
 	}
-	missingClient(t, "Python pika", "apt-get install python3-pika (.ci/services does)")
+	missingClient(t, "Python "+module, "apt-get install "+debPackage+" (.ci/services does)")
 	return ""
 }
 
