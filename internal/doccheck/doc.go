@@ -1,5 +1,7 @@
-// Package doccheck holds the test that keeps the documentation's names
-// true: every repository path, relative link and Go import path that
-// README.md, ARCHITECTURE.md or docs/*.md names must exist. It has no API;
-// its test reads the files and the tree, and needs no server.
+// Package doccheck holds the tests that keep the documentation true: every
+// repository path, relative link and Go import path that README.md,
+// ARCHITECTURE.md or docs/*.md names must exist, the README's ten-line
+// configuration must load, and docs/debezium.md must map every option of
+// Debezium's outbox event router. It has no API; its tests read the files
+// and the tree, and need no server.
 package doccheck
