@@ -188,7 +188,11 @@ func TestReadmeRouting(t *testing.T) {
 		return runIn(t, cmd)
 	})
 	if len(producers) == 0 {
-		t.Fatal("no producer snippet ran")
+		if t.Failed() {
+			t.FailNow()
+		}
+		// Under CI=true a missing runtime has failed its subtest already.
+		t.Skip("every producer snippet skipped (reasons above): no event to check delivery of")
 	}
 
 	// Delivery: the route orders to Kafka, the route big-orders (which
