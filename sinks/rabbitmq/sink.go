@@ -59,7 +59,7 @@ type Sink struct {
 	cfg   Config
 	log   *zap.Logger
 	key   template
-	dests destinations // the keys key rendered, with their destinations
+	dests destinations  // the keys key rendered, with their destinations
 	slots chan struct{} // one token per message between Publish and done
 
 	// pubMu serialises publishing on the channel, so that the delivery tag
