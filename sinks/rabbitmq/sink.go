@@ -386,7 +386,7 @@ func (s *Sink) prepare(m *relay.Message, done func(*relay.Message, error)) (*pen
 			return nil, fmt.Errorf("message %s: %w", m.ID, err)
 		}
 	}
-	// send writes the tag of each publish; frameSize counts the widest.
+	// send writes the tag of each publish; headerFrameSize counts the widest.
 	contentType := sinks.ContentType(m)
 	frame := headerFrameSize(hs, m, contentType)
 	pub := amqp.Publishing{
