@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"sort"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.uber.org/zap"
@@ -45,6 +45,8 @@ const (
 	// publish it is for. The relay sets it last, over any row header of the
 	// same name; RabbitMQ ignores x- headers when a headers exchange routes.
 	tagHeader = "x-outboxrelay-publish-tag"
+	// maxTagDigits is the length of the widest tag, math.MaxUint64 in decimal.
+	maxTagDigits = 20
 )
 
 var _ relay.Sink = (*Sink)(nil)
@@ -57,6 +59,7 @@ type Sink struct {
 	cfg   Config
 	log   *zap.Logger
 	key   template
+	dests destinations  // the keys key rendered, with their destinations
 	slots chan struct{} // one token per message between Publish and done
 
 	// pubMu serialises publishing on the channel, so that the delivery tag
@@ -132,6 +135,7 @@ func New(cfg Config, log *zap.Logger) (*Sink, error) {
 		cfg:   cfg,
 		log:   log.Named("rabbitmq"),
 		key:   key,
+		dests: destinations{exchange: cfg.Exchange},
 		slots: make(chan struct{}, cfg.MaxInFlight),
 		wake:  make(chan struct{}),
 		run:   sinks.NewLifecycle("rabbitmq"),
@@ -334,8 +338,8 @@ func (s *Sink) failCarry() {
 // prepare renders the routing key and builds the publishing, rejecting what
 // the broker or the client library could never take.
 func (s *Sink) prepare(m *relay.Message, done func(*relay.Message, error)) (*pending, error) {
-	key := s.key.render(m)
-	m.Destination = s.cfg.Exchange + "/" + key
+	key, dest := s.dests.render(s.key, m)
+	m.Destination = dest
 	switch {
 	case key == "":
 		return nil, fmt.Errorf("routing key for message %s is empty; check the routing_key template %q", m.ID, s.cfg.RoutingKey)
@@ -360,11 +364,10 @@ func (s *Sink) prepare(m *relay.Message, done func(*relay.Message, error)) (*pen
 
 	// message_id, event_type and the content type are properties; the AMQP
 	// CloudEvents binding carries datacontenttype in content-type too.
-	hs, _ := sinks.AMQP.Headers(make([]envelope.Header, 0, len(m.Headers)+len(m.Attributes)+4), m)
-	if err := sinks.CheckHeaders(hs); err != nil {
-		return nil, fmt.Errorf("message %s: %w", m.ID, err)
-	}
+	var buf [16]envelope.Header
+	hs, _ := sinks.AMQP.Headers(buf[:0], m)
 	headers := make(amqp.Table, len(hs)+1)
+	valid := true
 	for _, h := range hs {
 		if len(h.Key) > maxShortstr {
 			return nil, fmt.Errorf("header name of message %s is %d bytes, over the AMQP limit of 255; it starts %.64q", m.ID, len(h.Key), h.Key)
@@ -375,12 +378,17 @@ func (s *Sink) prepare(m *relay.Message, done func(*relay.Message, error)) (*pen
 			// when one is not an array, as a row's header never is.
 			return nil, fmt.Errorf("message %s has a header named %s, which RabbitMQ takes for extra routing keys; rename the row's header", m.ID, h.Key)
 		}
+		valid = valid && utf8.ValidString(h.Key) && utf8.ValidString(h.Value)
 		headers[h.Key] = h.Value
 	}
-	// Sized here for the widest tag; send writes the tag of each publish.
-	headers[tagHeader] = strconv.FormatUint(math.MaxUint64, 10)
+	if !valid { // sinks.CheckHeaders names the header; it formats a label per header, so only here
+		if err := sinks.CheckHeaders(hs); err != nil {
+			return nil, fmt.Errorf("message %s: %w", m.ID, err)
+		}
+	}
+	// send writes the tag of each publish; headerFrameSize counts the widest.
 	contentType := sinks.ContentType(m)
-
+	frame := headerFrameSize(hs, m, contentType)
 	pub := amqp.Publishing{
 		Headers:      headers,
 		ContentType:  contentType,
@@ -396,24 +404,26 @@ func (s *Sink) prepare(m *relay.Message, done func(*relay.Message, error)) (*pen
 			pub.Timestamp = m.Timestamp.UTC().Truncate(time.Second)
 		}
 	}
-	return &pending{m: m, done: done, key: key, pub: pub, frame: headerFrameSize(&pub)}, nil
+	return &pending{m: m, done: done, key: key, pub: pub, frame: frame}, nil
 }
 
 // headerFrameSize is the size of the content header frame amqp091 writes
-// for pub: frame header and end (8), class, weight, body size and flags
-// (14), then the properties that are set.
-func headerFrameSize(pub *amqp.Publishing) int {
+// for m with the headers hs and the tag header at its widest: frame header
+// and end (8), class, weight, body size and flags (14), then the
+// properties that are set.
+func headerFrameSize(hs []envelope.Header, m *relay.Message, contentType string) int {
 	n := 8 + 14
-	n += 1 + len(pub.ContentType)
+	n += 1 + len(contentType)
 	n += 4
-	for k, v := range pub.Headers {
-		n += 1 + len(k) + 1 + 4 + len(v.(string))
+	for _, h := range hs {
+		n += 1 + len(h.Key) + 1 + 4 + len(h.Value)
 	}
+	n += 1 + len(tagHeader) + 1 + 4 + maxTagDigits
 	n += 1 // delivery mode
-	n += 1 + len(pub.MessageId)
+	n += 1 + len(m.ID)
 	n += 8 // timestamp
-	n += 1 + len(pub.Type)
-	n += 1 + len(pub.AppId)
+	n += 1 + len(m.EventType)
+	n += 1 + len(appID)
 	return n
 }
 

@@ -4,6 +4,9 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
+	"math"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -30,6 +33,39 @@ func TestTemplateRender(t *testing.T) {
 		if got := tp.render(m); got != tc.want {
 			t.Errorf("render(%q) = %q, want %q", tc.tmpl, got, tc.want)
 		}
+	}
+}
+
+// TestDestinationsCache checks that a remembered key gives the same key and
+// destination as rendering anew, for keys seen before, new keys, a routed
+// message's own template, and keys past the cache's bound, and that a key
+// found in the cache allocates nothing.
+func TestDestinationsCache(t *testing.T) {
+	tp, err := parseTemplate("{aggregate_type}.{event_type}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := destinations{exchange: "ex"}
+	check := func(m *relay.Message) {
+		t.Helper()
+		want := tp.render(m)
+		key, dest := d.render(tp, m)
+		if key != want || dest != "ex/"+want {
+			t.Fatalf("render(%+v) = %q, %q; want %q, %q", m, key, dest, want, "ex/"+want)
+		}
+	}
+	for round := 0; round < 2; round++ {
+		for i := 0; i < maxCachedKeys+50; i++ {
+			check(&relay.Message{AggregateType: fmt.Sprintf("t%d", i), EventType: "a.b"})
+		}
+		check(&relay.Message{AggregateType: "t1", EventType: "a.b", RouteDestination: "routed.{event_type}"})
+	}
+	if n := len(*d.seen.Load()); n != maxCachedKeys {
+		t.Errorf("the cache holds %d keys, want its bound %d", n, maxCachedKeys)
+	}
+	m := &relay.Message{AggregateType: "t1", EventType: "a.b"}
+	if n := testing.AllocsPerRun(100, func() { d.render(tp, m) }); n != 0 {
+		t.Errorf("a remembered key allocates %.0f times, want 0", n)
 	}
 }
 
@@ -243,5 +279,33 @@ func TestBackoff(t *testing.T) {
 	b.Reset()
 	if d := b.Next(); d > 100*time.Millisecond {
 		t.Errorf("delay after reset %s, want at most min", d)
+	}
+}
+
+// TestHeaderFrameSize checks the frame size prepare computes from the
+// message against the publishing it builds, counted property by property,
+// with the tag header at its widest.
+func TestHeaderFrameSize(t *testing.T) {
+	s, err := New(Config{URL: "amqp://guest:guest@127.0.0.1:1/", Exchange: "ex"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range []*relay.Message{
+		testMessage("frame", 1, 7, "order"),
+		{ID: "2", AggregateType: "a", EventType: "e", Format: relay.FormatDebezium, Headers: []envelope.Header{{Key: "k", Value: strings.Repeat("v", 300)}}},
+	} {
+		p, err := s.prepare(m, func(*relay.Message, error) {})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pub := p.pub
+		pub.Headers[tagHeader] = strconv.FormatUint(math.MaxUint64, 10)
+		want := 8 + 14 + 1 + len(pub.ContentType) + 4 + 1 + 1 + len(pub.MessageId) + 8 + 1 + len(pub.Type) + 1 + len(pub.AppId)
+		for k, v := range pub.Headers {
+			want += 1 + len(k) + 1 + 4 + len(v.(string))
+		}
+		if p.frame != want {
+			t.Errorf("message %s: frame %d, want %d", m.ID, p.frame, want)
+		}
 	}
 }
