@@ -182,11 +182,22 @@ func col(vals [][]byte, i int) []byte {
 	return vals[i]
 }
 
-// buildRows makes the messages for an inserted row: one, or one per route
-// the row takes (see route). When the row is invalid it still returns a
-// message (with as much of the envelope as could be built) and the reason,
-// so that the row is dead-lettered rather than lost.
-func (b *Builder) buildRows(mp *mapping, ins *cdc.Insert) ([]*Message, error) {
+// rowFields is what an inserted row gives the envelope and the rules,
+// before the rules run.
+type rowFields struct {
+	em envelope.Message
+	// errs are why the row is invalid: it is dead-lettered as it is.
+	errs []error
+	// ts is the record timestamp (postgres.columns.timestamp), or zero.
+	ts  time.Time
+	key string
+	// cols are the row's non-NULL columns as text, for the rules; nil
+	// without rules.
+	cols map[string]string
+}
+
+// fields reads an inserted row's columns as mp maps them.
+func (b *Builder) fields(mp *mapping, ins *cdc.Insert) rowFields {
 	v := ins.Values
 	var errs []error
 	req := func(i int, name string) string {
@@ -254,9 +265,19 @@ func (b *Builder) buildRows(mp *mapping, ins *cdc.Insert) ([]*Message, error) {
 			}
 		}
 	}
-	ms, err := b.route(&em, mp.table, envelope.TraceparentColumn(string(col(v, mp.traceparent))), ins.LSN, errs, cols, key)
+	return rowFields{em: em, errs: errs, ts: ts, key: key, cols: cols}
+}
+
+// buildRows makes the messages for an inserted row: one, or one per route
+// the row takes (see route). When the row is invalid it still returns a
+// message (with as much of the envelope as could be built) and the reason,
+// so that the row is dead-lettered rather than lost.
+func (b *Builder) buildRows(mp *mapping, ins *cdc.Insert) ([]*Message, error) {
+	f := b.fields(mp, ins)
+	v := ins.Values
+	ms, err := b.route(&f.em, mp.table, envelope.TraceparentColumn(string(col(v, mp.traceparent))), ins.LSN, f.errs, f.cols, f.key)
 	for _, m := range ms {
-		m.Timestamp = ts
+		m.Timestamp = f.ts
 		for j, i := range mp.headerColumns {
 			if v[i] != nil {
 				m.Headers = append(m.Headers, envelope.Header{Key: b.cfg.HeaderColumns[j], Value: string(v[i])})
@@ -264,6 +285,46 @@ func (b *Builder) buildRows(mp *mapping, ins *cdc.Insert) ([]*Message, error) {
 		}
 	}
 	return ms, err
+}
+
+// RuleRow returns what the routing rules see of one row of rel, read as
+// Rows reads it, without running them: `outboxrelay rules test
+// --from-table` decides on it. The error is why the relay dead-letters the
+// row before any rule runs (a required column that is empty, say), or the
+// relation's own (a table that is not relayed, a mapped column it lacks).
+func (b *Builder) RuleRow(ctx context.Context, rel *cdc.Relation, ins *cdc.Insert, tx cdc.Begin) (*rules.Row, error) {
+	mp, err := b.mapping(ctx, rel)
+	if err != nil {
+		return nil, err
+	}
+	if mp.skip {
+		return nil, fmt.Errorf("table %s is not relayed", rel.QualifiedName())
+	}
+	b.tx = tx
+	f := b.fields(mp, ins)
+	row := ruleRow(&f.em, mp.table, f.cols, f.key)
+	if f.cols == nil {
+		row.Columns = map[string]string{}
+	}
+	return row, errors.Join(f.errs...)
+}
+
+// ruleRow is what the rules see of em.
+func ruleRow(em *envelope.Message, table string, cols map[string]string, key string) *rules.Row {
+	row := &rules.Row{
+		MessageID: em.MessageID, AggregateType: em.AggregateType, AggregateID: em.AggregateID, EventType: em.EventType,
+		Table: table, SchemaVersion: em.SchemaVersion, Payload: em.Payload, Columns: cols, Key: key,
+	}
+	if hs, err := envelope.ParseHeaders(em.Headers); err == nil {
+		row.Headers = make(map[string]string, len(hs))
+		for _, h := range hs {
+			row.Headers[h.Key] = h.Value
+		}
+	}
+	if em.PayloadFormat != envelope.PayloadJSON {
+		row.Payload = nil // payload reads null: only JSON has fields
+	}
+	return row
 }
 
 // route finishes em into its messages as the routing rules decide: one
@@ -281,20 +342,7 @@ func (b *Builder) route(em *envelope.Message, table, traceparent string, lsn cdc
 		m.Key = key
 		return []*Message{m}, err
 	}
-	row := &rules.Row{
-		MessageID: em.MessageID, AggregateType: em.AggregateType, AggregateID: em.AggregateID, EventType: em.EventType,
-		Table: table, SchemaVersion: em.SchemaVersion, Payload: em.Payload, Columns: cols, Key: key,
-	}
-	if hs, err := envelope.ParseHeaders(em.Headers); err == nil {
-		row.Headers = make(map[string]string, len(hs))
-		for _, h := range hs {
-			row.Headers[h.Key] = h.Value
-		}
-	}
-	if em.PayloadFormat != envelope.PayloadJSON {
-		row.Payload = nil // payload reads null: only JSON has fields
-	}
-	d, err := b.cfg.rules.Decide(row)
+	d, err := b.cfg.rules.Decide(ruleRow(em, table, cols, key))
 	if err != nil {
 		m, ferr := b.finish(em, table, b.cfg.Format, traceparent, lsn, nil)
 		m.Key = key
