@@ -353,7 +353,8 @@ func (b *Builder) route(em *envelope.Message, table, traceparent string, lsn cdc
 			Key: key, Table: table, LSN: lsn, CommitLSN: b.tx.FinalLSN, CommitTime: b.tx.CommitTime, Filtered: FilteredUnmatched}
 		return []*Message{m}, nil
 	}
-	if d.Payload != nil {
+	transformed := d.Payload != nil
+	if transformed {
 		em.Payload = d.Payload
 	}
 	var out []*Message
@@ -365,7 +366,7 @@ func (b *Builder) route(em *envelope.Message, table, traceparent string, lsn cdc
 		if e.Payload == nil && format != FormatDebezium {
 			errs = append(errs, fmt.Errorf("column %s is null", b.cfg.Columns.Payload))
 		}
-		m, err := b.finish(&e, table, format, traceparent, lsn, errs)
+		m, err := b.finishAs(&e, table, format, traceparent, lsn, errs, transformed)
 		m.Route, m.RouteDestination, m.Key, m.Sink = r.Route, r.Destination, r.Key, r.Sink
 		for _, k := range slices.Sorted(maps.Keys(r.Headers)) {
 			m.Headers = append(m.Headers, envelope.Header{Key: k, Value: r.Headers[k]})
@@ -394,9 +395,19 @@ func (b *Builder) buildEmitted(lm *cdc.LogicalMessage) ([]*Message, error) {
 }
 
 func (b *Builder) finish(em *envelope.Message, table string, format Format, traceparent string, lsn cdc.LSN, errs []error) (*Message, error) {
+	return b.finishAs(em, table, format, traceparent, lsn, errs, false)
+}
+
+// finishAs is finish for a message whose payload transform.payload made
+// (transformed): that payload is what the schema folder checks, and its
+// error says the transform made it.
+func (b *Builder) finishAs(em *envelope.Message, table string, format Format, traceparent string, lsn cdc.LSN, errs []error, transformed bool) (*Message, error) {
 	tombstone := format == FormatDebezium && em.Payload == nil
 	if len(errs) == 0 && b.cfg.Validator != nil && !tombstone {
 		if err := b.cfg.Validator.Validate(em); err != nil {
+			if transformed {
+				err = fmt.Errorf("the payload transform.payload made: %w", err)
+			}
 			errs = append(errs, err)
 		}
 	}
