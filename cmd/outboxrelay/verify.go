@@ -335,10 +335,7 @@ func cmdReplay(args []string, stdout, stderr io.Writer) error {
 	res, err := publishRows(ctx, o, stderr, *rate, total, nil, func(ctx context.Context, pub *rows.Publisher, row func()) error {
 		return o.source.Scan(ctx, o.db, f, func(m *relay.Message, invalid error) error {
 			row()
-			if errors.Is(invalid, rows.ErrFiltered) {
-				return nil // the rules drop it
-			}
-			if invalid != nil {
+			if invalid != nil { // a row the rules drop too: Invalid counts it
 				pub.Invalid(ctx, m, invalid)
 				return nil
 			}
@@ -346,10 +343,19 @@ func cmdReplay(args []string, stdout, stderr io.Writer) error {
 		})
 	})
 	fmt.Fprintf(stdout, "replayed %d of %d messages\n", res.Published, total)
+	printFiltered(stdout, res)
 	if err != nil {
 		return err
 	}
 	return resultErr(res)
+}
+
+// printFiltered says how many rows the routing rules dropped (unmatched:
+// drop): they are not published, as the relay does not publish them.
+func printFiltered(w io.Writer, res rows.Result) {
+	if res.Filtered > 0 {
+		fmt.Fprintf(w, "%d rows dropped by the routing rules (unmatched: drop), not published\n", res.Filtered)
+	}
 }
 
 func resultErr(res rows.Result) error {
