@@ -100,7 +100,7 @@ type mapping struct {
 	id, aggType, aggID, eventType, payload         int
 	headers, traceparent, schemaVersion, createdAt int
 	key, timestamp                                 int
-	headerColumns                                  []int
+	headerColumns, envelopeColumns                 []int
 	payloadFormat                                  envelope.PayloadFormat
 }
 
@@ -156,6 +156,13 @@ func (b *Builder) mapping(ctx context.Context, rel *cdc.Relation) (*mapping, err
 			return nil, &cdc.SetupError{Msg: fmt.Sprintf("outbox table %s has no column %q that postgres.header_columns names", mp.table, h)}
 		}
 		mp.headerColumns = append(mp.headerColumns, i)
+	}
+	for _, name := range b.cfg.EnvelopeColumns {
+		i := idx(name)
+		if i < 0 {
+			return nil, &cdc.SetupError{Msg: fmt.Sprintf("outbox table %s has no column %q that postgres.envelope_columns names", mp.table, name)}
+		}
+		mp.envelopeColumns = append(mp.envelopeColumns, i)
 	}
 	for name, i := range map[string]int{c.ID: mp.id, c.AggregateType: mp.aggType, c.AggregateID: mp.aggID, c.EventType: mp.eventType, c.Payload: mp.payload} {
 		if i < 0 {
@@ -217,6 +224,12 @@ func (b *Builder) fields(mp *mapping, ins *cdc.Insert) rowFields {
 		Headers:       col(v, mp.headers),
 		Payload:       col(v, mp.payload),
 		PayloadFormat: mp.payloadFormat,
+	}
+	if len(mp.envelopeColumns) > 0 {
+		em.Fields = make([]envelope.Field, len(mp.envelopeColumns))
+		for j, i := range mp.envelopeColumns {
+			em.Fields[j] = envelope.Field{Name: b.cfg.EnvelopeColumns[j], Value: string(v[i]), Null: v[i] == nil}
+		}
 	}
 	if mp.payloadFormat == envelope.PayloadBinary && em.Payload != nil {
 		raw, err := decodeBytea(em.Payload)

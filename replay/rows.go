@@ -33,6 +33,9 @@ type Source struct {
 	// Tables are the outbox tables, schema.name.
 	Tables  []string
 	Columns relay.Columns
+	// HeaderColumns and EnvelopeColumns are as in relay.Outbox: a row is
+	// built with them as the relay builds it.
+	HeaderColumns, EnvelopeColumns []string
 	// Database, Format and CloudEventsSource are as in relay.Config.
 	Database          string
 	Format            relay.Format
@@ -341,7 +344,7 @@ func (s Source) scan(ctx context.Context, db Querier, f Filter, fn func(b *relay
 			" AND replayed_at IS NULL UNION ALL SELECT message_id FROM outboxrelay.parked WHERE slot = " + slot + ")"
 	}
 	b := relay.NewBuilder(relay.Config{
-		Database: s.Database, Tables: s.Tables, Outbox: relay.Outbox{Columns: s.Columns},
+		Database: s.Database, Tables: s.Tables, Outbox: relay.Outbox{Columns: s.Columns, HeaderColumns: s.HeaderColumns, EnvelopeColumns: s.EnvelopeColumns},
 		Envelope: relay.Envelope{Format: s.Format, CloudEventsSource: s.CloudEventsSource}, Rules: s.Rules,
 	}, relay.Options{})
 	c := s.Columns
@@ -361,8 +364,10 @@ func (s Source) scan(ctx context.Context, db Querier, f Filter, fn func(b *relay
 			cols = append(cols, "NULL::text")
 		}
 		cols = append(cols, s.orderKeys(commitTimes)...)
-		for _, n := range []string{c.ID, c.AggregateType, c.AggregateID, c.EventType, c.Payload, c.Headers, c.Traceparent, c.SchemaVersion, c.CreatedAt} {
-			if n == "" {
+		named := append([]string{c.ID, c.AggregateType, c.AggregateID, c.EventType, c.Payload, c.Headers, c.Traceparent, c.SchemaVersion, c.CreatedAt, c.Key, c.Timestamp},
+			append(slices.Clone(s.HeaderColumns), s.EnvelopeColumns...)...)
+		for _, n := range named {
+			if n == "" || slices.ContainsFunc(rel.Columns, func(col cdc.Column) bool { return col.Name == n }) {
 				continue
 			}
 			cols = append(cols, pgx.Identifier{n}.Sanitize()+"::text")

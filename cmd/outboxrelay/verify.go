@@ -120,10 +120,7 @@ func openOps(ctx context.Context, path string, stderr io.Writer) (*opsEnv, error
 			return nil, usageErr("outbox table %s does not exist; run `outboxrelay migrate` or fix postgres.tables", t)
 		}
 	}
-	return &opsEnv{cfg: cfg, log: log, db: db, source: rows.Source{
-		Tables: app.QualifiedTables(cfg.Postgres.Tables), Columns: cfg.Postgres.Columns, Database: database,
-		Format: cfg.Envelope.Format, CloudEventsSource: cfg.Envelope.CloudEventsSource, Rules: cfg.Config,
-	}}, nil
+	return &opsEnv{cfg: cfg, log: log, db: db, source: app.OutboxSource(cfg, database)}, nil
 }
 
 func (o *opsEnv) close(ctx context.Context) {

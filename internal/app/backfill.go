@@ -198,8 +198,8 @@ func (a *App) backfillTables(ctx context.Context, conn *pgx.Conn) ([]string, err
 // own (non-transactional, like recover's) and waits for the broker.
 func (a *App) backfill(ctx context.Context, tx pgx.Tx, db store.TxDB, database string, tables []string, f replay.Filter) (replay.Result, error) {
 	cfg := a.cfg
-	src := replay.Source{Tables: tables, Columns: cfg.Postgres.Columns, Database: database,
-		Format: cfg.Envelope.Format, CloudEventsSource: cfg.Envelope.CloudEventsSource, Rules: cfg.Config}
+	src := OutboxSource(cfg, database)
+	src.Tables = tables
 	if n, err := src.Count(ctx, tx, f); err != nil || n == 0 {
 		return replay.Result{}, err
 	}

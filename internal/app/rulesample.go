@@ -11,6 +11,17 @@ import (
 	"github.com/outboxrelay/outboxrelay/replay"
 )
 
+// OutboxSource is cfg's outbox tables (postgres.tables) in database, whose
+// rows replay, recover, verify and a first start read back and build as
+// the relay does.
+func OutboxSource(cfg config.Config, database string) replay.Source {
+	return replay.Source{
+		Tables: QualifiedTables(cfg.Postgres.Tables), Columns: cfg.Postgres.Columns, Database: database,
+		HeaderColumns: cfg.Postgres.HeaderColumns, EnvelopeColumns: cfg.Postgres.EnvelopeColumns,
+		Format: cfg.Envelope.Format, CloudEventsSource: cfg.Envelope.CloudEventsSource, Rules: cfg.Config,
+	}
+}
+
 // NewestRuleRows calls fn with what the routing rules see of each of the
 // newest n rows of cfg's outbox tables (replay.Filter.Newest), in commit
 // order, and the reason the relay dead-letters the row before any rule
@@ -31,9 +42,5 @@ func NewestRuleRows(ctx context.Context, cfg config.Config, n int, fn func(row *
 	if err := tx.QueryRow(ctx, "SELECT current_database()").Scan(&database); err != nil {
 		return fmt.Errorf("query PostgreSQL: %w", err)
 	}
-	src := replay.Source{
-		Tables: QualifiedTables(cfg.Postgres.Tables), Columns: cfg.Postgres.Columns, Database: database,
-		Format: cfg.Envelope.Format, CloudEventsSource: cfg.Envelope.CloudEventsSource, Rules: cfg.Config,
-	}
-	return src.RuleRows(ctx, tx, replay.Filter{Newest: n}, fn)
+	return OutboxSource(cfg, database).RuleRows(ctx, tx, replay.Filter{Newest: n}, fn)
 }
