@@ -181,3 +181,59 @@ func (e *env) rawRecords(topic string, n int) []*kgo.Record {
 	}
 	return recs
 }
+
+// TestEnvelopeColumnsKafka: postgres.envelope_columns places a column into
+// the envelope, through the relay binary to Kafka: a row's tenant is a
+// top-level field of its envelope, a NULL one is null, and every row
+// arrives once in commit order. A name that collides with an envelope
+// field, or that a CloudEvents format cannot carry, fails --check-config.
+func TestEnvelopeColumnsKafka(t *testing.T) {
+	e := newEnv(t)
+	ctx := t.Context()
+	if _, err := e.db.Exec(ctx, `ALTER TABLE outbox ADD COLUMN tenant text`); err != nil {
+		t.Fatal(err)
+	}
+	withColumns := func(cols string) string {
+		return strings.Replace(e.configText(), "postgres:\n", "postgres:\n  envelope_columns: "+cols+"\n", 1)
+	}
+	for _, c := range []struct{ cfg, want string }{
+		{withColumns("[tenant, payload]"), `postgres.envelope_columns: "payload" is a field of the envelope`},
+		{withColumns("[tenant_id]") + "envelope:\n  format: cloudevents\n", `"tenant_id" is not a CloudEvents attribute name`},
+	} {
+		if out, code := e.cli("run", "--config", e.writeConfig(c.cfg), "--check-config"); code != 2 || !strings.Contains(out, c.want) {
+			t.Errorf("--check-config exit %d: %s; want exit 2 and %q", code, out, c.want)
+		}
+	}
+	p := e.startConfig(withColumns("[tenant]"))
+	p.waitLog(`"streaming"`, 30*time.Second)
+	var ids []string
+	tenants := map[string]any{}
+	for i, tenant := range []any{"acme", nil, "globex", "acme"} {
+		var id string
+		if err := e.db.QueryRow(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, tenant)
+			VALUES ('order', 'o1', 'order.created', jsonb_build_object('n', $1::int), $2) RETURNING id::text`, i, tenant).Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+		tenants[id] = tenant
+	}
+	recs := e.rawRecords("outbox.order", len(ids))
+	p.stop()
+	var got []delivered
+	for _, r := range recs {
+		var env map[string]any
+		if err := json.Unmarshal(r.Value, &env); err != nil {
+			t.Fatalf("record %s: %v", r.Value, err)
+		}
+		id := header(r, "message_id")
+		if v, ok := env["tenant"]; !ok || v != tenants[id] {
+			t.Errorf("record %s: tenant %v (present %v), want %v", id, v, ok, tenants[id])
+		}
+		got = append(got, delivered{id: id, key: string(r.Key), env: env})
+	}
+	if len(recs) != len(ids) {
+		t.Errorf("%d records, want %d: lost or duplicated", len(recs), len(ids))
+	}
+	checkCommitOrder(t, map[string][]string{"o1": ids}, got)
+	t.Logf("envelope_columns: %d rows delivered with their tenant in the envelope", len(recs))
+}
