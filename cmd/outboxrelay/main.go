@@ -49,7 +49,7 @@ func commands() []command {
 `},
 		{name: "run", run: cmdRun, usage: "  outboxrelay run     --config FILE [--check-config] [--accept-config-change]\n"},
 		{name: "maintain", run: cmdMaintain, usage: "  outboxrelay maintain --config FILE                 create daily partitions ahead, drop those past postgres.retention\n"},
-		{name: "status", run: cmdStatus, usage: "  outboxrelay status  --database-url URL [--slot NAME | --all] [--json | -o json|wide] [--max-lag-bytes N] [--watch]\n"},
+		{name: "status", run: cmdStatus, usage: "  outboxrelay status  --database-url URL [--slot NAME | --all] [--json | -o json|wide] [--max-lag-bytes N] [--relay URL] [--watch]\n"},
 		{name: "dlq", run: cmdDeadLetters, subcommands: dlqCommands, usage: "  outboxrelay dlq     list|show|replay|purge ...\n"},
 		{name: "inbox", run: cmdInbox, subcommands: inboxCommands, usage: "  outboxrelay inbox   status --database-url URL [--schema S] [--json]   a consumer database's inbox: last processed, dead letters, parked\n"},
 		{name: "verify", run: cmdVerify, usage: `  outboxrelay verify  --config FILE --since T [--until T] [--aggregate-type A] [--id ID] [--rabbitmq-queue Q] [--allow-uncovered]
