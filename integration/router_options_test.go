@@ -220,9 +220,11 @@ func TestEnvelopeColumnsKafka(t *testing.T) {
 	}
 	first := e.rawRecords("outbox.order", len(ids))
 	p.stop()
-	// replay builds the same messages from the table: the tenant in the
-	// envelope and, with header_columns, in a header.
-	cfg := e.writeConfig(withColumns("[tenant]\n  header_columns: [tenant]"))
+	// replay builds the messages from the table as the relay does: the
+	// tenant in the envelope and, with header_columns, in a header, and the
+	// record key from postgres.columns.key (replay used to read none of
+	// these columns).
+	cfg := e.writeConfig(withColumns("[tenant]\n  header_columns: [tenant]\n  columns:\n    key: event_type"))
 	if out, code := e.cli("replay", "--config", cfg, "--since", "1h"); code != 0 || !strings.Contains(out, fmt.Sprintf("replayed %d of %d", len(ids), len(ids))) {
 		t.Fatalf("replay exit %d: %s", code, out)
 	}
@@ -232,8 +234,8 @@ func TestEnvelopeColumnsKafka(t *testing.T) {
 	}
 	for _, r := range recs[len(first):] {
 		id := header(r, "message_id")
-		if want, _ := tenants[id].(string); header(r, "tenant") != want {
-			t.Errorf("replayed record %s: tenant header %q, want %q", id, header(r, "tenant"), want)
+		if want, _ := tenants[id].(string); header(r, "tenant") != want || string(r.Key) != "order.created" {
+			t.Errorf("replayed record %s: tenant header %q, want %q; key %q, want order.created", id, header(r, "tenant"), want, r.Key)
 		}
 	}
 	var got []delivered
