@@ -31,6 +31,9 @@ import (
 //	partitionkey    aggregate_id (partitioning extension), left out when
 //	                empty
 //	schemaversion   schema_version, an integer
+//	<column>        each of Message.Fields (postgres.envelope_columns) as
+//	                an extension attribute of the column's name, a string;
+//	                left out when NULL
 //
 // The data is the payload: embedded as "data" when it is JSON, base64 in
 // "data_base64" otherwise, left out when the payload is empty. In binary
@@ -55,7 +58,7 @@ func (m *Message) AppendCloudEvent(dst []byte, source string) []byte {
 	payload, inline, contentType := m.data()
 
 	size := ceFixedSize + len(m.MessageID) + len(source) + len(m.EventType) + 2*len(m.AggregateID) +
-		len(m.Traceparent) + len(contentType)
+		len(m.Traceparent) + len(contentType) + fieldsSize(m.Fields)
 	if inline {
 		size += len(payload)
 	} else {
@@ -88,6 +91,7 @@ func (m *Message) AppendCloudEvent(dst []byte, source string) []byte {
 	}
 	dst = append(dst, `,"schemaversion":`...)
 	dst = strconv.AppendInt(dst, int64(m.SchemaVersion), 10)
+	dst = appendFields(dst, m.Fields, true)
 	switch {
 	case !inline:
 		dst = append(dst, `,"data_base64":"`...)
@@ -134,7 +138,13 @@ func (m *Message) CloudEventAttributes(source string) []Header {
 	if m.AggregateID != "" {
 		hs = append(hs, Header{Key: "partitionkey", Value: validUTF8(m.AggregateID)})
 	}
-	return append(hs, Header{Key: "schemaversion", Value: strconv.Itoa(m.SchemaVersion)})
+	hs = append(hs, Header{Key: "schemaversion", Value: strconv.Itoa(m.SchemaVersion)})
+	for _, f := range m.Fields {
+		if !f.Null {
+			hs = append(hs, Header{Key: f.Name, Value: validUTF8(f.Value)})
+		}
+	}
+	return hs
 }
 
 // validUTF8 returns s with each byte that is not part of valid UTF-8

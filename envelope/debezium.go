@@ -1,5 +1,10 @@
 package envelope
 
+import (
+	"encoding/base64"
+	"unicode/utf8"
+)
+
 // The debezium format reproduces what Debezium's outbox event router
 // (io.debezium.transforms.outbox.EventRouter) emits with its default
 // settings and table.expand.json.payload=true, so that consumers written
@@ -38,8 +43,29 @@ type Debezium struct {
 }
 
 // Debezium returns m in the debezium format. Value shares m.Payload's
-// array; Debezium allocates nothing.
+// array; Debezium allocates nothing, unless m has Fields: then, as the
+// router does with table.fields.additional.placement envelope, the value
+// is a JSON object with the payload as "payload" (the JSON document, or a
+// string: the text, or the bytes in base64) and each field that is not
+// NULL next to it.
 func (m *Message) Debezium() Debezium {
 	value, ct := m.CloudEventData()
-	return Debezium{Key: m.AggregateID, ID: m.MessageID, Value: value, ContentType: ct}
+	if len(m.Fields) == 0 || m.Payload == nil {
+		return Debezium{Key: m.AggregateID, ID: m.MessageID, Value: value, ContentType: ct}
+	}
+	payload, inline, _ := m.data()
+	dst := make([]byte, 0, len(m.Payload)*4/3+fieldsSize(m.Fields)+16)
+	dst = append(dst, `{"payload":`...)
+	switch {
+	case inline:
+		dst = append(dst, payload...)
+	case m.PayloadFormat == PayloadText && utf8.Valid(m.Payload):
+		dst = appendString(dst, string(m.Payload))
+	default:
+		dst = append(dst, '"')
+		dst = base64.StdEncoding.AppendEncode(dst, m.Payload)
+		dst = append(dst, '"')
+	}
+	dst = appendFields(dst, m.Fields, true)
+	return Debezium{Key: m.AggregateID, ID: m.MessageID, Value: append(dst, '}'), ContentType: contentTypeJSON}
 }

@@ -14,6 +14,8 @@ package envelope
 import (
 	"encoding/base64"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"slices"
 	"strconv"
 	"time"
@@ -88,6 +90,81 @@ type Message struct {
 	// check would cost more than the rest of the encoding.
 	Payload       []byte
 	PayloadFormat PayloadFormat
+	// Fields are further columns of the row placed into the envelope
+	// (postgres.envelope_columns, Debezium's additional placement
+	// envelope): top-level fields of the envelope, extension attributes of
+	// a CloudEvent, fields next to "payload" in the debezium format. Their
+	// names are checked when the configuration loads (FieldNameError).
+	Fields []Field
+}
+
+// Field is one column placed into the envelope: its name and its value in
+// PostgreSQL's text output; Null for a NULL column, which is JSON null in
+// the envelope and left out of a CloudEvent and of the debezium format.
+type Field struct {
+	Name, Value string
+	Null        bool
+}
+
+// EnvelopeFields are the top-level fields of the version 1 envelope, which
+// a Field may not be named.
+var EnvelopeFields = []string{"envelope_version", "message_id", "event_type", "schema_version", "aggregate_type",
+	"aggregate_id", "occurred_at", "trace_id", "traceparent", "headers", "source", "payload", "payload_base64", "content_type"}
+
+// CloudEventsAttributes are the context attributes of CloudEvents 1.0 and
+// the extensions the relay writes, which a Field may not be named in the
+// cloudevents formats.
+var CloudEventsAttributes = []string{"specversion", "id", "source", "type", "subject", "time", "datacontenttype",
+	"dataschema", "data", "data_base64", "traceparent", "tracestate", "partitionkey", "schemaversion"}
+
+// FieldNameError says why name cannot be the name of a Field in the
+// envelope and, when cloudEvents, a CloudEvents extension attribute
+// (lower-case ASCII letters and digits only, CloudEvents 1.0 "Attribute
+// Naming Convention"); nil when it can.
+func FieldNameError(name string, cloudEvents bool) error {
+	switch {
+	case name == "":
+		return errors.New("an empty name")
+	case slices.Contains(EnvelopeFields, name):
+		return fmt.Errorf("%q is a field of the envelope", name)
+	case cloudEvents && slices.Contains(CloudEventsAttributes, name):
+		return fmt.Errorf("%q is a CloudEvents attribute", name)
+	}
+	if cloudEvents {
+		for _, c := range name {
+			if (c < 'a' || c > 'z') && (c < '0' || c > '9') {
+				return fmt.Errorf("%q is not a CloudEvents attribute name, which has only lower-case letters a-z and digits 0-9", name)
+			}
+		}
+	}
+	return nil
+}
+
+// appendFields appends the fields as JSON members, each after a comma;
+// with skipNull a NULL one is left out.
+func appendFields(dst []byte, fields []Field, skipNull bool) []byte {
+	for _, f := range fields {
+		if f.Null && skipNull {
+			continue
+		}
+		dst = append(dst, ',')
+		dst = appendString(dst, f.Name)
+		dst = append(dst, ':')
+		if f.Null {
+			dst = append(dst, "null"...)
+		} else {
+			dst = appendString(dst, f.Value)
+		}
+	}
+	return dst
+}
+
+func fieldsSize(fields []Field) int {
+	n := 0
+	for _, f := range fields {
+		n += len(f.Name) + len(f.Value) + 8
+	}
+	return n
 }
 
 // timeLayout is the layout of occurred_at and committed_at; AppendJSON
@@ -147,7 +224,7 @@ func (m *Message) AppendJSON(dst []byte) []byte {
 
 	size := fixedSize + len(m.MessageID) + len(m.EventType) + len(m.AggregateType) +
 		len(m.AggregateID) + len(m.TraceID) + len(m.Traceparent) + len(headers) +
-		len(m.Source.Database) + len(m.Source.Table)
+		len(m.Source.Database) + len(m.Source.Table) + fieldsSize(m.Fields)
 	if inline {
 		size += len(payload)
 	} else {
@@ -192,6 +269,7 @@ func (m *Message) AppendJSON(dst []byte) []byte {
 	dst = append(dst, `,"committed_at":"`...)
 	dst = appendTime(dst, m.Source.CommittedAt)
 	dst = append(dst, `"}`...)
+	dst = appendFields(dst, m.Fields, false)
 	switch {
 	case !inline:
 		dst = append(dst, `,"payload_base64":"`...)

@@ -223,7 +223,7 @@ log:
 	all := map[string][]string{}
 	orderIDs := map[string]bool{}
 	var outageStart, outageEnd time.Time
-	var statusDuring string
+	var statusDuring, cliStatusDuring string
 	start := time.Now()
 	for i := 0; time.Since(start) < 26*time.Second; i++ {
 		el := time.Since(start)
@@ -237,6 +237,7 @@ log:
 		}
 		if statusDuring == "" && !outageStart.IsZero() && time.Since(outageStart) >= 15*time.Second {
 			_, statusDuring = get(t, "http://"+p.httpAddr()+"/status")
+			cliStatusDuring, _ = e.cli("status", "--database-url", e.dbURL, "--relay", "http://"+p.httpAddr())
 		}
 		oAgg, pAgg := fmt.Sprint("o", i%5), fmt.Sprint("p", i%3)
 		tx, err := e.db.Begin(ctx)
@@ -404,6 +405,20 @@ log:
 	}
 	if a, w := watermark["analytics"], watermark["partner"]; a == 0 || w == 0 || w >= a {
 		t.Errorf("status during the outage: analytics watermark %s, partner %s; want the partner's behind", a, w)
+	}
+	// `outboxrelay status --relay` prints each sink's own line: the
+	// partner's lag in bytes and seconds is known, and it is retrying.
+	cliSinks := map[string]string{}
+	for _, line := range strings.Split(cliStatusDuring, "\n") {
+		if name, rest, ok := strings.Cut(line, " "); ok && name == "sink" {
+			sink, rest, _ := strings.Cut(rest, " ")
+			cliSinks[sink] = strings.TrimSpace(rest)
+		}
+	}
+	t.Logf("status --relay during the outage: analytics %q, partner %q", cliSinks["analytics"], cliSinks["partner"])
+	if a, w := cliSinks["analytics"], cliSinks["partner"]; !strings.HasPrefix(a, "confirmed ") || strings.HasPrefix(a, "confirmed -") ||
+		!strings.Contains(w, "lag_bytes ") || strings.Contains(w, "lag_bytes -") || strings.Contains(w, "lag_seconds -") || !strings.Contains(w, ", retrying") {
+		t.Errorf("status --relay during the outage:\n%s\nwant a line for each sink, the partner's with its lag and retrying", cliStatusDuring)
 	}
 	if !strings.Contains(metricsText, `outboxrelay_sink_lag_bytes{sink="partner"`) {
 		t.Errorf("no outboxrelay_sink_lag_bytes series for the partner sink")

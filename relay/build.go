@@ -100,7 +100,7 @@ type mapping struct {
 	id, aggType, aggID, eventType, payload         int
 	headers, traceparent, schemaVersion, createdAt int
 	key, timestamp                                 int
-	headerColumns                                  []int
+	headerColumns, envelopeColumns                 []int
 	payloadFormat                                  envelope.PayloadFormat
 }
 
@@ -157,6 +157,13 @@ func (b *Builder) mapping(ctx context.Context, rel *cdc.Relation) (*mapping, err
 		}
 		mp.headerColumns = append(mp.headerColumns, i)
 	}
+	for _, name := range b.cfg.EnvelopeColumns {
+		i := idx(name)
+		if i < 0 {
+			return nil, &cdc.SetupError{Msg: fmt.Sprintf("outbox table %s has no column %q that postgres.envelope_columns names", mp.table, name)}
+		}
+		mp.envelopeColumns = append(mp.envelopeColumns, i)
+	}
 	for name, i := range map[string]int{c.ID: mp.id, c.AggregateType: mp.aggType, c.AggregateID: mp.aggID, c.EventType: mp.eventType, c.Payload: mp.payload} {
 		if i < 0 {
 			return nil, &cdc.SetupError{Msg: fmt.Sprintf("outbox table %s has no column %q; add it or map it in postgres.columns", mp.table, name)}
@@ -182,11 +189,22 @@ func col(vals [][]byte, i int) []byte {
 	return vals[i]
 }
 
-// buildRows makes the messages for an inserted row: one, or one per route
-// the row takes (see route). When the row is invalid it still returns a
-// message (with as much of the envelope as could be built) and the reason,
-// so that the row is dead-lettered rather than lost.
-func (b *Builder) buildRows(mp *mapping, ins *cdc.Insert) ([]*Message, error) {
+// rowFields is what an inserted row gives the envelope and the rules,
+// before the rules run.
+type rowFields struct {
+	em envelope.Message
+	// errs are why the row is invalid: it is dead-lettered as it is.
+	errs []error
+	// ts is the record timestamp (postgres.columns.timestamp), or zero.
+	ts  time.Time
+	key string
+	// cols are the row's non-NULL columns as text, for the rules; nil
+	// without rules.
+	cols map[string]string
+}
+
+// fields reads an inserted row's columns as mp maps them.
+func (b *Builder) fields(mp *mapping, ins *cdc.Insert) rowFields {
 	v := ins.Values
 	var errs []error
 	req := func(i int, name string) string {
@@ -206,6 +224,12 @@ func (b *Builder) buildRows(mp *mapping, ins *cdc.Insert) ([]*Message, error) {
 		Headers:       col(v, mp.headers),
 		Payload:       col(v, mp.payload),
 		PayloadFormat: mp.payloadFormat,
+	}
+	if len(mp.envelopeColumns) > 0 {
+		em.Fields = make([]envelope.Field, len(mp.envelopeColumns))
+		for j, i := range mp.envelopeColumns {
+			em.Fields[j] = envelope.Field{Name: b.cfg.EnvelopeColumns[j], Value: string(v[i]), Null: v[i] == nil}
+		}
 	}
 	if mp.payloadFormat == envelope.PayloadBinary && em.Payload != nil {
 		raw, err := decodeBytea(em.Payload)
@@ -254,9 +278,19 @@ func (b *Builder) buildRows(mp *mapping, ins *cdc.Insert) ([]*Message, error) {
 			}
 		}
 	}
-	ms, err := b.route(&em, mp.table, envelope.TraceparentColumn(string(col(v, mp.traceparent))), ins.LSN, errs, cols, key)
+	return rowFields{em: em, errs: errs, ts: ts, key: key, cols: cols}
+}
+
+// buildRows makes the messages for an inserted row: one, or one per route
+// the row takes (see route). When the row is invalid it still returns a
+// message (with as much of the envelope as could be built) and the reason,
+// so that the row is dead-lettered rather than lost.
+func (b *Builder) buildRows(mp *mapping, ins *cdc.Insert) ([]*Message, error) {
+	f := b.fields(mp, ins)
+	v := ins.Values
+	ms, err := b.route(&f.em, mp.table, envelope.TraceparentColumn(string(col(v, mp.traceparent))), ins.LSN, f.errs, f.cols, f.key)
 	for _, m := range ms {
-		m.Timestamp = ts
+		m.Timestamp = f.ts
 		for j, i := range mp.headerColumns {
 			if v[i] != nil {
 				m.Headers = append(m.Headers, envelope.Header{Key: b.cfg.HeaderColumns[j], Value: string(v[i])})
@@ -264,6 +298,46 @@ func (b *Builder) buildRows(mp *mapping, ins *cdc.Insert) ([]*Message, error) {
 		}
 	}
 	return ms, err
+}
+
+// RuleRow returns what the routing rules see of one row of rel, read as
+// Rows reads it, without running them: `outboxrelay rules test
+// --from-table` decides on it. The error is why the relay dead-letters the
+// row before any rule runs (a required column that is empty, say), or the
+// relation's own (a table that is not relayed, a mapped column it lacks).
+func (b *Builder) RuleRow(ctx context.Context, rel *cdc.Relation, ins *cdc.Insert, tx cdc.Begin) (*rules.Row, error) {
+	mp, err := b.mapping(ctx, rel)
+	if err != nil {
+		return nil, err
+	}
+	if mp.skip {
+		return nil, fmt.Errorf("table %s is not relayed", rel.QualifiedName())
+	}
+	b.tx = tx
+	f := b.fields(mp, ins)
+	row := ruleRow(&f.em, mp.table, f.cols, f.key)
+	if f.cols == nil {
+		row.Columns = map[string]string{}
+	}
+	return row, errors.Join(f.errs...)
+}
+
+// ruleRow is what the rules see of em.
+func ruleRow(em *envelope.Message, table string, cols map[string]string, key string) *rules.Row {
+	row := &rules.Row{
+		MessageID: em.MessageID, AggregateType: em.AggregateType, AggregateID: em.AggregateID, EventType: em.EventType,
+		Table: table, SchemaVersion: em.SchemaVersion, Payload: em.Payload, Columns: cols, Key: key,
+	}
+	if hs, err := envelope.ParseHeaders(em.Headers); err == nil {
+		row.Headers = make(map[string]string, len(hs))
+		for _, h := range hs {
+			row.Headers[h.Key] = h.Value
+		}
+	}
+	if em.PayloadFormat != envelope.PayloadJSON {
+		row.Payload = nil // payload reads null: only JSON has fields
+	}
+	return row
 }
 
 // route finishes em into its messages as the routing rules decide: one
@@ -281,20 +355,7 @@ func (b *Builder) route(em *envelope.Message, table, traceparent string, lsn cdc
 		m.Key = key
 		return []*Message{m}, err
 	}
-	row := &rules.Row{
-		MessageID: em.MessageID, AggregateType: em.AggregateType, AggregateID: em.AggregateID, EventType: em.EventType,
-		Table: table, SchemaVersion: em.SchemaVersion, Payload: em.Payload, Columns: cols, Key: key,
-	}
-	if hs, err := envelope.ParseHeaders(em.Headers); err == nil {
-		row.Headers = make(map[string]string, len(hs))
-		for _, h := range hs {
-			row.Headers[h.Key] = h.Value
-		}
-	}
-	if em.PayloadFormat != envelope.PayloadJSON {
-		row.Payload = nil // payload reads null: only JSON has fields
-	}
-	d, err := b.cfg.rules.Decide(row)
+	d, err := b.cfg.rules.Decide(ruleRow(em, table, cols, key))
 	if err != nil {
 		m, ferr := b.finish(em, table, b.cfg.Format, traceparent, lsn, nil)
 		m.Key = key
@@ -305,7 +366,8 @@ func (b *Builder) route(em *envelope.Message, table, traceparent string, lsn cdc
 			Key: key, Table: table, LSN: lsn, CommitLSN: b.tx.FinalLSN, CommitTime: b.tx.CommitTime, Filtered: FilteredUnmatched}
 		return []*Message{m}, nil
 	}
-	if d.Payload != nil {
+	transformed := d.Payload != nil
+	if transformed {
 		em.Payload = d.Payload
 	}
 	var out []*Message
@@ -317,7 +379,7 @@ func (b *Builder) route(em *envelope.Message, table, traceparent string, lsn cdc
 		if e.Payload == nil && format != FormatDebezium {
 			errs = append(errs, fmt.Errorf("column %s is null", b.cfg.Columns.Payload))
 		}
-		m, err := b.finish(&e, table, format, traceparent, lsn, errs)
+		m, err := b.finishAs(&e, table, format, traceparent, lsn, errs, transformed)
 		m.Route, m.RouteDestination, m.Key, m.Sink = r.Route, r.Destination, r.Key, r.Sink
 		for _, k := range slices.Sorted(maps.Keys(r.Headers)) {
 			m.Headers = append(m.Headers, envelope.Header{Key: k, Value: r.Headers[k]})
@@ -346,9 +408,19 @@ func (b *Builder) buildEmitted(lm *cdc.LogicalMessage) ([]*Message, error) {
 }
 
 func (b *Builder) finish(em *envelope.Message, table string, format Format, traceparent string, lsn cdc.LSN, errs []error) (*Message, error) {
+	return b.finishAs(em, table, format, traceparent, lsn, errs, false)
+}
+
+// finishAs is finish for a message whose payload transform.payload made
+// (transformed): that payload is what the schema folder checks, and its
+// error says the transform made it.
+func (b *Builder) finishAs(em *envelope.Message, table string, format Format, traceparent string, lsn cdc.LSN, errs []error, transformed bool) (*Message, error) {
 	tombstone := format == FormatDebezium && em.Payload == nil
 	if len(errs) == 0 && b.cfg.Validator != nil && !tombstone {
 		if err := b.cfg.Validator.Validate(em); err != nil {
+			if transformed {
+				err = fmt.Errorf("the payload transform.payload made: %w", err)
+			}
 			errs = append(errs, err)
 		}
 	}

@@ -118,6 +118,11 @@ type Outbox struct {
 	// headers named for the column, after the row's headers; a NULL value
 	// sends no header.
 	HeaderColumns []string `yaml:"header_columns"`
+	// EnvelopeColumns are further columns of the table placed into the
+	// envelope, named for the column (envelope.Message.Fields): top-level
+	// fields of the version 1 envelope, CloudEvents extension attributes,
+	// fields next to "payload" in the debezium format.
+	EnvelopeColumns []string `yaml:"envelope_columns"`
 }
 
 // Envelope chooses the body format; it is the configuration file's
@@ -179,6 +184,11 @@ func (c Config) WithDefaults() Config {
 // one sentence naming the key to fix.
 func (c Config) Validate() error {
 	errs := []error{c.Outbox.Validate(), c.Envelope.Validate()}
+	if c.cloudEvents() {
+		if err := c.Outbox.envelopeColumnsError(true); err != nil && c.Outbox.envelopeColumnsError(false) == nil {
+			errs = append(errs, err)
+		}
+	}
 	if _, err := c.compileRules(); err != nil {
 		errs = append(errs, err)
 	}
@@ -206,6 +216,21 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("relay.order %q is not one of aggregate, none", c.Order))
 	}
 	return errors.Join(errs...)
+}
+
+// cloudEvents reports whether a message may be a CloudEvent: the
+// envelope's format or a route's is one of the cloudevents formats.
+func (c Config) cloudEvents() bool {
+	ce := func(f Format) bool { return f == FormatCloudEvents || f == FormatCloudEventsBinary }
+	if ce(c.Envelope.Format) {
+		return true
+	}
+	for _, r := range c.Rules.Routes {
+		if ce(Format(r.Format)) {
+			return true
+		}
+	}
+	return false
 }
 
 // Docs describes the relay section's keys for the configuration reference;
@@ -247,6 +272,28 @@ func (o Outbox) Validate() error {
 			errs = append(errs, fmt.Errorf("postgres.header_columns: %q is a header name the relay owns (%s); rename the column or leave it out", h, envelope.ReservedAs(h)))
 		}
 	}
+	errs = append(errs, o.envelopeColumnsError(false))
+	return errors.Join(errs...)
+}
+
+// envelopeColumnsError reports a name of EnvelopeColumns that would
+// collide with a field of the envelope, or of a CloudEvent when
+// cloudEvents, or that is there twice.
+func (o Outbox) envelopeColumnsError(cloudEvents bool) error {
+	var errs []error
+	seen := map[string]bool{}
+	for _, name := range o.EnvelopeColumns {
+		if err := envelope.FieldNameError(name, cloudEvents); err != nil {
+			how := "rename the column in a view, or leave it out"
+			if cloudEvents {
+				how = "a CloudEvents format (envelope.format or a route's format) is in use; " + how
+			}
+			errs = append(errs, fmt.Errorf("postgres.envelope_columns: %w; %s", err, how))
+		} else if seen[name] {
+			errs = append(errs, fmt.Errorf("postgres.envelope_columns: %q is listed twice", name))
+		}
+		seen[name] = true
+	}
 	return errors.Join(errs...)
 }
 
@@ -265,6 +312,7 @@ func (Outbox) Docs() map[string]string {
 		"columns.key":            "column for the Kafka record key; empty means `aggregate_id` (Debezium's `table.field.event.key`)",
 		"columns.timestamp":      "timestamptz column for the record timestamp (Kafka timestamp, AMQP timestamp, `occurred_at` and CloudEvents `time`); empty means the brokers' own",
 		"header_columns":         "further columns sent as broker headers named for the column (Debezium's `table.fields.additional.placement` `header`)",
+		"envelope_columns":       "further columns placed into the envelope named for the column, as strings (Debezium's `table.fields.additional.placement` `envelope`): top-level fields of the version 1 envelope (NULL is null), CloudEvents extension attributes (names of a-z and 0-9 only; NULL left out), fields next to `payload` in the debezium format; a name of an envelope field or CloudEvents attribute is refused",
 		"message_prefix":         "prefix of table-less `pg_logical_emit_message` events",
 	}
 }

@@ -3,12 +3,14 @@ package relay_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/outboxrelay/outboxrelay/cdc"
 	"github.com/outboxrelay/outboxrelay/envelope"
+	"github.com/outboxrelay/outboxrelay/internal/rules"
 	"github.com/outboxrelay/outboxrelay/relay"
 )
 
@@ -103,6 +105,7 @@ func TestOptionColumnsTheTableLacks(t *testing.T) {
 		{"key", func(c *relay.Config) { c.Outbox.Columns.Key = "nope" }, "postgres.columns.key"},
 		{"timestamp", func(c *relay.Config) { c.Outbox.Columns.Timestamp = "nope" }, "postgres.columns.timestamp"},
 		{"header", func(c *relay.Config) { c.Outbox.HeaderColumns = []string{"nope"} }, "postgres.header_columns"},
+		{"envelope", func(c *relay.Config) { c.Outbox.EnvelopeColumns = []string{"nope"} }, "postgres.envelope_columns"},
 	} {
 		cfg := relay.Config{}
 		cfg.Outbox.Columns = relay.DefaultColumns()
@@ -120,5 +123,63 @@ func TestHeaderColumnsRefuseReservedNames(t *testing.T) {
 	err := o.Validate()
 	if err == nil || !strings.Contains(err.Error(), `"message_id" is a header name the relay owns`) || !strings.Contains(err.Error(), "empty column name") {
 		t.Fatalf("Validate: %v", err)
+	}
+}
+
+// TestEnvelopeColumns: postgres.envelope_columns places a column into each
+// format's message (a NULL one as each format says), and a name that would
+// collide with a field of the envelope, or of a CloudEvent when a
+// CloudEvents format is in use (envelope.format or a route's), is refused
+// when the configuration is validated.
+func TestEnvelopeColumns(t *testing.T) {
+	for _, tc := range []struct {
+		format relay.Format
+		want   string
+	}{
+		{relay.FormatEnvelope, `"tenant":"acme"`},
+		{relay.FormatCloudEvents, `"schemaversion":1,"tenant":"acme"`},
+		{relay.FormatDebezium, `{"payload":{"n":1},"tenant":"acme"}`},
+	} {
+		cfg := relay.Config{Outbox: relay.Outbox{EnvelopeColumns: []string{"tenant"}}, Envelope: relay.Envelope{Format: tc.format}}
+		m, err := buildOptions(t, cfg, optionsRow([]byte(`{"n":1}`), []byte("acme"), nil))
+		if err != nil || !strings.Contains(string(m.Envelope), tc.want) {
+			t.Errorf("%s: %s, %v; want it to contain %s", tc.format, m.Envelope, err, tc.want)
+		}
+		m, err = buildOptions(t, cfg, optionsRow([]byte(`{"n":1}`), nil, nil))
+		if err != nil || strings.Contains(string(m.Envelope), `"tenant":"`) {
+			t.Errorf("%s, NULL tenant: %s, %v", tc.format, m.Envelope, err)
+		}
+	}
+	cfg := relay.Config{Outbox: relay.Outbox{EnvelopeColumns: []string{"tenant"}}, Envelope: relay.Envelope{Format: relay.FormatCloudEventsBinary}}
+	m, err := buildOptions(t, cfg, optionsRow([]byte(`{"n":1}`), []byte("acme"), nil))
+	if err != nil || !slices.Contains(m.Attributes, envelope.Header{Key: "tenant", Value: "acme"}) {
+		t.Errorf("binary CloudEvents: attributes %v, %v", m.Attributes, err)
+	}
+
+	for _, tc := range []struct {
+		name string
+		cfg  relay.Config
+		want string
+	}{
+		{"envelope field", relay.Config{Outbox: relay.Outbox{EnvelopeColumns: []string{"payload"}}},
+			`postgres.envelope_columns: "payload" is a field of the envelope`},
+		{"twice", relay.Config{Outbox: relay.Outbox{EnvelopeColumns: []string{"tenant", "tenant"}}},
+			`postgres.envelope_columns: "tenant" is listed twice`},
+		{"cloudevents attribute", relay.Config{Outbox: relay.Outbox{EnvelopeColumns: []string{"subject"}}, Envelope: relay.Envelope{Format: relay.FormatCloudEvents}},
+			`postgres.envelope_columns: "subject" is a CloudEvents attribute`},
+		{"cloudevents name", relay.Config{Outbox: relay.Outbox{EnvelopeColumns: []string{"tenant_id"}}, Envelope: relay.Envelope{Format: relay.FormatCloudEventsBinary}},
+			`"tenant_id" is not a CloudEvents attribute name`},
+		{"route's cloudevents", relay.Config{Outbox: relay.Outbox{EnvelopeColumns: []string{"tenant_id"}},
+			Rules: rules.Config{Routes: []rules.Route{{Name: "ce", Format: "cloudevents"}}}},
+			`"tenant_id" is not a CloudEvents attribute name`},
+	} {
+		err := tc.cfg.WithDefaults().Validate()
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want %q", tc.name, err, tc.want)
+		}
+	}
+	// Not a CloudEvents attribute name, but no CloudEvents format: fine.
+	if err := (relay.Config{Outbox: relay.Outbox{EnvelopeColumns: []string{"tenant_id"}}}).WithDefaults().Validate(); err != nil {
+		t.Errorf("tenant_id in the envelope format: %v", err)
 	}
 }

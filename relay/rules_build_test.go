@@ -3,6 +3,8 @@ package relay_test
 import (
 	"context"
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -10,6 +12,7 @@ import (
 	"github.com/outboxrelay/outboxrelay/cdc"
 	"github.com/outboxrelay/outboxrelay/envelope"
 	"github.com/outboxrelay/outboxrelay/internal/rules"
+	"github.com/outboxrelay/outboxrelay/outbox/schema"
 	"github.com/outboxrelay/outboxrelay/relay"
 )
 
@@ -71,5 +74,49 @@ func TestBuildAppliesRules(t *testing.T) {
 	// The next row is routed as before.
 	if ms, err := build(`{"n":5}`, "other"); err != nil || len(ms) != 1 || ms[0].Route != "orders" {
 		t.Fatalf("after a failing row: %d messages, %v", len(ms), err)
+	}
+}
+
+// TestTransformedPayloadIsValidated: with a schema folder, the payload that
+// is checked is the one transform.payload made, not the row's: a row whose
+// own payload matches but whose transformed one does not is the row's error,
+// the schema's, saying the transform made it; a row whose own payload does
+// not match but whose transformed one does is built without one.
+func TestTransformedPayloadIsValidated(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "OrderPlaced"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "OrderPlaced", "v1.json"),
+		[]byte(`{"type": "object", "required": ["cents"], "properties": {"cents": {"type": "integer"}}}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	set, err := schema.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := relay.Config{Tables: []string{"public.outbox"}, Rules: rules.Config{
+		Routes:    []rules.Route{{Name: "all", Destination: "orders"}},
+		Transform: rules.Transform{Payload: map[string]string{"cents": `payload.total * 100.0`}},
+	}}
+	if err := cfg.WithDefaults().Validate(); err != nil {
+		t.Fatal(err)
+	}
+	b := relay.NewBuilder(cfg, relay.Options{Validator: relay.ValidateFunc(func(em *envelope.Message) error {
+		return set.Validate(em.EventType, em.SchemaVersion, em.Payload)
+	})})
+	tx := cdc.Begin{FinalLSN: 0x200, XID: 9, CommitTime: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}
+	build := func(payload string) ([]*relay.Message, error) {
+		return b.Rows(context.Background(), optionsRelation, optionsRow([]byte(payload), []byte("acme"), nil), tx)
+	}
+	// The row's own payload has an integer cents; the transform makes it 250.5.
+	ms, err := build(`{"total": 2.505, "cents": 3}`)
+	if err == nil || len(ms) != 1 || !strings.Contains(err.Error(), "the payload transform.payload made") ||
+		!strings.Contains(err.Error(), "payload does not match schema OrderPlaced v1") || !strings.Contains(err.Error(), `"/cents"`) {
+		t.Fatalf("a transformed payload that fails its schema: %d messages, error %v; want the schema's error naming the transform", len(ms), err)
+	}
+	// The row's own payload lacks cents; the transformed one has it.
+	if ms, err := build(`{"total": 2.5}`); err != nil || len(ms) != 1 || !strings.Contains(string(ms[0].Envelope), `"cents":250`) {
+		t.Fatalf("a transformed payload that matches its schema: %d messages, %v", len(ms), err)
 	}
 }

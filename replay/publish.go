@@ -52,6 +52,11 @@ type PublisherConfig struct {
 	// permanently, or an invalid row, as the relay would (it then counts in
 	// Result.DeadLettered, not in Failed or Invalid). Calls are serialised.
 	DeadLetter func(ctx context.Context, m *relay.Message) error
+	// Filtered, when set, is called with the route label
+	// (relay.Message.Filtered) of every row the routing rules drop, as the
+	// relay's Hooks.Filtered is: the relay's first start counts them in
+	// outboxrelay_messages_filtered_total.
+	Filtered func(route string)
 }
 
 // Result counts what a Publisher did.
@@ -66,6 +71,9 @@ type Result struct {
 	// letters (replay.ErrDeadLettered).
 	DeadLettered []string
 	Held         []string
+	// Filtered counts the rows the routing rules drop (ErrFiltered):
+	// never published, and not failed.
+	Filtered int64
 	// DeadLetterErr is the first failure to store a dead letter.
 	DeadLetterErr error
 }
@@ -134,10 +142,21 @@ func (p *Publisher) Publish(ctx context.Context, m *relay.Message) error {
 	return nil
 }
 
-// Invalid records a row that cannot be sent: one already waiting in the
-// dead letters (ErrDeadLettered) is held there, any other is dead-lettered
-// when PublisherConfig.DeadLetter is set and counted invalid otherwise.
+// Invalid records a row that cannot be sent: one the routing rules drop
+// (ErrFiltered) is counted in Result.Filtered and PublisherConfig.Filtered,
+// one already waiting in the dead letters (ErrDeadLettered) is held there,
+// any other is dead-lettered when PublisherConfig.DeadLetter is set and
+// counted invalid otherwise.
 func (p *Publisher) Invalid(ctx context.Context, m *relay.Message, err error) {
+	if errors.Is(err, ErrFiltered) {
+		p.mu.Lock()
+		p.result.Filtered++
+		p.mu.Unlock()
+		if p.cfg.Filtered != nil {
+			p.cfg.Filtered(m.Filtered)
+		}
+		return
+	}
 	if errors.Is(err, ErrDeadLettered) {
 		p.log.Info("message waits in the dead letters; it is not republished", zap.String("message_id", m.ID))
 		p.mu.Lock()

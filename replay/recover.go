@@ -154,10 +154,7 @@ func Republish(ctx context.Context, db Querier, pub *Publisher, src Source, f Fi
 		if row != nil {
 			row()
 		}
-		if errors.Is(invalid, ErrFiltered) {
-			return nil // the rules drop it
-		}
-		if invalid != nil {
+		if invalid != nil { // a row the rules drop too: Invalid counts it
 			pub.Invalid(ctx, m, invalid)
 			return nil
 		}

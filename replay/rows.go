@@ -33,6 +33,9 @@ type Source struct {
 	// Tables are the outbox tables, schema.name.
 	Tables  []string
 	Columns relay.Columns
+	// HeaderColumns and EnvelopeColumns are as in relay.Outbox: a row is
+	// built with them as the relay builds it.
+	HeaderColumns, EnvelopeColumns []string
 	// Database, Format and CloudEventsSource are as in relay.Config.
 	Database          string
 	Format            relay.Format
@@ -58,6 +61,20 @@ type Filter struct {
 	// is pending in its dead letters, or parked behind one, to fn with
 	// ErrDeadLettered.
 	DeadLettered string
+	// Newest, when positive, keeps only the newest so many rows of all
+	// the tables, by creation time (postgres.columns.created_at) or, when
+	// that is not mapped, by id; Scan still hands them in commit order.
+	Newest int
+}
+
+// newestColumn is what Filter.Newest sorts rows by: the creation time
+// column (postgres.columns.created_at) when it is mapped, else the id
+// column, which increases for a bigserial or a UUIDv7 id.
+func (s Source) newestColumn() string {
+	if s.Columns.CreatedAt != "" {
+		return pgx.Identifier{s.Columns.CreatedAt}.Sanitize()
+	}
+	return pgx.Identifier{s.Columns.ID}.Sanitize()
 }
 
 // ErrNoCreatedAt is returned for a time window on tables without a creation
@@ -269,6 +286,46 @@ func (s Source) otherColumns(ctx context.Context, db Querier, ident string, rel 
 // dead-lettered, or ErrDeadLettered. Rows stream from the server: memory
 // does not grow with their number. fn's error stops the scan.
 func (s Source) Scan(ctx context.Context, db Querier, f Filter, fn func(m *relay.Message, invalid error) error) error {
+	return s.scan(ctx, db, f, func(b *relay.Builder, rel *cdc.Relation, ins *cdc.Insert, tx cdc.Begin, deadLettered bool) error {
+		ms, invalid := b.Rows(ctx, rel, ins, tx)
+		if len(ms) == 0 {
+			return invalid
+		}
+		for _, m := range ms {
+			why := invalid
+			if deadLettered {
+				why = ErrDeadLettered
+			} else if m.Filtered != "" {
+				why = ErrFiltered
+			}
+			if err := fn(m, why); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// RuleRows reads the rows f selects as Scan does, and calls fn with what
+// the routing rules see of each (relay.Builder.RuleRow), without running
+// them, and the reason the relay dead-letters the row before any rule runs.
+// A relation's own error (a mapped column the table lacks) stops the read.
+func (s Source) RuleRows(ctx context.Context, db Querier, f Filter, fn func(row *rules.Row, invalid error) error) error {
+	return s.scan(ctx, db, f, func(b *relay.Builder, rel *cdc.Relation, ins *cdc.Insert, tx cdc.Begin, _ bool) error {
+		row, invalid := b.RuleRow(ctx, rel, ins, tx)
+		if row == nil {
+			return invalid
+		}
+		return fn(row, invalid)
+	})
+}
+
+// scan reads the rows f selects, over all tables in commit order per
+// aggregate, and calls fn with each as the relay's Builder takes it.
+func (s Source) scan(ctx context.Context, db Querier, f Filter, fn func(b *relay.Builder, rel *cdc.Relation, ins *cdc.Insert, tx cdc.Begin, deadLettered bool) error) error {
+	if f.Newest < 0 {
+		return fmt.Errorf("newest %d: want a positive number of rows", f.Newest)
+	}
 	where, args, err := s.where(f)
 	if err != nil {
 		return err
@@ -287,7 +344,7 @@ func (s Source) Scan(ctx context.Context, db Querier, f Filter, fn func(m *relay
 			" AND replayed_at IS NULL UNION ALL SELECT message_id FROM outboxrelay.parked WHERE slot = " + slot + ")"
 	}
 	b := relay.NewBuilder(relay.Config{
-		Database: s.Database, Tables: s.Tables, Outbox: relay.Outbox{Columns: s.Columns},
+		Database: s.Database, Tables: s.Tables, Outbox: relay.Outbox{Columns: s.Columns, HeaderColumns: s.HeaderColumns, EnvelopeColumns: s.EnvelopeColumns},
 		Envelope: relay.Envelope{Format: s.Format, CloudEventsSource: s.CloudEventsSource}, Rules: s.Rules,
 	}, relay.Options{})
 	c := s.Columns
@@ -307,8 +364,10 @@ func (s Source) Scan(ctx context.Context, db Querier, f Filter, fn func(m *relay
 			cols = append(cols, "NULL::text")
 		}
 		cols = append(cols, s.orderKeys(commitTimes)...)
-		for _, n := range []string{c.ID, c.AggregateType, c.AggregateID, c.EventType, c.Payload, c.Headers, c.Traceparent, c.SchemaVersion, c.CreatedAt} {
-			if n == "" {
+		named := append([]string{c.ID, c.AggregateType, c.AggregateID, c.EventType, c.Payload, c.Headers, c.Traceparent, c.SchemaVersion, c.CreatedAt, c.Key, c.Timestamp},
+			append(slices.Clone(s.HeaderColumns), s.EnvelopeColumns...)...)
+		for _, n := range named {
+			if n == "" || slices.ContainsFunc(rel.Columns, func(col cdc.Column) bool { return col.Name == n }) {
 				continue
 			}
 			cols = append(cols, pgx.Identifier{n}.Sanitize()+"::text")
@@ -330,6 +389,10 @@ func (s Source) Scan(ctx context.Context, db Querier, f Filter, fn func(m *relay
 				rel.Columns[i].TypeOID = payloadType
 			}
 		}
+		if f.Newest > 0 {
+			// Last, after the row's columns, which are read by position.
+			cols = append(cols, s.newestColumn()+" AS o_newest")
+		}
 		rels = append(rels, rel)
 		parts = append(parts, "SELECT "+strings.Join(cols, ", ")+" FROM "+ident+where)
 	}
@@ -337,7 +400,15 @@ func (s Source) Scan(ctx context.Context, db Querier, f Filter, fn func(m *relay
 		return errors.New("no outbox tables configured")
 	}
 	// One query over all tables: an aggregate's rows may be in several.
-	rows, err := db.Query(ctx, strings.Join(parts, " UNION ALL ")+orderBy, args...)
+	query := strings.Join(parts, " UNION ALL ") + orderBy
+	if f.Newest > 0 {
+		// The newest rows of all tables, by the newest key each part
+		// ends with, then in commit order as every scan is.
+		args = append(args, f.Newest)
+		query = "SELECT * FROM (SELECT * FROM (" + strings.Join(parts, " UNION ALL ") + ") AS o_all ORDER BY o_newest DESC, o_ctid DESC LIMIT $" +
+			strconv.Itoa(len(args)) + ") AS o_newest_rows" + orderBy
+	}
+	rows, err := db.Query(ctx, query, args...)
 	if err != nil {
 		return fmt.Errorf("read rows of %s: %w", strings.Join(s.Tables, ", "), err)
 	}
@@ -369,20 +440,8 @@ func (s Source) Scan(ctx context.Context, db Querier, f Filter, fn func(m *relay
 		} else if createdAt >= 0 && ins.Values[createdAt] != nil {
 			tx.CommitTime, _ = envelope.ParseTimestamp(ins.Values[createdAt])
 		}
-		ms, invalid := b.Rows(ctx, rel, ins, tx)
-		if len(ms) == 0 {
-			return invalid
-		}
-		for _, m := range ms {
-			why := invalid
-			if string(raw[2]) == "true" {
-				why = ErrDeadLettered
-			} else if m.Filtered != "" {
-				why = ErrFiltered
-			}
-			if err := fn(m, why); err != nil {
-				return err
-			}
+		if err := fn(b, rel, ins, tx, string(raw[2]) == "true"); err != nil {
+			return err
 		}
 	}
 	if err := rows.Err(); err != nil {

@@ -49,7 +49,7 @@ func commands() []command {
 `},
 		{name: "run", run: cmdRun, usage: "  outboxrelay run     --config FILE [--check-config] [--accept-config-change]\n"},
 		{name: "maintain", run: cmdMaintain, usage: "  outboxrelay maintain --config FILE                 create daily partitions ahead, drop those past postgres.retention\n"},
-		{name: "status", run: cmdStatus, usage: "  outboxrelay status  --database-url URL [--slot NAME | --all] [--json | -o json|wide] [--max-lag-bytes N] [--watch]\n"},
+		{name: "status", run: cmdStatus, usage: "  outboxrelay status  --database-url URL [--slot NAME | --all] [--json | -o json|wide] [--max-lag-bytes N] [--relay URL] [--watch]\n"},
 		{name: "dlq", run: cmdDeadLetters, subcommands: dlqCommands, usage: "  outboxrelay dlq     list|show|replay|purge ...\n"},
 		{name: "inbox", run: cmdInbox, subcommands: inboxCommands, usage: "  outboxrelay inbox   status --database-url URL [--schema S] [--json]   a consumer database's inbox: last processed, dead letters, parked\n"},
 		{name: "verify", run: cmdVerify, usage: `  outboxrelay verify  --config FILE --since T [--until T] [--aggregate-type A] [--id ID] [--rabbitmq-queue Q] [--allow-uncovered]
@@ -64,7 +64,7 @@ func commands() []command {
 		{name: "healthcheck", run: cmdHealthcheck, usage: "  outboxrelay healthcheck [--url URL]               exit 0 when the relay's /healthz answers 200\n"},
 		{name: "completion", run: cmdCompletion, args: shells, usage: "  outboxrelay completion bash|zsh|fish               print the shell completion script\n"},
 		{name: "schema", run: cmdSchema, subcommands: []string{"check"}, usage: "  outboxrelay schema check DIR                      exit 1 when a schema version is not backward compatible with the one before\n"},
-		{name: "rules", run: cmdRules, subcommands: []string{"test"}, usage: "  outboxrelay rules test --config FILE ROWS.jsonl    dry-run the routing rules on sample rows: route, destination, key, headers\n"},
+		{name: "rules", run: cmdRules, subcommands: []string{"test"}, usage: "  outboxrelay rules test --config FILE (ROWS.jsonl | --from-table N)   dry-run the routing rules on sample rows or the outbox's newest rows\n"},
 		{name: "version", aliases: []string{"--version", "-v"}, run: cmdVersion, usage: "  outboxrelay version [--json]\n"},
 		{name: "help", aliases: []string{"-h", "--help"}, run: cmdHelp},
 	}

@@ -87,6 +87,7 @@ func cmdRecover(args []string, stdout, stderr io.Writer) error {
 		return err
 	})
 	fmt.Fprintf(stdout, "republished %d messages; slot %s starts at %s\n", res.Published, slot, res.ConsistentPoint)
+	printFiltered(stdout, res.Result)
 	if n := len(res.Held); n > 0 {
 		fmt.Fprintf(stdout, "%d messages of the window wait in outboxrelay.dead_letters and were left there; `outboxrelay dlq replay` publishes them\n", n)
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -10,11 +11,15 @@ import (
 	"io"
 	"maps"
 	"os"
+	"os/signal"
 	"slices"
+	"strconv"
 	"strings"
+	"syscall"
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/outboxrelay/outboxrelay/internal/app"
 	"github.com/outboxrelay/outboxrelay/internal/rules"
 )
 
@@ -23,15 +28,19 @@ import (
 // is left alone) and prints, for each row of ROWS.jsonl, the route,
 // destination, key and headers the rules give it, or why it is dropped or
 // dead-lettered. A rule that does not compile is exit 2 with its error.
+// With --from-table N instead of a file, the rows are the newest N of the
+// configured outbox tables, read as the relay reads them (see
+// rulesFromTable).
 func cmdRules(args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("rules test", "rules test --config FILE ROWS.jsonl",
-		"Dry-runs the routing rules of FILE (routes, unmatched, transform) on sample rows, one JSON object a line with the outbox table's columns (id, aggregate_type, aggregate_id, event_type, payload, headers, and any other), and prints each row's route, destination, key and headers.")
+	fs := newFlags("rules test", "rules test --config FILE (ROWS.jsonl | --from-table N)",
+		"Dry-runs the routing rules of FILE (routes, unmatched, transform) on sample rows, one JSON object a line with the outbox table's columns (id, aggregate_type, aggregate_id, event_type, payload, headers, and any other), or with --from-table N on the newest N rows of the configured outbox tables, and prints each row's route, destination, key and headers, or why it is dropped or dead-lettered. Nothing is sent, and nothing is written to the database.")
 	configPath := fs.String("config", "", "the configuration file whose rules to test")
+	fromTable := fs.String("from-table", "", "dry-run on the newest `N` rows of the configured outbox tables (postgres.url, postgres.tables, postgres.columns), newest by postgres.columns.created_at, or by the id column when created_at is not mapped; printed oldest first, in commit order per aggregate. Read in a read-only transaction")
 	if len(args) > 0 && (args[0] == "-h" || args[0] == "-help" || args[0] == "--help" || args[0] == "help") {
 		return &exitError{code: exitOK, err: &helpRequest{fs}}
 	}
 	if len(args) == 0 || args[0] != "test" {
-		return usageErr("rules: want `outboxrelay rules test --config FILE ROWS.jsonl`; see outboxrelay rules --help")
+		return usageErr("rules: want `outboxrelay rules test --config FILE ROWS.jsonl` or `--from-table N`; see outboxrelay rules --help")
 	}
 	if err := fs.Parse(args[1:]); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -39,8 +48,20 @@ func cmdRules(args []string, stdout, stderr io.Writer) error {
 		}
 		return usageErr("rules test: %v", err)
 	}
+	if *fromTable != "" {
+		n, err := strconv.Atoi(*fromTable)
+		switch {
+		case err != nil || n <= 0:
+			return usageErr("rules test: --from-table %q: want a positive number of rows, as in --from-table 20", *fromTable)
+		case *configPath == "":
+			return usageErr("rules test: --from-table needs --config FILE, whose postgres section says where the outbox is")
+		case fs.NArg() > 0:
+			return usageErr("rules test: give either a file of rows (%s) or --from-table N, not both", fs.Arg(0))
+		}
+		return rulesFromTable(*configPath, n, stdout, stderr)
+	}
 	if *configPath == "" || fs.NArg() != 1 {
-		return usageErr("rules test: want --config FILE and one file of rows, as in `outboxrelay rules test --config relay.yaml rows.jsonl`")
+		return usageErr("rules test: want --config FILE and one file of rows, as in `outboxrelay rules test --config relay.yaml rows.jsonl`, or --from-table N")
 	}
 	set, err := loadRules(*configPath)
 	if err != nil {
@@ -52,6 +73,40 @@ func cmdRules(args []string, stdout, stderr io.Writer) error {
 	}
 	defer f.Close()
 	return testRules(set, f, stdout)
+}
+
+// rulesFromTable dry-runs the rules of the configuration at path on the
+// newest n rows of its outbox tables. The rows are read, in a read-only
+// transaction, with the relay's own column mapping and row building
+// (replay.Source.RuleRows): a row the relay dead-letters before any rule
+// runs says so with the relay's reason. No slot is read or confirmed.
+func rulesFromTable(path string, n int, stdout, stderr io.Writer) error {
+	cfg, err := loadConfig(path, stderr)
+	if err != nil {
+		return err
+	}
+	if len(cfg.Config.Routes) == 0 {
+		return usageErr("rules test: %s has no routes", path)
+	}
+	set, err := rules.Compile(cfg.Config)
+	if err != nil {
+		return usageErr("rules test: %s: %v", path, err)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	i := 0
+	err = app.NewestRuleRows(ctx, cfg, n, func(row *rules.Row, invalid error) error {
+		i++
+		printDecision(stdout, fmt.Sprintf("row %d (%s id %s):", i, row.Table, row.MessageID), set, row, invalid)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("rules test: %w", err)
+	}
+	if i == 0 {
+		fmt.Fprintf(stdout, "no rows in %s\n", strings.Join(app.QualifiedTables(cfg.Postgres.Tables), ", "))
+	}
+	return nil
 }
 
 func loadRules(path string) (*rules.Set, error) {
@@ -86,33 +141,47 @@ func testRules(set *rules.Set, r io.Reader, w io.Writer) error {
 		if err != nil {
 			return usageErr("rules test: line %d: %v", n, err)
 		}
-		d, err := set.Decide(row)
-		prefix := fmt.Sprintf("row %d (id %s):", n, row.MessageID)
-		switch {
-		case err != nil:
-			fmt.Fprintf(w, "%s dead letter: %v\n", prefix, err)
-		case d.Dropped:
-			fmt.Fprintf(w, "%s dropped (unmatched: drop)\n", prefix)
-		}
-		for _, m := range d.Matches {
-			var hs []string
-			for _, k := range slices.Sorted(maps.Keys(m.Headers)) {
-				hs = append(hs, k+"="+m.Headers[k])
-			}
-			fmt.Fprintf(w, "%s route=%s destination=%q key=%q headers={%s}", prefix, m.Route, m.Destination, m.Key, strings.Join(hs, ", "))
-			if m.Format != "" {
-				fmt.Fprintf(w, " format=%s", m.Format)
-			}
-			fmt.Fprintln(w)
-		}
-		if d.Payload != nil {
-			fmt.Fprintf(w, "%s payload=%s\n", prefix, d.Payload)
-		}
+		printDecision(w, fmt.Sprintf("row %d (id %s):", n, row.MessageID), set, row, nil)
 	}
 	if err := sc.Err(); err != nil {
 		return usageErr("rules test: %v", err)
 	}
 	return nil
+}
+
+// printDecision prints, each line after prefix, what set makes of row:
+// each route it takes with its destination, key, headers and format, then
+// the transformed payload; or that it is dropped, or dead-lettered and why.
+// invalid is why the relay dead-letters the row before any rule runs.
+func printDecision(w io.Writer, prefix string, set *rules.Set, row *rules.Row, invalid error) {
+	if invalid != nil {
+		fmt.Fprintf(w, "%s dead letter: %v\n", prefix, oneLine(invalid.Error()))
+		return
+	}
+	d, err := set.Decide(row)
+	switch {
+	case err != nil:
+		fmt.Fprintf(w, "%s dead letter: %v\n", prefix, err)
+	case d.Dropped:
+		fmt.Fprintf(w, "%s dropped (unmatched: drop)\n", prefix)
+	}
+	for _, m := range d.Matches {
+		var hs []string
+		for _, k := range slices.Sorted(maps.Keys(m.Headers)) {
+			hs = append(hs, k+"="+m.Headers[k])
+		}
+		fmt.Fprintf(w, "%s route=%s destination=%q key=%q headers={%s}", prefix, m.Route, m.Destination, m.Key, strings.Join(hs, ", "))
+		if m.Sink != "" {
+			fmt.Fprintf(w, " sink=%s", m.Sink)
+		}
+		if m.Format != "" {
+			fmt.Fprintf(w, " format=%s", m.Format)
+		}
+		fmt.Fprintln(w)
+	}
+	if d.Payload != nil {
+		fmt.Fprintf(w, "%s payload=%s\n", prefix, d.Payload)
+	}
 }
 
 // sampleRow reads a row as the outbox table's columns in a JSON object;

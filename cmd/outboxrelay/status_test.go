@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -98,5 +101,46 @@ func TestWatchLine(t *testing.T) {
 	st.LagSince = time.Time{}
 	if got := watchLine(st, now); !strings.Contains(got, " lag_seconds=- ") {
 		t.Errorf("watch line without a recorded lag: %s", got)
+	}
+}
+
+// TestStatusRelaySinks: with --relay, status reads each sink's own progress
+// from the running relay's /status (with the bearer token) and prints a line
+// per sink; a relay that refuses or does not answer is one error that says
+// the sinks' lag is unknown.
+func TestStatusRelaySinks(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/status" || r.Header.Get("Authorization") != "Bearer s3cret" {
+			http.Error(w, "unauthorized", http.StatusUnauthorized)
+			return
+		}
+		fmt.Fprint(w, `{"slot": "outboxrelay", "sinks": [
+			{"name": "analytics", "confirmed_lsn": "0/3000", "lag_bytes": 0, "lag_seconds": null, "ready": true, "retrying": false},
+			{"name": "partner", "confirmed_lsn": "0/1000", "lag_bytes": 8192, "lag_seconds": 15.25, "ready": true, "retrying": true}]}`)
+	}))
+	defer srv.Close()
+	sinks, err := relaySinks(t.Context(), srv.URL+"/", "s3cret")
+	if err != nil || len(sinks) != 2 {
+		t.Fatalf("relaySinks: %v, %v", sinks, err)
+	}
+	var text bytes.Buffer
+	st := store.Status{Slot: "outboxrelay", Exists: true, ConfirmedFlushLSN: 0x1000, CurrentWALLSN: 0x3000, Sinks: sinks}
+	if err := printStatus(&text, st, false, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"\nsink analytics       confirmed 0/3000, lag_bytes 0, lag_seconds -\n",
+		"\nsink partner         confirmed 0/1000, lag_bytes 8192 (8.0 KiB), lag_seconds 15.2, retrying\n",
+	} {
+		if !strings.Contains(text.String(), want) {
+			t.Errorf("text:\n%s\nwant the line %q", text.String(), want)
+		}
+	}
+	if _, err := relaySinks(t.Context(), srv.URL, "wrong"); err == nil || !strings.Contains(err.Error(), "answered 401 Unauthorized to GET /status") {
+		t.Errorf("a refused token: %v", err)
+	}
+	srv.Close()
+	if _, err := relaySinks(t.Context(), srv.URL, "s3cret"); err == nil || !strings.Contains(err.Error(), "did not answer") {
+		t.Errorf("a relay that does not answer: %v", err)
 	}
 }

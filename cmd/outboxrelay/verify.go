@@ -120,10 +120,7 @@ func openOps(ctx context.Context, path string, stderr io.Writer) (*opsEnv, error
 			return nil, usageErr("outbox table %s does not exist; run `outboxrelay migrate` or fix postgres.tables", t)
 		}
 	}
-	return &opsEnv{cfg: cfg, log: log, db: db, source: rows.Source{
-		Tables: app.QualifiedTables(cfg.Postgres.Tables), Columns: cfg.Postgres.Columns, Database: database,
-		Format: cfg.Envelope.Format, CloudEventsSource: cfg.Envelope.CloudEventsSource, Rules: cfg.Config,
-	}}, nil
+	return &opsEnv{cfg: cfg, log: log, db: db, source: app.OutboxSource(cfg, database)}, nil
 }
 
 func (o *opsEnv) close(ctx context.Context) {
@@ -335,10 +332,7 @@ func cmdReplay(args []string, stdout, stderr io.Writer) error {
 	res, err := publishRows(ctx, o, stderr, *rate, total, nil, func(ctx context.Context, pub *rows.Publisher, row func()) error {
 		return o.source.Scan(ctx, o.db, f, func(m *relay.Message, invalid error) error {
 			row()
-			if errors.Is(invalid, rows.ErrFiltered) {
-				return nil // the rules drop it
-			}
-			if invalid != nil {
+			if invalid != nil { // a row the rules drop too: Invalid counts it
 				pub.Invalid(ctx, m, invalid)
 				return nil
 			}
@@ -346,10 +340,19 @@ func cmdReplay(args []string, stdout, stderr io.Writer) error {
 		})
 	})
 	fmt.Fprintf(stdout, "replayed %d of %d messages\n", res.Published, total)
+	printFiltered(stdout, res)
 	if err != nil {
 		return err
 	}
 	return resultErr(res)
+}
+
+// printFiltered says how many rows the routing rules dropped (unmatched:
+// drop): they are not published, as the relay does not publish them.
+func printFiltered(w io.Writer, res rows.Result) {
+	if res.Filtered > 0 {
+		fmt.Fprintf(w, "%d rows dropped by the routing rules (unmatched: drop), not published\n", res.Filtered)
+	}
 }
 
 func resultErr(res rows.Result) error {

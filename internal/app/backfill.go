@@ -133,7 +133,8 @@ func (a *App) ensureSlot(ctx context.Context, conn *pgx.Conn, db store.TxDB, dat
 		}
 	}
 	log.Info("first start: published the rows committed before the replication slot existed",
-		zap.Int64("published", res.Published), zap.Int("dead_lettered", len(res.DeadLettered)), zap.String("slot_start", start.String()))
+		zap.Int64("published", res.Published), zap.Int("dead_lettered", len(res.DeadLettered)), zap.Int64("filtered", res.Filtered),
+		zap.String("slot_start", start.String()))
 	return created, nil
 }
 
@@ -197,8 +198,8 @@ func (a *App) backfillTables(ctx context.Context, conn *pgx.Conn) ([]string, err
 // own (non-transactional, like recover's) and waits for the broker.
 func (a *App) backfill(ctx context.Context, tx pgx.Tx, db store.TxDB, database string, tables []string, f replay.Filter) (replay.Result, error) {
 	cfg := a.cfg
-	src := replay.Source{Tables: tables, Columns: cfg.Postgres.Columns, Database: database,
-		Format: cfg.Envelope.Format, CloudEventsSource: cfg.Envelope.CloudEventsSource, Rules: cfg.Config}
+	src := OutboxSource(cfg, database)
+	src.Tables = tables
 	if n, err := src.Count(ctx, tx, f); err != nil || n == 0 {
 		return replay.Result{}, err
 	}
@@ -213,7 +214,8 @@ func (a *App) backfill(ctx context.Context, tx pgx.Tx, db store.TxDB, database s
 	} else {
 		ran <- nil
 	}
-	pc := replay.PublisherConfig{MaxInFlight: cfg.Relay.MaxInFlight, MaxAttempts: cfg.Relay.MaxAttempts}
+	// A row the rules drop is counted as the stream counts one.
+	pc := replay.PublisherConfig{MaxInFlight: cfg.Relay.MaxInFlight, MaxAttempts: cfg.Relay.MaxAttempts, Filtered: a.filtered}
 	if cfg.Relay.DeadLetters {
 		pc.DeadLetter = (&store.DeadLetters{DB: db, Slot: cfg.Postgres.Slot}).Add
 	}
@@ -233,4 +235,13 @@ func (a *App) backfill(ctx context.Context, tx pgx.Tx, db store.TxDB, database s
 		return res, fmt.Errorf("%d messages were refused by the broker or invalid and could not be dead-lettered (see the log)", n)
 	}
 	return res, nil
+}
+
+// filtered counts a row the routing rules drop outside the stream (a first
+// start's backfill) in outboxrelay_messages_filtered_total, as the
+// stream's Hooks.Filtered counts one.
+func (a *App) filtered(route string) {
+	if r := a.wired.Load(); r != nil && r.metrics != nil {
+		r.metrics.Hooks().Filtered(route)
+	}
 }

@@ -71,10 +71,7 @@ func VerifyWindow(ctx context.Context, cfg config.Config, f replay.Filter, margi
 	if err := conn.QueryRow(ctx, "SELECT current_database()").Scan(&database); err != nil {
 		return res, fmt.Errorf("query PostgreSQL: %w", err)
 	}
-	src := replay.Source{
-		Tables: QualifiedTables(cfg.Postgres.Tables), Columns: cfg.Postgres.Columns, Database: database,
-		Format: cfg.Envelope.Format, CloudEventsSource: cfg.Envelope.CloudEventsSource, Rules: cfg.Config,
-	}
+	src := OutboxSource(cfg, database)
 	rep, err := verify.Run(ctx, conn, rd, verify.Config{Source: src, Filter: f, Slot: cfg.Postgres.Slot, Destination: dest, Margin: margin},
 		func(id string) error {
 			if len(res.MissingIDs) < maxMissingIDs {

@@ -64,6 +64,9 @@ func WriteText(w io.Writer, s Status, now time.Time) error {
 	if s.Synced != nil {
 		row("synced", strconv.FormatBool(*s.Synced))
 	}
+	for _, k := range s.Sinks {
+		row("sink "+k.Name, sinkLine(k, lsn))
+	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
@@ -73,6 +76,25 @@ func WriteText(w io.Writer, s Status, now time.Time) error {
 		}
 	}
 	return nil
+}
+
+// sinkLine is one sink's own watermark and lag (Status.Sinks).
+func sinkLine(k SinkStatus, lsn func(LSN) string) string {
+	bytes, secs := "-", "-"
+	if k.LagBytes != nil {
+		bytes = byteSize(*k.LagBytes)
+	}
+	if k.LagSeconds != nil {
+		secs = strconv.FormatFloat(*k.LagSeconds, 'f', 1, 64)
+	}
+	line := "confirmed " + lsn(k.ConfirmedLSN) + ", lag_bytes " + bytes + ", lag_seconds " + secs
+	switch {
+	case k.Retrying:
+		line += ", retrying"
+	case !k.Ready:
+		line += ", not ready"
+	}
+	return line
 }
 
 func orDash(s string) string {
