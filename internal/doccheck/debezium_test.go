@@ -48,16 +48,40 @@ var debeziumRouterOptions = []string{
 
 var backtickRE = regexp.MustCompile("`([^`]+)`")
 
-// routerOptionRows returns the rows of the option table in
-// docs/debezium.md: the option (the backticked names of the first cell
-// before any parenthesis, joined by a space) and what outboxrelay has.
+// routingSection returns the lines of the README's Routing section.
+func routingSection(t *testing.T) []string {
+	t.Helper()
+	text := lines(t, "README.md")
+	i := slices.Index(text, "## Routing")
+	if i < 0 {
+		t.Fatal("README.md has no Routing section")
+	}
+	section := text[i:]
+	for j, l := range section[1:] {
+		if strings.HasPrefix(l, "## ") {
+			section = section[:j+1]
+			break
+		}
+	}
+	return section
+}
+
+// routerOptionRows returns the rows of the option table under "Coming
+// from Debezium's outbox event router" in the README's Routing section:
+// the option (the backticked names of the first cell before any
+// parenthesis, joined by a space) and what outboxrelay has.
 func routerOptionRows(t *testing.T) map[string]string {
 	t.Helper()
+	section := routingSection(t)
+	h := slices.Index(section, "### Coming from Debezium's outbox event router")
+	if h < 0 {
+		t.Fatal("the README's Routing section has no \"Coming from Debezium's outbox event router\"")
+	}
 	const header = "| Outbox Event Router option | outboxrelay |"
-	text := lines(t, "docs/debezium.md")
+	text := section[h:]
 	i := slices.Index(text, header)
 	if i < 0 {
-		t.Fatalf("docs/debezium.md has no table %q", header)
+		t.Fatalf("the README's \"Coming from Debezium's outbox event router\" has no table %q", header)
 	}
 	rows := map[string]string{}
 	for n, l := range text[i+2:] {
@@ -66,7 +90,7 @@ func routerOptionRows(t *testing.T) map[string]string {
 		}
 		cells := strings.Split(strings.Trim(l, "|"), "|")
 		if len(cells) != 2 {
-			t.Errorf("docs/debezium.md:%d: %d cells, want 2: %s", i+3+n, len(cells), l)
+			t.Errorf("README.md, option table row %d: %d cells, want 2: %s", n+1, len(cells), l)
 			continue
 		}
 		first, _, _ := strings.Cut(cells[0], "(")
@@ -76,49 +100,31 @@ func routerOptionRows(t *testing.T) map[string]string {
 		}
 		option := strings.Join(names, " ")
 		if _, dup := rows[option]; dup {
-			t.Errorf("docs/debezium.md:%d: option %q has two rows", i+3+n, option)
+			t.Errorf("README.md, option table row %d: option %q has two rows", n+1, option)
 		}
 		rows[option] = strings.TrimSpace(cells[1])
 	}
 	return rows
 }
 
-// TestDebeziumRouterOptionsMapped fails when the table "The router's
-// options, one by one" in docs/debezium.md lacks an option of Debezium's
-// outbox event router, leaves its outboxrelay cell empty, or names an
-// option the router does not have (a typo, or a list to update); and when
-// the README's Routing section stops linking to it.
+// TestDebeziumRouterOptionsMapped fails when the table under "Coming from
+// Debezium's outbox event router" in the README's Routing section lacks
+// an option of Debezium's outbox event router, leaves its outboxrelay
+// cell empty, or names an option the router does not have (a typo, or a
+// list to update).
 func TestDebeziumRouterOptionsMapped(t *testing.T) {
 	rows := routerOptionRows(t)
 	for _, o := range debeziumRouterOptions {
 		switch what, ok := rows[o]; {
 		case !ok:
-			t.Errorf("docs/debezium.md: the router's option %q has no row", o)
+			t.Errorf("README.md: the router's option %q has no row", o)
 		case what == "":
-			t.Errorf("docs/debezium.md: the router's option %q says nothing of outboxrelay", o)
+			t.Errorf("README.md: the router's option %q says nothing of outboxrelay", o)
 		}
 	}
 	for o := range rows {
 		if !slices.Contains(debeziumRouterOptions, o) {
-			t.Errorf("docs/debezium.md: %q is no option of the router this test knows; fix the row, or add the option to debeziumRouterOptions with its source", o)
+			t.Errorf("README.md: %q is no option of the router this test knows; fix the row, or add the option to debeziumRouterOptions with its source", o)
 		}
-	}
-
-	readme := strings.Join(lines(t, "README.md"), "\n")
-	i := strings.Index(readme, "\n## Routing\n")
-	if i < 0 {
-		t.Fatal("README.md has no Routing section")
-	}
-	section := readme[i+1:]
-	if j := strings.Index(section[1:], "\n## "); j >= 0 {
-		section = section[:j+1]
-	}
-	const heading = "### Coming from Debezium's outbox event router\n"
-	j := strings.Index(section, heading)
-	if j < 0 {
-		t.Fatalf("the README's Routing section has no %q", strings.TrimSpace(heading))
-	}
-	if !strings.Contains(section[j:], "](docs/debezium.md#the-routers-options-one-by-one)") {
-		t.Error("the README's \"Coming from Debezium's outbox event router\" does not link to the option table, docs/debezium.md#the-routers-options-one-by-one")
 	}
 }
