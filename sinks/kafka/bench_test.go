@@ -76,9 +76,13 @@ func BenchmarkProduce(b *testing.B) {
 		{"sink", Config{}},
 		{"sink/linger=10ms", Config{Linger: 10 * time.Millisecond}},
 		{"sink/uncompressed", Config{Opts: []kgo.Opt{kgo.ProducerBatchCompression(kgo.NoCompression())}}},
+		{"sink/pipelined", Config{}},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			s, _ := benchSink(b, bc.cfg)
+			if bc.name == "sink/pipelined" && !s.Pipeline() {
+				b.Fatal("the sink did not pipeline")
+			}
 			ctx := context.Background()
 			b.ReportAllocs()
 			b.SetBytes(int64(n * len(msgs[0].Envelope)))
