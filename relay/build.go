@@ -37,6 +37,29 @@ type Builder struct {
 	mappings map[uint32]*mapping
 	// tx is the transaction whose messages are being built.
 	tx cdc.Begin
+	// names holds the aggregate types and event types seen so far, so
+	// that a row's copies of them are not allocated again (intern).
+	names map[string]string
+	// one is the slice route returns for a row's one message; the
+	// stream's caller is done with it before the next row.
+	one [1]*Message
+}
+
+// maxNames bounds Builder.names: an outbox whose types are unbounded
+// (a type per aggregate) gets its strings allocated per row beyond it.
+const maxNames = 4096
+
+// intern returns val as a string, the same one for every row that holds
+// the same bytes while Builder.names has room.
+func (b *Builder) intern(val []byte) string {
+	if s, ok := b.names[string(val)]; ok {
+		return s
+	}
+	s := string(val)
+	if len(b.names) < maxNames {
+		b.names[s] = s
+	}
+	return s
 }
 
 // NewBuilder returns a Builder for the pipeline configuration cfg (its
@@ -48,7 +71,7 @@ func NewBuilder(cfg Config, opts Options) *Builder {
 
 // newBuilder returns a Builder for cfg, which must have its defaults set.
 func newBuilder(cfg *settings, log *zap.Logger) *Builder {
-	return &Builder{cfg: cfg, log: log, mappings: make(map[uint32]*mapping)}
+	return &Builder{cfg: cfg, log: log, mappings: make(map[uint32]*mapping), names: make(map[string]string)}
 }
 
 // Row builds the message for one row of rel, whose Values are in
@@ -77,6 +100,7 @@ func (b *Builder) Rows(ctx context.Context, rel *cdc.Relation, ins *cdc.Insert, 
 	}
 	b.tx = tx
 	ms, buildErr := b.buildRows(mp, ins)
+	ms = slices.Clone(ms) // the caller keeps it; the Builder reuses its own
 	for _, m := range ms {
 		// The caller owns the message: its buffer never returns to the pool.
 		m.pooled = false
@@ -189,19 +213,19 @@ func col(vals [][]byte, i int) []byte {
 func (b *Builder) buildRows(mp *mapping, ins *cdc.Insert) ([]*Message, error) {
 	v := ins.Values
 	var errs []error
-	req := func(i int, name string) string {
+	req := func(i int, name string, str func([]byte) string) string {
 		val := col(v, i)
 		if len(val) == 0 {
 			errs = append(errs, fmt.Errorf("column %s is null or empty", name))
 		}
-		return string(val)
+		return str(val)
 	}
 	c := b.cfg.Columns
 	em := envelope.Message{
-		MessageID:     req(mp.id, c.ID),
-		AggregateType: req(mp.aggType, c.AggregateType),
-		AggregateID:   req(mp.aggID, c.AggregateID),
-		EventType:     req(mp.eventType, c.EventType),
+		MessageID:     req(mp.id, c.ID, newString),
+		AggregateType: req(mp.aggType, c.AggregateType, b.intern),
+		AggregateID:   req(mp.aggID, c.AggregateID, newString),
+		EventType:     req(mp.eventType, c.EventType, b.intern),
 		SchemaVersion: 1,
 		Headers:       col(v, mp.headers),
 		Payload:       col(v, mp.payload),
@@ -243,7 +267,7 @@ func (b *Builder) buildRows(mp *mapping, ins *cdc.Insert) ([]*Message, error) {
 	}
 	key := em.AggregateID
 	if mp.key >= 0 {
-		key = req(mp.key, c.Key)
+		key = req(mp.key, c.Key, newString)
 	}
 	var cols map[string]string
 	if b.cfg.rules != nil {
@@ -279,7 +303,8 @@ func (b *Builder) route(em *envelope.Message, table, traceparent string, lsn cdc
 	if b.cfg.rules == nil || len(errs) > 0 {
 		m, err := b.finish(em, table, b.cfg.Format, traceparent, lsn, errs)
 		m.Key = key
-		return []*Message{m}, err
+		b.one[0] = m
+		return b.one[:1:1], err
 	}
 	row := &rules.Row{
 		MessageID: em.MessageID, AggregateType: em.AggregateType, AggregateID: em.AggregateID, EventType: em.EventType,
@@ -393,6 +418,8 @@ func (b *Builder) finish(em *envelope.Message, table string, format Format, trac
 	}
 	return m, errors.Join(errs...)
 }
+
+func newString(b []byte) string { return string(b) }
 
 // decodeBytea decodes PostgreSQL's hex bytea output (\x...).
 func decodeBytea(b []byte) ([]byte, error) {
