@@ -103,7 +103,7 @@ func (b *Builder) Rows(ctx context.Context, rel *cdc.Relation, ins *cdc.Insert, 
 	ms = slices.Clone(ms) // the caller keeps it; the Builder reuses its own
 	for _, m := range ms {
 		// The caller owns the message: its buffer never returns to the pool.
-		m.pooled = false
+		m.buf = nil
 	}
 	return ms, buildErr
 }
@@ -397,8 +397,8 @@ func (b *Builder) finish(em *envelope.Message, table string, format Format, trac
 	size := em.SizeHint() + len(b.cfg.CloudEventsSource)
 	switch format {
 	case FormatCloudEvents:
-		m.Envelope = em.AppendCloudEvent(getBuffer(size), b.cfg.CloudEventsSource)
-		m.pooled = true
+		m.buf = getBuffer(size)
+		m.Envelope = em.AppendCloudEvent(*m.buf, b.cfg.CloudEventsSource)
 		m.ContentType = "application/cloudevents+json"
 	case FormatCloudEventsBinary:
 		// The body is a copy of its own, outside the pool: taking a pooled
@@ -409,12 +409,12 @@ func (b *Builder) finish(em *envelope.Message, table string, format Format, trac
 		m.Attributes = em.CloudEventAttributes(b.cfg.CloudEventsSource)
 	case FormatDebezium:
 		d := em.Debezium()
-		m.Envelope = append(getBuffer(size), d.Value...)
-		m.pooled = true
+		m.buf = getBuffer(size)
+		m.Envelope = append(*m.buf, d.Value...)
 		m.ContentType = d.ContentType
 	default:
-		m.Envelope = em.AppendJSON(getBuffer(size))
-		m.pooled = true
+		m.buf = getBuffer(size)
+		m.Envelope = em.AppendJSON(*m.buf)
 	}
 	return m, errors.Join(errs...)
 }
@@ -435,22 +435,28 @@ func decodeBytea(b []byte) ([]byte, error) {
 
 // Envelope buffers are pooled: allocating and zeroing a fresh one per row
 // was a tenth of the relay's CPU. A message's buffer returns to the pool
-// once the sink is done with it (publisher.complete).
+// once the sink is done with it (publisher.complete), in the same box
+// (*[]byte) it came out in: boxing it anew allocated once per message.
 var buffers sync.Pool
 
 const maxPooledBuffer = 64 << 10
 
-func getBuffer(size int) []byte {
+// getBuffer returns a box holding an empty buffer of at least size bytes.
+func getBuffer(size int) *[]byte {
 	if bp, ok := buffers.Get().(*[]byte); ok && cap(*bp) >= size {
-		return (*bp)[:0]
+		*bp = (*bp)[:0]
+		return bp
 	}
-	return make([]byte, 0, max(size, 2048))
+	b := make([]byte, 0, max(size, 2048))
+	return &b
 }
 
-func putBuffer(b []byte) {
+// putBuffer returns b, the buffer last taken out of bp (or grown from it),
+// to the pool in bp.
+func putBuffer(bp *[]byte, b []byte) {
 	if cap(b) > maxPooledBuffer {
 		return
 	}
-	b = b[:0]
-	buffers.Put(&b)
+	*bp = b[:0]
+	buffers.Put(bp)
 }

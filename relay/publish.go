@@ -237,10 +237,10 @@ func (p *publisher) run(ctx context.Context) {
 func (p *publisher) complete(m *Message) {
 	p.window.release(len(m.Envelope))
 	p.tracker.ack(m.tx, p.lane)
-	if m.pooled {
+	if m.buf != nil {
 		// The sink is done with m (Sink contract): reuse its buffer.
-		putBuffer(m.Envelope)
-		m.Envelope, m.pooled = nil, false
+		putBuffer(m.buf, m.Envelope)
+		m.Envelope, m.buf = nil, nil
 	}
 }
 
