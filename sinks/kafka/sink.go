@@ -261,6 +261,12 @@ func (s *Sink) finish(p *pending, err error) {
 	s.inflight.Done()
 }
 
+// finishCounted is finish for p counted in the pipeline's out (queued).
+func (s *Sink) finishCounted(p *pending, err error) {
+	s.pipe.settled(p)
+	s.finish(p, err)
+}
+
 // newPending builds the record of m for the rendered topic t. A non-nil val
 // is the record value instead of m.Envelope, of the content type ct. It
 // fails when the key (aggregate_id) or a header is not valid UTF-8: the
@@ -337,6 +343,9 @@ func (s *Sink) produced(r *kgo.Record, err error) {
 	err = produceError(r.Topic, err)
 	if err != nil && s.pipe != nil {
 		err = s.pipe.failed(p, r, err)
+	}
+	if s.pipe != nil {
+		s.pipe.settled(p)
 	}
 	done(m, err)
 	s.inflight.Done()
