@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/plugin/kzap"
 	"go.uber.org/zap"
 
 	"github.com/outboxrelay/outboxrelay/relay"
@@ -134,6 +135,7 @@ func (pipeHook) OnProduceRecordPartitioned(r *kgo.Record, _ int32) {
 func (s *Sink) Pipeline() bool {
 	opts := append(append([]kgo.Opt(nil), s.opts...),
 		kgo.ManualFlushing(),
+		kgo.WithLogger(quietFlushes{kzap.New(s.log)}),
 		kgo.MaxBufferedRecords(s.maxInFlight),
 		kgo.WithHooks(pipeHook{}),
 		// A round ends only once each of its records has an outcome, so a
@@ -166,6 +168,20 @@ func (s *Sink) Pipeline() bool {
 	}
 	go s.pipe.run()
 	return true
+}
+
+// quietFlushes is the pipelined client's logger: franz-go logs "flushing"
+// at info level on every Flush, which a round calls, so a busy relay wrote
+// a log line per round (over a thousand a second at 1,000 rows/s) and paid
+// for encoding and writing each on the round's goroutine.
+type quietFlushes struct{ kgo.Logger }
+
+// Log implements kgo.Logger.
+func (l quietFlushes) Log(level kgo.LogLevel, msg string, keyvals ...any) {
+	if level == kgo.LogLevelInfo && msg == "flushing" {
+		return
+	}
+	l.Logger.Log(level, msg, keyvals...)
 }
 
 // Resume implements relay.Pipeliner.
