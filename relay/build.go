@@ -37,6 +37,29 @@ type Builder struct {
 	mappings map[uint32]*mapping
 	// tx is the transaction whose messages are being built.
 	tx cdc.Begin
+	// names holds the aggregate types and event types seen so far, so
+	// that a row's copies of them are not allocated again (intern).
+	names map[string]string
+	// one is the slice route returns for a row's one message; the
+	// stream's caller is done with it before the next row.
+	one [1]*Message
+}
+
+// maxNames bounds Builder.names: an outbox whose types are unbounded
+// (a type per aggregate) gets its strings allocated per row beyond it.
+const maxNames = 4096
+
+// intern returns val as a string, the same one for every row that holds
+// the same bytes while Builder.names has room.
+func (b *Builder) intern(val []byte) string {
+	if s, ok := b.names[string(val)]; ok {
+		return s
+	}
+	s := string(val)
+	if len(b.names) < maxNames {
+		b.names[s] = s
+	}
+	return s
 }
 
 // NewBuilder returns a Builder for the pipeline configuration cfg (its
@@ -48,7 +71,7 @@ func NewBuilder(cfg Config, opts Options) *Builder {
 
 // newBuilder returns a Builder for cfg, which must have its defaults set.
 func newBuilder(cfg *settings, log *zap.Logger) *Builder {
-	return &Builder{cfg: cfg, log: log, mappings: make(map[uint32]*mapping)}
+	return &Builder{cfg: cfg, log: log, mappings: make(map[uint32]*mapping), names: make(map[string]string)}
 }
 
 // Row builds the message for one row of rel, whose Values are in
@@ -77,9 +100,10 @@ func (b *Builder) Rows(ctx context.Context, rel *cdc.Relation, ins *cdc.Insert, 
 	}
 	b.tx = tx
 	ms, buildErr := b.buildRows(mp, ins)
+	ms = slices.Clone(ms) // the caller keeps it; the Builder reuses its own
 	for _, m := range ms {
 		// The caller owns the message: its buffer never returns to the pool.
-		m.pooled = false
+		m.buf = nil
 	}
 	return ms, buildErr
 }
@@ -207,19 +231,19 @@ type rowFields struct {
 func (b *Builder) fields(mp *mapping, ins *cdc.Insert) rowFields {
 	v := ins.Values
 	var errs []error
-	req := func(i int, name string) string {
+	req := func(i int, name string, str func([]byte) string) string {
 		val := col(v, i)
 		if len(val) == 0 {
 			errs = append(errs, fmt.Errorf("column %s is null or empty", name))
 		}
-		return string(val)
+		return str(val)
 	}
 	c := b.cfg.Columns
 	em := envelope.Message{
-		MessageID:     req(mp.id, c.ID),
-		AggregateType: req(mp.aggType, c.AggregateType),
-		AggregateID:   req(mp.aggID, c.AggregateID),
-		EventType:     req(mp.eventType, c.EventType),
+		MessageID:     req(mp.id, c.ID, newString),
+		AggregateType: req(mp.aggType, c.AggregateType, b.intern),
+		AggregateID:   req(mp.aggID, c.AggregateID, newString),
+		EventType:     req(mp.eventType, c.EventType, b.intern),
 		SchemaVersion: 1,
 		Headers:       col(v, mp.headers),
 		Payload:       col(v, mp.payload),
@@ -267,7 +291,7 @@ func (b *Builder) fields(mp *mapping, ins *cdc.Insert) rowFields {
 	}
 	key := em.AggregateID
 	if mp.key >= 0 {
-		key = req(mp.key, c.Key)
+		key = req(mp.key, c.Key, newString)
 	}
 	var cols map[string]string
 	if b.cfg.rules != nil {
@@ -353,7 +377,8 @@ func (b *Builder) route(em *envelope.Message, table, traceparent string, lsn cdc
 	if b.cfg.rules == nil || len(errs) > 0 {
 		m, err := b.finish(em, table, b.cfg.Format, traceparent, lsn, errs)
 		m.Key = key
-		return []*Message{m}, err
+		b.one[0] = m
+		return b.one[:1:1], err
 	}
 	d, err := b.cfg.rules.Decide(ruleRow(em, table, cols, key))
 	if err != nil {
@@ -444,8 +469,8 @@ func (b *Builder) finishAs(em *envelope.Message, table string, format Format, tr
 	size := em.SizeHint() + len(b.cfg.CloudEventsSource)
 	switch format {
 	case FormatCloudEvents:
-		m.Envelope = em.AppendCloudEvent(getBuffer(size), b.cfg.CloudEventsSource)
-		m.pooled = true
+		m.buf = getBuffer(size)
+		m.Envelope = em.AppendCloudEvent(*m.buf, b.cfg.CloudEventsSource)
 		m.ContentType = "application/cloudevents+json"
 	case FormatCloudEventsBinary:
 		// The body is a copy of its own, outside the pool: taking a pooled
@@ -456,15 +481,17 @@ func (b *Builder) finishAs(em *envelope.Message, table string, format Format, tr
 		m.Attributes = em.CloudEventAttributes(b.cfg.CloudEventsSource)
 	case FormatDebezium:
 		d := em.Debezium()
-		m.Envelope = append(getBuffer(size), d.Value...)
-		m.pooled = true
+		m.buf = getBuffer(size)
+		m.Envelope = append(*m.buf, d.Value...)
 		m.ContentType = d.ContentType
 	default:
-		m.Envelope = em.AppendJSON(getBuffer(size))
-		m.pooled = true
+		m.buf = getBuffer(size)
+		m.Envelope = em.AppendJSON(*m.buf)
 	}
 	return m, errors.Join(errs...)
 }
+
+func newString(b []byte) string { return string(b) }
 
 // decodeBytea decodes PostgreSQL's hex bytea output (\x...).
 func decodeBytea(b []byte) ([]byte, error) {
@@ -480,22 +507,28 @@ func decodeBytea(b []byte) ([]byte, error) {
 
 // Envelope buffers are pooled: allocating and zeroing a fresh one per row
 // was a tenth of the relay's CPU. A message's buffer returns to the pool
-// once the sink is done with it (publisher.complete).
+// once the sink is done with it (publisher.complete), in the same box
+// (*[]byte) it came out in: boxing it anew allocated once per message.
 var buffers sync.Pool
 
 const maxPooledBuffer = 64 << 10
 
-func getBuffer(size int) []byte {
+// getBuffer returns a box holding an empty buffer of at least size bytes.
+func getBuffer(size int) *[]byte {
 	if bp, ok := buffers.Get().(*[]byte); ok && cap(*bp) >= size {
-		return (*bp)[:0]
+		*bp = (*bp)[:0]
+		return bp
 	}
-	return make([]byte, 0, max(size, 2048))
+	b := make([]byte, 0, max(size, 2048))
+	return &b
 }
 
-func putBuffer(b []byte) {
+// putBuffer returns b, the buffer last taken out of bp (or grown from it),
+// to the pool in bp.
+func putBuffer(bp *[]byte, b []byte) {
 	if cap(b) > maxPooledBuffer {
 		return
 	}
-	b = b[:0]
-	buffers.Put(&b)
+	*bp = b[:0]
+	buffers.Put(bp)
 }

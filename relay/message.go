@@ -91,10 +91,10 @@ type Message struct {
 	// LastError is the error of the latest failed attempt.
 	LastError error
 
-	tx     *txn       // set by the relay
-	seq    uint64     // publish order
-	pooled bool       // Envelope returns to the buffer pool once m is complete
-	span   trace.Span // the relay's producer span, when it records one
+	tx   *txn       // set by the relay
+	seq  uint64     // publish order
+	buf  *[]byte    // non-nil: Envelope returns to the buffer pool in it once m is complete
+	span trace.Span // the relay's producer span, when it records one
 }
 
 // FilteredUnmatched is Message.Filtered for a row no route matches when

@@ -121,11 +121,12 @@ func (p *publisher) unanswered() (time.Duration, int) {
 
 // onDone receives every publish outcome, from any goroutine.
 func (p *publisher) onDone(m *Message, err error) {
-	p.answeredAt.Store(time.Now().UnixNano())
+	now := time.Now() // one clock read for the answer and the hook
+	p.answeredAt.Store(now.UnixNano())
 	p.atSink.Add(-1)
 	if err == nil {
 		if h := p.cfg.Hooks.Published; h != nil {
-			h(m, time.Now())
+			h(m, now)
 		}
 		endSpan(m, nil)
 		p.settle(m, !p.exactlyOnce)
@@ -148,7 +149,6 @@ func (p *publisher) onDone(m *Message, err error) {
 		p.deadLetter(m, false)
 		return
 	}
-	now := time.Now()
 	if m.Attempts == 0 {
 		m.FirstFailure = now
 	}
@@ -237,10 +237,10 @@ func (p *publisher) run(ctx context.Context) {
 func (p *publisher) complete(m *Message) {
 	p.window.release(len(m.Envelope))
 	p.tracker.ack(m.tx, p.lane)
-	if m.pooled {
+	if m.buf != nil {
 		// The sink is done with m (Sink contract): reuse its buffer.
-		putBuffer(m.Envelope)
-		m.Envelope, m.pooled = nil, false
+		putBuffer(m.buf, m.Envelope)
+		m.Envelope, m.buf = nil, nil
 	}
 }
 

@@ -76,9 +76,13 @@ func BenchmarkProduce(b *testing.B) {
 		{"sink", Config{}},
 		{"sink/linger=10ms", Config{Linger: 10 * time.Millisecond}},
 		{"sink/uncompressed", Config{Opts: []kgo.Opt{kgo.ProducerBatchCompression(kgo.NoCompression())}}},
+		{"sink/pipelined", Config{}},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			s, _ := benchSink(b, bc.cfg)
+			if bc.name == "sink/pipelined" && !s.Pipeline() {
+				b.Fatal("the sink did not pipeline")
+			}
 			ctx := context.Background()
 			b.ReportAllocs()
 			b.SetBytes(int64(n * len(msgs[0].Envelope)))
@@ -144,15 +148,26 @@ func BenchmarkProduce(b *testing.B) {
 }
 
 // BenchmarkLatency publishes 1,000 records/s over 50 aggregates for 3 s per op
-// and reports the Publish-to-acknowledgement latency. Run it with
+// and reports the Publish-to-acknowledgement latency, at three lingers and
+// pipelined (relay.Pipeliner, as the relay runs the sink). Run it with
 // -benchtime=1x. kfake acknowledges acks=all at once (no followers), so a real
 // cluster adds its replication time to every figure.
 func BenchmarkLatency(b *testing.B) {
 	const rate, dur = 1000, 3 * time.Second
 	msgs := benchMessages(rate*int(dur/time.Second), 50, 1024)
-	for _, linger := range []time.Duration{0, 5 * time.Millisecond, 10 * time.Millisecond} {
-		b.Run("linger="+linger.String(), func(b *testing.B) {
-			s, _ := benchSink(b, Config{Linger: linger})
+	for _, c := range []struct {
+		linger    time.Duration
+		pipelined bool
+	}{{0, false}, {5 * time.Millisecond, false}, {10 * time.Millisecond, false}, {0, true}} {
+		name := "linger=" + c.linger.String()
+		if c.pipelined {
+			name = "pipelined"
+		}
+		b.Run(name, func(b *testing.B) {
+			s, _ := benchSink(b, Config{Linger: c.linger})
+			if c.pipelined && !s.Pipeline() {
+				b.Fatal("the sink did not pipeline")
+			}
 			ctx := context.Background()
 			var lat []time.Duration
 			b.ResetTimer()
@@ -184,6 +199,7 @@ func BenchmarkLatency(b *testing.B) {
 			q := func(p float64) float64 { return float64(lat[int(p*float64(len(lat)-1))]) / 1e6 }
 			b.ReportMetric(q(0.50), "p50-ms")
 			b.ReportMetric(q(0.99), "p99-ms")
+			b.ReportMetric(q(0.999), "p99.9-ms")
 			b.ReportMetric(q(1), "max-ms")
 		})
 	}

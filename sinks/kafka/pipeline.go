@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/plugin/kzap"
 	"go.uber.org/zap"
 
 	"github.com/outboxrelay/outboxrelay/relay"
@@ -48,6 +49,15 @@ var _ relay.Pipeliner = (*Sink)(nil)
 // until the relay calls Resume. Between rounds every failure is known, so
 // no later record of a failed aggregate is ever produced before Resume.
 //
+// A record whose aggregate has nothing in the sink (none queued, none
+// awaiting its outcome) joins the round being flushed instead of waiting
+// for the next one, when nothing is queued: Publish produces it at once,
+// and the flush sends it. No earlier record of its aggregate can fail
+// after it is produced, so it cannot overtake one; if a record ahead of
+// it in its partition fails, franz-go fails it too and its aggregate is
+// held as any other's. Once something is queued, records queue behind it,
+// so that the round ends and the queued ones go out.
+//
 // What this does not cover: a topic whose partition count grows while a
 // round is being produced can put two records of one key in different
 // partitions (as it moves keys for every Kafka producer), and a broker
@@ -60,6 +70,19 @@ type pipeline struct {
 	mu    sync.Mutex
 	queue []*pending
 	held  map[aggregate]struct{}
+	// out counts each aggregate's records in the sink: queued, or
+	// produced and awaiting their outcome.
+	out map[aggregate]int
+	// open: a round is being produced or flushed and records may join it
+	// while it holds fewer than max (size); joining counts the joiners
+	// inside Produce.
+	open    bool
+	size    int
+	joining sync.WaitGroup
+	// last and deferred are produceRound's, kept from one small round to
+	// the next rather than allocated per round.
+	last     map[aggregate]*pending
+	deferred map[aggregate]bool
 	// blamed is the first failed record of each partition in the round:
 	// the ones behind it in the partition failed because it did.
 	blamed map[partition]string
@@ -112,6 +135,7 @@ func (pipeHook) OnProduceRecordPartitioned(r *kgo.Record, _ int32) {
 func (s *Sink) Pipeline() bool {
 	opts := append(append([]kgo.Opt(nil), s.opts...),
 		kgo.ManualFlushing(),
+		kgo.WithLogger(quietFlushes{kzap.New(s.log)}),
 		kgo.MaxBufferedRecords(s.maxInFlight),
 		kgo.WithHooks(pipeHook{}),
 		// A round ends only once each of its records has an outcome, so a
@@ -133,14 +157,31 @@ func (s *Sink) Pipeline() bool {
 	ctx, cancel := context.WithCancel(context.Background())
 	s.pipe = &pipeline{
 		s: s, max: s.maxInFlight,
-		held:    make(map[aggregate]struct{}),
-		blamed:  make(map[partition]string),
-		kick:    make(chan struct{}, 1),
-		stopped: make(chan struct{}),
-		ctx:     ctx, cancel: cancel,
+		held:     make(map[aggregate]struct{}),
+		out:      make(map[aggregate]int),
+		last:     make(map[aggregate]*pending),
+		deferred: make(map[aggregate]bool),
+		blamed:   make(map[partition]string),
+		kick:     make(chan struct{}, 1),
+		stopped:  make(chan struct{}),
+		ctx:      ctx, cancel: cancel,
 	}
 	go s.pipe.run()
 	return true
+}
+
+// quietFlushes is the pipelined client's logger: franz-go logs "flushing"
+// at info level on every Flush, which a round calls, so a busy relay wrote
+// a log line per round (over a thousand a second at 1,000 rows/s) and paid
+// for encoding and writing each on the round's goroutine.
+type quietFlushes struct{ kgo.Logger }
+
+// Log implements kgo.Logger.
+func (l quietFlushes) Log(level kgo.LogLevel, msg string, keyvals ...any) {
+	if level == kgo.LogLevelInfo && msg == "flushing" {
+		return
+	}
+	l.Logger.Log(level, msg, keyvals...)
 }
 
 // Resume implements relay.Pipeliner.
@@ -161,14 +202,28 @@ func (q *pipeline) hold(m *relay.Message) {
 	q.mu.Unlock()
 }
 
-// enqueue queues p for the next round, or fails it when its aggregate is
-// held or the sink closed.
+// enqueue produces p in the open round when it may join it (see
+// pipeline), queues it for the next round otherwise, or fails it when its
+// aggregate is held or the sink closed.
 func (q *pipeline) enqueue(p *pending) {
+	a := aggregateOf(p.m)
 	q.mu.Lock()
-	_, held := q.held[aggregateOf(p.m)]
+	_, held := q.held[a]
 	closed := q.closed
+	join := false
 	if !held && !closed {
-		q.queue = append(q.queue, p)
+		// Beyond max, franz-go would refuse the record (ErrMaxBuffered,
+		// with manual flushing).
+		join = q.open && q.size < q.max && len(q.queue) == 0 && q.out[a] == 0
+		q.out[a]++
+		if join {
+			q.size++
+			p.round = true
+			q.round.Add(1)
+			q.joining.Add(1)
+		} else {
+			q.queue = append(q.queue, p)
+		}
 	}
 	q.mu.Unlock()
 	switch {
@@ -176,12 +231,27 @@ func (q *pipeline) enqueue(p *pending) {
 		q.s.finish(p, &errHeld{p.rec.Topic, "an earlier message of its aggregate failed"})
 	case closed:
 		q.s.finish(p, fmt.Errorf("produce to kafka topic %q: %w", p.rec.Topic, kgo.ErrClientClosed))
+	case join:
+		q.s.client.Produce(q.ctx, &p.rec, q.s.promise)
+		q.joining.Done()
 	default:
 		select {
 		case q.kick <- struct{}{}:
 		default:
 		}
 	}
+}
+
+// settled records that p, counted in out, has its outcome.
+func (q *pipeline) settled(p *pending) {
+	a := aggregateOf(p.m)
+	q.mu.Lock()
+	if n := q.out[a] - 1; n > 0 {
+		q.out[a] = n
+	} else {
+		delete(q.out, a)
+	}
+	q.mu.Unlock()
 }
 
 // run produces rounds until the sink closes.
@@ -210,6 +280,7 @@ func (q *pipeline) take() []*pending {
 		q.queue = q.queue[n:]
 	}
 	clear(q.blamed)
+	q.open, q.size = n > 0, n
 	return batch
 }
 
@@ -220,17 +291,15 @@ func (q *pipeline) produceRound() bool {
 	if len(batch) == 0 {
 		return false
 	}
-	last := make(map[aggregate]*pending, len(batch))
+	last, deferred := q.last, q.deferred
 	var later []*pending // for the next round
-	deferred := make(map[aggregate]bool)
-	produced := 0
 	for _, p := range batch {
 		a := aggregateOf(p.m)
 		q.mu.Lock()
 		_, held := q.held[a]
 		q.mu.Unlock()
 		if held {
-			q.s.finish(p, &errHeld{p.rec.Topic, "an earlier message of its aggregate failed"})
+			q.s.finishCounted(p, &errHeld{p.rec.Topic, "an earlier message of its aggregate failed"})
 			continue
 		}
 		if deferred[a] {
@@ -245,7 +314,6 @@ func (q *pipeline) produceRound() bool {
 		last[a] = p
 		q.round.Add(1)
 		p.round = true
-		produced++
 		q.s.client.Produce(q.ctx, &p.rec, q.s.promise)
 	}
 	if len(later) > 0 {
@@ -253,12 +321,25 @@ func (q *pipeline) produceRound() bool {
 		q.queue = append(later, q.queue...)
 		q.mu.Unlock()
 	}
-	if produced > 0 {
-		// Flush returns once every buffered record has its outcome, or
-		// when the sink closes (the client then fails them); records that
-		// failed before being buffered are waited for by round.
-		_ = q.s.client.Flush(q.ctx)
-		q.round.Wait()
+	// Flush returns once every buffered record has its outcome, or when
+	// the sink closes (the client then fails them); records that failed
+	// before being buffered are waited for by round. Records join while
+	// it flushes (and are sent at once); then the round closes, and a
+	// second flush sends those that joined as the first one returned.
+	_ = q.s.client.Flush(q.ctx)
+	q.mu.Lock()
+	q.open = false
+	q.mu.Unlock()
+	q.joining.Wait()
+	_ = q.s.client.Flush(q.ctx)
+	q.round.Wait()
+	// Clearing costs what the maps grew to: after a large round, start
+	// small again.
+	if len(batch) > 256 {
+		q.last, q.deferred = make(map[aggregate]*pending), make(map[aggregate]bool)
+	} else {
+		clear(last)
+		clear(deferred)
 	}
 	return true
 }
@@ -301,6 +382,6 @@ func (q *pipeline) close() {
 	q.cancel()
 	<-q.stopped
 	for _, p := range queued {
-		q.s.finish(p, fmt.Errorf("produce to kafka topic %q: %w", p.rec.Topic, kgo.ErrClientClosed))
+		q.s.finishCounted(p, fmt.Errorf("produce to kafka topic %q: %w", p.rec.Topic, kgo.ErrClientClosed))
 	}
 }

@@ -164,18 +164,19 @@ func (s *Sink) Ping(ctx context.Context) error {
 // pending is one record in flight. One allocation carries the record, the
 // inline headers and the relay's message and callback; the record's Context
 // is the pending itself, which is how the promise finds them again without a
-// map or a per-record closure. Embedding the Publish context keeps franz-go's
-// cancellation of buffered records working.
+// map or a per-record closure. The pending is also the record's context:
+// the Publish context's values without its cancellation (as
+// context.WithoutCancel gives, without an allocation of its own).
 //
 // A pending is never reused: franz-go may still read a record's Context after
 // its promise has returned (the goroutine waiting for an unknown topic keeps
 // the first record's), so pooling pendings is a data race.
 type pending struct {
-	context.Context
-	rec  kgo.Record
-	m    *relay.Message
-	done func(*relay.Message, error)
-	hdrs [8]kgo.RecordHeader
+	parent context.Context // the Publish context, for its values
+	rec    kgo.Record
+	m      *relay.Message
+	done   func(*relay.Message, error)
+	hdrs   [8]kgo.RecordHeader
 	// partitioned is set once franz-go has placed the record in a
 	// partition buffer; round, when the pipeline produced it in a round.
 	partitioned atomic.Bool
@@ -260,6 +261,12 @@ func (s *Sink) finish(p *pending, err error) {
 	s.inflight.Done()
 }
 
+// finishCounted is finish for p counted in the pipeline's out (queued).
+func (s *Sink) finishCounted(p *pending, err error) {
+	s.pipe.settled(p)
+	s.finish(p, err)
+}
+
 // newPending builds the record of m for the rendered topic t. A non-nil val
 // is the record value instead of m.Envelope, of the content type ct. It
 // fails when the key (aggregate_id) or a header is not valid UTF-8: the
@@ -276,7 +283,7 @@ func newPending(ctx context.Context, m *relay.Message, done func(*relay.Message,
 	// The record outlives the call: franz-go fails a buffered record whose
 	// context ends, and a relay shutting down (ctx cancelled) still wants
 	// what it handed over to be acknowledged while it drains. Close ends it.
-	p := &pending{Context: context.WithoutCancel(ctx), m: m, done: done, topic: t.state}
+	p := &pending{parent: ctx, m: m, done: done, topic: t.state}
 	if t.state != nil {
 		p.purges = t.state.purges.Load()
 	}
@@ -312,6 +319,20 @@ func newPending(ctx context.Context, m *relay.Message, done func(*relay.Message,
 	return p, nil
 }
 
+var _ context.Context = (*pending)(nil)
+
+// Deadline implements context.Context: none.
+func (*pending) Deadline() (time.Time, bool) { return time.Time{}, false }
+
+// Done implements context.Context: never.
+func (*pending) Done() <-chan struct{} { return nil }
+
+// Err implements context.Context: never cancelled.
+func (*pending) Err() error { return nil }
+
+// Value implements context.Context: the Publish context's values.
+func (p *pending) Value(key any) any { return p.parent.Value(key) }
+
 // produced is the promise of every record.
 func (s *Sink) produced(r *kgo.Record, err error) {
 	p := r.Context.(*pending)
@@ -322,6 +343,9 @@ func (s *Sink) produced(r *kgo.Record, err error) {
 	err = produceError(r.Topic, err)
 	if err != nil && s.pipe != nil {
 		err = s.pipe.failed(p, r, err)
+	}
+	if s.pipe != nil {
+		s.pipe.settled(p)
 	}
 	done(m, err)
 	s.inflight.Done()
