@@ -106,6 +106,9 @@ type Row struct {
 	Payload []byte
 	// Columns are the row's columns as text, without its NULL ones.
 	Columns map[string]string
+	// ReadColumns, when Columns is nil and ReadColumns is not, makes the
+	// columns the first time an expression reads row, at most once.
+	ReadColumns func() map[string]string
 	// Key is the row's record key before the rules; empty means
 	// AggregateID.
 	Key string
@@ -287,6 +290,8 @@ func Compile(c Config) (*Set, error) {
 // expression that reads it).
 type activation struct {
 	r *Row
+	// cols are the row's columns once an expression read them.
+	cols ref.Val
 	// payload is the parsed payload once an expression read it.
 	payload ref.Val
 	// obj is what payload was parsed into, for transformPayload; decoded
@@ -322,7 +327,14 @@ func (a *activation) ResolveName(name string) (any, bool) {
 	case "headers":
 		return stringMap(r.Headers), true
 	case "row":
-		return stringMap(r.Columns), true
+		if a.cols == nil {
+			cols := r.Columns
+			if cols == nil && r.ReadColumns != nil {
+				cols = r.ReadColumns()
+			}
+			a.cols = stringMap(cols)
+		}
+		return a.cols, true
 	case "payload":
 		if a.payload == nil {
 			if v, err := a.parsed(); err != nil {
