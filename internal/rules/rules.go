@@ -177,6 +177,8 @@ type Set struct {
 	tKey      *program
 	tHeaders  []headerProgram
 	tPayload  []headerProgram
+	// payload is what the expressions read of the payload.
+	payload payloadUse
 }
 
 func newEnv() (*cel.Env, error) {
@@ -202,6 +204,7 @@ func Compile(c Config) (*Set, error) {
 		return nil, fmt.Errorf("rules: %w", err)
 	}
 	var errs []error
+	var payload payloadUse
 	compile := func(rule, expr string, want *cel.Type) *program {
 		if strings.TrimSpace(expr) == "" {
 			if want == cel.BoolType {
@@ -219,6 +222,7 @@ func Compile(c Config) (*Set, error) {
 			errs = append(errs, &RuleError{Rule: rule, Err: fmt.Errorf("%q is of type %s, want %s", expr, t, want)})
 			return nil
 		}
+		payload.add(ast)
 		prg, err := env.Program(ast)
 		if err != nil {
 			errs = append(errs, &RuleError{Rule: rule, Err: err})
@@ -280,6 +284,9 @@ func Compile(c Config) (*Set, error) {
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
+	s.payload = payload
+	// transform.payload decodes the whole payload anyway.
+	s.payload.whole = s.payload.whole || len(s.tPayload) > 0
 	return s, nil
 }
 
@@ -289,7 +296,8 @@ func Compile(c Config) (*Set, error) {
 // (CEL's own lazy bindings of a map would parse it again in every
 // expression that reads it).
 type activation struct {
-	r *Row
+	r   *Row
+	use *payloadUse
 	// cols are the row's columns once an expression read them.
 	cols ref.Val
 	// payload is the parsed payload once an expression read it.
@@ -336,6 +344,12 @@ func (a *activation) ResolveName(name string) (any, bool) {
 		}
 		return a.cols, true
 	case "payload":
+		if a.payload == nil && !a.use.whole {
+			// The expressions read only some top-level fields.
+			if obj, ok := payloadFields(a.r.Payload, a.use.fields); ok {
+				a.payload = types.DefaultTypeAdapter.NativeToValue(obj)
+			}
+		}
 		if a.payload == nil {
 			if v, err := a.parsed(); err != nil {
 				a.payload = types.NewErr("payload is not JSON: %v", err)
@@ -410,7 +424,7 @@ func setHeaders(dst map[string]string, hs []headerProgram, vars *activation) err
 // wrapped) means the row is dead-lettered with it; the Set stays usable
 // for the next row.
 func (s *Set) Decide(r *Row) (Decision, error) {
-	vars := &activation{r: r}
+	vars := &activation{r: r, use: &s.payload}
 	var d Decision
 	base := Match{Key: cmp.Or(r.Key, r.AggregateID), Headers: map[string]string{}}
 	if s.tKey != nil {
