@@ -223,7 +223,7 @@ func Compile(c Config) (*Set, error) {
 			return nil
 		}
 		payload.add(ast)
-		prg, err := env.Program(ast)
+		prg, err := env.Program(ast, cel.EvalOptions(cel.OptOptimize))
 		if err != nil {
 			errs = append(errs, &RuleError{Rule: rule, Err: err})
 			return nil
