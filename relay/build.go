@@ -342,6 +342,8 @@ func ruleRow(em *envelope.Message, table string, cols func() map[string]string, 
 	}
 	if em.PayloadFormat != envelope.PayloadJSON {
 		row.Payload = nil // payload reads null: only JSON has fields
+	} else {
+		row.PayloadValid = true // PostgreSQL or ParseEmitted checked it
 	}
 	return row
 }

@@ -66,9 +66,10 @@ func (u *payloadUse) field(name string) {
 // that the expressions read, as json.Unmarshal would decode them in the
 // whole payload (the last of a repeated name wins), skipping the others.
 // ok is false when p is not a valid JSON object: the caller decodes it
-// whole, for the value or the error.
-func payloadFields(p []byte, fields map[string]bool) (obj map[string]any, ok bool) {
-	if !json.Valid(p) {
+// whole, for the value or the error. valid says p is known to be valid
+// JSON (PostgreSQL checked it), which spares checking it again.
+func payloadFields(p []byte, fields map[string]bool, valid bool) (obj map[string]any, ok bool) {
+	if !valid && !json.Valid(p) {
 		return nil, false
 	}
 	i := skipSpace(p, 0)
@@ -77,15 +78,26 @@ func payloadFields(p []byte, fields map[string]bool) (obj map[string]any, ok boo
 	}
 	obj = map[string]any{}
 	i = skipSpace(p, i+1)
+	if i < len(p) && p[i] == '}' {
+		return obj, skipSpace(p, i+1) == len(p)
+	}
+	// Anything unexpected gives up (ok false), should p not be valid after all.
 	for i < len(p) && p[i] == '"' {
 		end := skipValue(p, i)
+		if end-i < 2 || p[end-1] != '"' {
+			return nil, false
+		}
 		name, err := objectKey(p[i:end])
 		if err != nil {
 			return nil, false
 		}
-		i = skipSpace(p, end)
-		i = skipSpace(p, i+1) // the colon
-		end = skipValue(p, i)
+		if i = skipSpace(p, end); i >= len(p) || p[i] != ':' {
+			return nil, false
+		}
+		i = skipSpace(p, i+1)
+		if end = skipValue(p, i); end <= i {
+			return nil, false
+		}
 		if fields[name] {
 			var v any
 			if err := json.Unmarshal(p[i:end], &v); err != nil {
@@ -93,12 +105,16 @@ func payloadFields(p []byte, fields map[string]bool) (obj map[string]any, ok boo
 			}
 			obj[name] = v
 		}
-		i = skipSpace(p, end)
-		if i < len(p) && p[i] == ',' {
+		switch i = skipSpace(p, end); {
+		case i < len(p) && p[i] == ',':
 			i = skipSpace(p, i+1)
+		case i < len(p) && p[i] == '}':
+			return obj, skipSpace(p, i+1) == len(p)
+		default:
+			return nil, false
 		}
 	}
-	return obj, true
+	return nil, false
 }
 
 // objectKey is the quoted JSON string q as a Go string.
@@ -119,9 +135,13 @@ func skipSpace(p []byte, i int) int {
 	return i
 }
 
-// skipValue is the index just past the JSON value starting at p[i]; p is
-// valid JSON.
+// skipValue is the index just past the JSON value starting at p[i], at
+// most len(p); p is valid JSON.
 func skipValue(p []byte, i int) int {
+	return min(skipTo(p, i), len(p))
+}
+
+func skipTo(p []byte, i int) int {
 	depth := 0
 	for ; i < len(p); i++ {
 		switch c := p[i]; c {

@@ -23,7 +23,10 @@ func TestPayloadFieldsAsWholeDecode(t *testing.T) {
 		"{\"seq\":1,\"bad\xffkey\":2,\"priority\":\"\xff\"}",
 	}
 	for _, p := range objects {
-		got, ok := payloadFields([]byte(p), fields)
+		got, ok := payloadFields([]byte(p), fields, false)
+		if gotValid, okValid := payloadFields([]byte(p), fields, true); okValid != ok || !reflect.DeepEqual(gotValid, got) {
+			t.Errorf("%s known valid: got %v (%v), want %v (%v)", p, gotValid, okValid, got, ok)
+		}
 		var whole map[string]any
 		if err := json.Unmarshal([]byte(p), &whole); err != nil {
 			t.Fatalf("%s: %v", p, err)
@@ -39,8 +42,14 @@ func TestPayloadFieldsAsWholeDecode(t *testing.T) {
 		}
 	}
 	for _, p := range []string{``, `null`, `[1]`, `"seq"`, `3`, `{"seq": 1,}`, `{"seq": 1} x`, "{\"data\": \"\x01\"}"} {
-		if got, ok := payloadFields([]byte(p), fields); ok {
+		if got, ok := payloadFields([]byte(p), fields, false); ok {
 			t.Errorf("%q: got %v, want it left to the whole decode", p, got)
+		}
+	}
+	// Told it is valid, a payload that is not still gives up, never panics.
+	for _, p := range []string{``, `{`, `{"`, `{"seq"`, `{"seq":`, `{"seq": 1`, `{"seq" 1}`, `{"seq": 1,}`, `{"seq": 1} x`, `{"a": [1, 2}`, `[1]`, `null`, `{} x`} {
+		if got, ok := payloadFields([]byte(p), fields, true); ok {
+			t.Errorf("%q known valid: got %v, want it left to the whole decode", p, got)
 		}
 	}
 }

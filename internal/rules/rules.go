@@ -104,6 +104,10 @@ type Row struct {
 	Headers                                                 map[string]string
 	// Payload is the payload's JSON text; nil is JSON null.
 	Payload []byte
+	// PayloadValid says Payload is known to be valid JSON (PostgreSQL's
+	// json and jsonb columns): what only the expressions' fields are
+	// decoded of is then not checked whole again.
+	PayloadValid bool
 	// Columns are the row's columns as text, without its NULL ones.
 	Columns map[string]string
 	// ReadColumns, when Columns is nil and ReadColumns is not, makes the
@@ -346,7 +350,7 @@ func (a *activation) ResolveName(name string) (any, bool) {
 	case "payload":
 		if a.payload == nil && !a.use.whole {
 			// The expressions read only some top-level fields.
-			if obj, ok := payloadFields(a.r.Payload, a.use.fields); ok {
+			if obj, ok := payloadFields(a.r.Payload, a.use.fields, a.r.PayloadValid); ok {
 				a.payload = types.DefaultTypeAdapter.NativeToValue(obj)
 			}
 		}
