@@ -85,3 +85,30 @@ func TestPayloadUse(t *testing.T) {
 		}
 	}
 }
+
+// FuzzPayloadFields: payloadFields never panics, even told that invalid
+// JSON is valid, and on valid JSON gives the whole decode's fields.
+func FuzzPayloadFields(f *testing.F) {
+	for _, p := range []string{`{"seq": 1, "data": "x"}`, `{"a": [1, {"seq": 2}], "seq": "\"}"}`, `{"seq"`, `[1]`} {
+		f.Add([]byte(p))
+	}
+	fields := map[string]bool{"seq": true}
+	f.Fuzz(func(t *testing.T, p []byte) {
+		payloadFields(p, fields, true)
+		got, ok := payloadFields(p, fields, false)
+		var whole map[string]any
+		if json.Unmarshal(p, &whole) != nil || whole == nil {
+			if ok {
+				t.Fatalf("%q: got %v, want it left to the whole decode", p, got)
+			}
+			return
+		}
+		want := map[string]any{}
+		if v, found := whole["seq"]; found {
+			want["seq"] = v
+		}
+		if !ok || !reflect.DeepEqual(got, want) {
+			t.Fatalf("%q: got %v (%v), want %v", p, got, ok, want)
+		}
+	})
+}
