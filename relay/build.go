@@ -222,9 +222,18 @@ type rowFields struct {
 	// ts is the record timestamp (postgres.columns.timestamp), or zero.
 	ts  time.Time
 	key string
-	// cols are the row's non-NULL columns as text, for the rules; nil
-	// without rules.
-	cols map[string]string
+}
+
+// columns are the row v of mp's table as the rules see it: its non-NULL
+// columns as text.
+func columns(mp *mapping, v [][]byte) map[string]string {
+	cols := make(map[string]string, len(v))
+	for i, val := range v {
+		if val != nil && i < len(mp.rel.Columns) {
+			cols[mp.rel.Columns[i].Name] = string(val)
+		}
+	}
+	return cols
 }
 
 // fields reads an inserted row's columns as mp maps them.
@@ -293,16 +302,7 @@ func (b *Builder) fields(mp *mapping, ins *cdc.Insert) rowFields {
 	if mp.key >= 0 {
 		key = req(mp.key, c.Key, newString)
 	}
-	var cols map[string]string
-	if b.cfg.rules != nil {
-		cols = make(map[string]string, len(v))
-		for i, val := range v {
-			if val != nil && i < len(mp.rel.Columns) {
-				cols[mp.rel.Columns[i].Name] = string(val)
-			}
-		}
-	}
-	return rowFields{em: em, errs: errs, ts: ts, key: key, cols: cols}
+	return rowFields{em: em, errs: errs, ts: ts, key: key}
 }
 
 // buildRows makes the messages for an inserted row: one, or one per route
@@ -312,7 +312,11 @@ func (b *Builder) fields(mp *mapping, ins *cdc.Insert) rowFields {
 func (b *Builder) buildRows(mp *mapping, ins *cdc.Insert) ([]*Message, error) {
 	f := b.fields(mp, ins)
 	v := ins.Values
-	ms, err := b.route(&f.em, mp.table, envelope.TraceparentColumn(string(col(v, mp.traceparent))), ins.LSN, f.errs, f.cols, f.key)
+	var cols func() map[string]string
+	if b.cfg.rules != nil {
+		cols = func() map[string]string { return columns(mp, v) }
+	}
+	ms, err := b.route(&f.em, mp.table, envelope.TraceparentColumn(string(col(v, mp.traceparent))), ins.LSN, f.errs, cols, f.key)
 	for _, m := range ms {
 		m.Timestamp = f.ts
 		for j, i := range mp.headerColumns {
@@ -339,18 +343,20 @@ func (b *Builder) RuleRow(ctx context.Context, rel *cdc.Relation, ins *cdc.Inser
 	}
 	b.tx = tx
 	f := b.fields(mp, ins)
-	row := ruleRow(&f.em, mp.table, f.cols, f.key)
-	if f.cols == nil {
-		row.Columns = map[string]string{}
+	row := ruleRow(&f.em, mp.table, nil, f.key)
+	row.Columns = map[string]string{}
+	if b.cfg.rules != nil {
+		row.Columns = columns(mp, ins.Values)
 	}
 	return row, errors.Join(f.errs...)
 }
 
-// ruleRow is what the rules see of em.
-func ruleRow(em *envelope.Message, table string, cols map[string]string, key string) *rules.Row {
+// ruleRow is what the rules see of em; cols, when not nil, makes its
+// columns the first time a rule reads them.
+func ruleRow(em *envelope.Message, table string, cols func() map[string]string, key string) *rules.Row {
 	row := &rules.Row{
 		MessageID: em.MessageID, AggregateType: em.AggregateType, AggregateID: em.AggregateID, EventType: em.EventType,
-		Table: table, SchemaVersion: em.SchemaVersion, Payload: em.Payload, Columns: cols, Key: key,
+		Table: table, SchemaVersion: em.SchemaVersion, Payload: em.Payload, ReadColumns: cols, Key: key,
 	}
 	if hs, err := envelope.ParseHeaders(em.Headers); err == nil {
 		row.Headers = make(map[string]string, len(hs))
@@ -360,6 +366,8 @@ func ruleRow(em *envelope.Message, table string, cols map[string]string, key str
 	}
 	if em.PayloadFormat != envelope.PayloadJSON {
 		row.Payload = nil // payload reads null: only JSON has fields
+	} else {
+		row.PayloadValid = true // PostgreSQL or ParseEmitted checked it
 	}
 	return row
 }
@@ -370,7 +378,7 @@ func ruleRow(em *envelope.Message, table string, cols map[string]string, key str
 // that route's destination, key, headers and format, or one filtered
 // message for a row unmatched: drop drops. A rule that fails on the row
 // dead-letters it with the rule's error. key is the row's record key.
-func (b *Builder) route(em *envelope.Message, table, traceparent string, lsn cdc.LSN, errs []error, cols map[string]string, key string) ([]*Message, error) {
+func (b *Builder) route(em *envelope.Message, table, traceparent string, lsn cdc.LSN, errs []error, cols func() map[string]string, key string) ([]*Message, error) {
 	if b.cfg.rulesErr != nil {
 		errs = append(errs, b.cfg.rulesErr)
 	}

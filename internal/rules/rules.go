@@ -28,6 +28,7 @@ import (
 	"cel.dev/cel-go/common"
 	"cel.dev/cel-go/common/types"
 	"cel.dev/cel-go/common/types/ref"
+	"cel.dev/cel-go/interpreter"
 	"google.golang.org/protobuf/types/known/structpb"
 )
 
@@ -103,8 +104,15 @@ type Row struct {
 	Headers                                                 map[string]string
 	// Payload is the payload's JSON text; nil is JSON null.
 	Payload []byte
+	// PayloadValid says Payload is known to be valid JSON (PostgreSQL's
+	// json and jsonb columns): what only the expressions' fields are
+	// decoded of is then not checked whole again.
+	PayloadValid bool
 	// Columns are the row's columns as text, without its NULL ones.
 	Columns map[string]string
+	// ReadColumns, when Columns is nil and ReadColumns is not, makes the
+	// columns the first time an expression reads row, at most once.
+	ReadColumns func() map[string]string
 	// Key is the row's record key before the rules; empty means
 	// AggregateID.
 	Key string
@@ -173,6 +181,8 @@ type Set struct {
 	tKey      *program
 	tHeaders  []headerProgram
 	tPayload  []headerProgram
+	// payload is what the expressions read of the payload.
+	payload payloadUse
 }
 
 func newEnv() (*cel.Env, error) {
@@ -198,6 +208,7 @@ func Compile(c Config) (*Set, error) {
 		return nil, fmt.Errorf("rules: %w", err)
 	}
 	var errs []error
+	var payload payloadUse
 	compile := func(rule, expr string, want *cel.Type) *program {
 		if strings.TrimSpace(expr) == "" {
 			if want == cel.BoolType {
@@ -215,7 +226,8 @@ func Compile(c Config) (*Set, error) {
 			errs = append(errs, &RuleError{Rule: rule, Err: fmt.Errorf("%q is of type %s, want %s", expr, t, want)})
 			return nil
 		}
-		prg, err := env.Program(ast)
+		payload.add(ast)
+		prg, err := env.Program(ast, cel.EvalOptions(cel.OptOptimize))
 		if err != nil {
 			errs = append(errs, &RuleError{Rule: rule, Err: err})
 			return nil
@@ -276,36 +288,100 @@ func Compile(c Config) (*Set, error) {
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
+	s.payload = payload
+	// transform.payload decodes the whole payload anyway.
+	s.payload.whole = s.payload.whole || len(s.tPayload) > 0
 	return s, nil
 }
 
-// activation is the variables of r; payload is parsed only when an
-// expression reads it.
-func activation(r *Row) map[string]any {
-	hs, cols := r.Headers, r.Columns
-	if hs == nil {
-		hs = map[string]string{}
-	}
-	if cols == nil {
-		cols = map[string]string{}
-	}
-	return map[string]any{
-		"message_id": r.MessageID, "aggregate_type": r.AggregateType, "aggregate_id": r.AggregateID,
-		"event_type": r.EventType, "table": r.Table, "schema_version": int64(r.SchemaVersion),
-		"headers": hs, "row": cols,
-		"payload": func() ref.Val {
-			var v any
-			if len(r.Payload) > 0 {
-				if err := json.Unmarshal(r.Payload, &v); err != nil {
-					return types.NewErr("payload is not JSON: %v", err)
-				}
-			}
-			return types.DefaultTypeAdapter.NativeToValue(v)
-		},
-	}
+// activation is the variables of one row, as every expression the row is
+// run through reads them: a variable is made a CEL value only when an
+// expression reads it, and the payload is parsed at most once per row
+// (CEL's own lazy bindings of a map would parse it again in every
+// expression that reads it).
+type activation struct {
+	r   *Row
+	use *payloadUse
+	// cols are the row's columns once an expression read them.
+	cols ref.Val
+	// payload is the parsed payload once an expression read it.
+	payload ref.Val
+	// obj is what payload was parsed into, for transformPayload; decoded
+	// tells it apart from JSON null.
+	obj     any
+	decoded bool
+	err     error
 }
 
-func (p *program) eval(vars map[string]any) (ref.Val, error) {
+// stringMap is m as a CEL map; nil is the empty map.
+func stringMap(m map[string]string) ref.Val {
+	if m == nil {
+		m = map[string]string{}
+	}
+	return types.NewStringStringMap(types.DefaultTypeAdapter, m)
+}
+
+func (a *activation) ResolveName(name string) (any, bool) {
+	r := a.r
+	switch name {
+	case "message_id":
+		return types.String(r.MessageID), true
+	case "aggregate_type":
+		return types.String(r.AggregateType), true
+	case "aggregate_id":
+		return types.String(r.AggregateID), true
+	case "event_type":
+		return types.String(r.EventType), true
+	case "table":
+		return types.String(r.Table), true
+	case "schema_version":
+		return types.Int(r.SchemaVersion), true
+	case "headers":
+		return stringMap(r.Headers), true
+	case "row":
+		if a.cols == nil {
+			cols := r.Columns
+			if cols == nil && r.ReadColumns != nil {
+				cols = r.ReadColumns()
+			}
+			a.cols = stringMap(cols)
+		}
+		return a.cols, true
+	case "payload":
+		if a.payload == nil && !a.use.whole {
+			// The expressions read only some top-level fields.
+			if obj, ok := payloadFields(a.r.Payload, a.use.fields, a.r.PayloadValid); ok {
+				a.payload = types.DefaultTypeAdapter.NativeToValue(obj)
+			}
+		}
+		if a.payload == nil {
+			if v, err := a.parsed(); err != nil {
+				a.payload = types.NewErr("payload is not JSON: %v", err)
+			} else {
+				a.payload = types.DefaultTypeAdapter.NativeToValue(v)
+			}
+		}
+		return a.payload, true
+	}
+	return nil, false
+}
+
+func (a *activation) Parent() interpreter.Activation { return nil }
+
+// parsed is the payload decoded from JSON, once per row; an empty payload
+// is JSON null. The value is shared by every expression: nothing may
+// change it.
+func (a *activation) parsed() (any, error) {
+	if !a.decoded {
+		a.decoded = true
+		if len(a.r.Payload) > 0 {
+			a.err = json.Unmarshal(a.r.Payload, &a.obj)
+		}
+	}
+	return a.obj, a.err
+}
+
+func (p *program) eval(vars *activation) (ref.Val, error) {
 	out, _, err := p.prg.Eval(vars)
 	if err != nil {
 		return nil, &RuleError{Rule: p.rule, Err: err}
@@ -313,7 +389,7 @@ func (p *program) eval(vars map[string]any) (ref.Val, error) {
 	return out, nil
 }
 
-func (p *program) bool(vars map[string]any) (bool, error) {
+func (p *program) bool(vars *activation) (bool, error) {
 	out, err := p.eval(vars)
 	if err != nil {
 		return false, err
@@ -325,7 +401,7 @@ func (p *program) bool(vars map[string]any) (bool, error) {
 	return b, nil
 }
 
-func (p *program) string(vars map[string]any) (string, error) {
+func (p *program) string(vars *activation) (string, error) {
 	out, err := p.eval(vars)
 	if err != nil {
 		return "", err
@@ -337,7 +413,7 @@ func (p *program) string(vars map[string]any) (string, error) {
 	return s, nil
 }
 
-func setHeaders(dst map[string]string, hs []headerProgram, vars map[string]any) error {
+func setHeaders(dst map[string]string, hs []headerProgram, vars *activation) error {
 	for _, h := range hs {
 		v, err := h.string(vars)
 		if err != nil {
@@ -352,7 +428,7 @@ func setHeaders(dst map[string]string, hs []headerProgram, vars map[string]any) 
 // wrapped) means the row is dead-lettered with it; the Set stays usable
 // for the next row.
 func (s *Set) Decide(r *Row) (Decision, error) {
-	vars := activation(r)
+	vars := &activation{r: r, use: &s.payload}
 	var d Decision
 	base := Match{Key: cmp.Or(r.Key, r.AggregateID), Headers: map[string]string{}}
 	if s.tKey != nil {
@@ -366,7 +442,7 @@ func (s *Set) Decide(r *Row) (Decision, error) {
 		return d, err
 	}
 	if len(s.tPayload) > 0 {
-		p, err := s.transformPayload(r, vars)
+		p, err := s.transformPayload(vars)
 		if err != nil {
 			return d, err
 		}
@@ -423,11 +499,15 @@ func (s *Set) Decide(r *Row) (Decision, error) {
 
 // transformPayload sets the transform's payload fields in a JSON object
 // payload.
-func (s *Set) transformPayload(r *Row, vars map[string]any) ([]byte, error) {
-	var obj map[string]any
-	if err := json.Unmarshal(r.Payload, &obj); err != nil || obj == nil {
+func (s *Set) transformPayload(vars *activation) ([]byte, error) {
+	v, err := vars.parsed()
+	parsed, ok := v.(map[string]any)
+	if err != nil || !ok {
 		return nil, &RuleError{Rule: "transform.payload", Err: errors.New("the payload is not a JSON object")}
 	}
+	// The parsed payload is what the expressions read: the fields are set
+	// in a copy of its top level.
+	obj := maps.Clone(parsed)
 	for _, f := range s.tPayload {
 		out, err := f.eval(vars)
 		if err != nil {

@@ -1,0 +1,174 @@
+package rules
+
+import (
+	"bytes"
+	"encoding/json"
+	"unicode/utf8"
+
+	"cel.dev/cel-go/cel"
+	celast "cel.dev/cel-go/common/ast"
+	"cel.dev/cel-go/common/operators"
+	"cel.dev/cel-go/common/types"
+)
+
+// payloadUse is what the expressions of a Set read of the payload.
+type payloadUse struct {
+	// whole: some expression reads the payload otherwise than through a
+	// top-level field (payload.f, has(payload.f), payload["f"]).
+	whole bool
+	// fields are the top-level fields read, when not whole.
+	fields map[string]bool
+}
+
+// add records what the checked expression ast reads of the payload.
+func (u *payloadUse) add(ast *cel.Ast) {
+	uses, byField := map[int64]bool{}, map[int64]bool{}
+	celast.PreOrderVisit(ast.NativeRep().Expr(), celast.NewExprVisitor(func(e celast.Expr) {
+		isPayload := func(e celast.Expr) bool {
+			return e.Kind() == celast.IdentKind && e.AsIdent() == "payload"
+		}
+		switch e.Kind() {
+		case celast.IdentKind:
+			if isPayload(e) {
+				uses[e.ID()] = true
+			}
+		case celast.SelectKind:
+			if sel := e.AsSelect(); isPayload(sel.Operand()) {
+				byField[sel.Operand().ID()] = true
+				u.field(sel.FieldName())
+			}
+		case celast.CallKind:
+			call := e.AsCall()
+			if args := call.Args(); call.FunctionName() == operators.Index && len(args) == 2 && isPayload(args[0]) &&
+				args[1].Kind() == celast.LiteralKind {
+				if name, ok := args[1].AsLiteral().(types.String); ok {
+					byField[args[0].ID()] = true
+					u.field(string(name))
+				}
+			}
+		}
+	}))
+	for id := range uses {
+		if !byField[id] {
+			u.whole = true
+		}
+	}
+}
+
+func (u *payloadUse) field(name string) {
+	if u.fields == nil {
+		u.fields = map[string]bool{}
+	}
+	u.fields[name] = true
+}
+
+// payloadFields decodes the top-level fields of a JSON object payload
+// that the expressions read, as json.Unmarshal would decode them in the
+// whole payload (the last of a repeated name wins), skipping the others.
+// ok is false when p is not a valid JSON object: the caller decodes it
+// whole, for the value or the error. valid says p is known to be valid
+// JSON (PostgreSQL checked it), which spares checking it again.
+func payloadFields(p []byte, fields map[string]bool, valid bool) (obj map[string]any, ok bool) {
+	if !valid && !json.Valid(p) {
+		return nil, false
+	}
+	i := skipSpace(p, 0)
+	if i >= len(p) || p[i] != '{' {
+		return nil, false
+	}
+	obj = map[string]any{}
+	i = skipSpace(p, i+1)
+	if i < len(p) && p[i] == '}' {
+		return obj, skipSpace(p, i+1) == len(p)
+	}
+	// Anything unexpected gives up (ok false), should p not be valid after all.
+	for i < len(p) && p[i] == '"' {
+		end := skipValue(p, i)
+		if end-i < 2 || p[end-1] != '"' {
+			return nil, false
+		}
+		name, err := objectKey(p[i:end])
+		if err != nil {
+			return nil, false
+		}
+		if i = skipSpace(p, end); i >= len(p) || p[i] != ':' {
+			return nil, false
+		}
+		i = skipSpace(p, i+1)
+		if end = skipValue(p, i); end <= i {
+			return nil, false
+		}
+		if fields[name] {
+			var v any
+			if err := json.Unmarshal(p[i:end], &v); err != nil {
+				return nil, false
+			}
+			obj[name] = v
+		}
+		switch i = skipSpace(p, end); {
+		case i < len(p) && p[i] == ',':
+			i = skipSpace(p, i+1)
+		case i < len(p) && p[i] == '}':
+			return obj, skipSpace(p, i+1) == len(p)
+		default:
+			return nil, false
+		}
+	}
+	return nil, false
+}
+
+// objectKey is the quoted JSON string q as a Go string.
+func objectKey(q []byte) (string, error) {
+	s := q[1 : len(q)-1]
+	if bytes.IndexByte(s, '\\') < 0 && utf8.Valid(s) {
+		return string(s), nil
+	}
+	var name string
+	err := json.Unmarshal(q, &name)
+	return name, err
+}
+
+func skipSpace(p []byte, i int) int {
+	for i < len(p) && (p[i] == ' ' || p[i] == '\t' || p[i] == '\n' || p[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// skipValue is the index just past the JSON value starting at p[i], at
+// most len(p); p is valid JSON.
+func skipValue(p []byte, i int) int {
+	return min(skipTo(p, i), len(p))
+}
+
+func skipTo(p []byte, i int) int {
+	depth := 0
+	for ; i < len(p); i++ {
+		switch c := p[i]; c {
+		case '"':
+			for i++; i < len(p) && p[i] != '"'; i++ {
+				if p[i] == '\\' {
+					i++
+				}
+			}
+			if depth == 0 {
+				return i + 1
+			}
+		case '{', '[':
+			depth++
+		case '}', ']':
+			depth--
+			if depth == 0 {
+				return i + 1
+			}
+			if depth < 0 { // the end of the enclosing object: a scalar ended
+				return i
+			}
+		case ',', ' ', '\t', '\n', '\r', ':':
+			if depth == 0 {
+				return i
+			}
+		}
+	}
+	return i
+}
