@@ -18,7 +18,8 @@ build:
 # The integration package also runs the alert-rule unit tests (promtool)
 # and the dashboard test (a real Prometheus); deploy/helm, a module of its
 # own so that helm never becomes a dependency of the relay, renders the chart.
-# The integration run includes the PostgreSQL version matrix (test-matrix).
+# The integration run includes the PostgreSQL version matrix (test-matrix),
+# in a second test process beside the first (test-serial).
 SERIAL_PKGS := ./sinks/rabbitmq ./integration
 # The unit packages, whose tests need no broker beyond kfake and the
 # PostgreSQL the harness starts, run a second time under the race detector,
@@ -76,8 +77,9 @@ test: services tidy-check lint testreport
 # version (OUTBOXRELAY_PG_MATRIX; the package's own server serves its
 # version) and integration.TestMatrix runs MATRIX_TESTS on each, the
 # versions MATRIX_PARALLEL at a time, as TestMatrix/pgNN/TestName. make test
-# does so in its integration run, where -skip drops the top-level copies of
-# the tests (they run as TestMatrix/pgNN on the package's server's version);
+# does so in its integration run (test-serial's second process), where -skip
+# drops the top-level copies of the tests (they run as TestMatrix/pgNN on the
+# package's server's version);
 # make test-matrix runs the matrix alone. A version whose binaries are
 # missing fails under CI=true. Each name must run and pass on each version
 # (TestMatrix fails on a skip, and unless MATRIX_TESTS and its list agree):
