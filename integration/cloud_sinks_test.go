@@ -368,10 +368,12 @@ func TestKinesisEndToEnd(t *testing.T) {
 	}
 	sinkYAML := fmt.Sprintf("  kinesis:\n    stream: \"e2e-{aggregate_type}\"\n    region: us-east-1\n    endpoint: %s\n    access_key_id: test\n    secret_access_key: test\n    timeout: 500ms\n", front.URL)
 	// The refused aggregate's id is longer than a partition key may be.
-	p, ids, refused, all := cloudLedger(t, e, "kinesis", sinkYAML, strings.Repeat("k", 300), read)
+	p, ids, refused, _ := cloudLedger(t, e, "kinesis", sinkYAML, strings.Repeat("k", 300), read)
 	letters, _, parked := checkRefused(t, e, refused, "a Kinesis partition key takes at most 256")
 	p.stop()
-	rows, lost, dups := ledgerFigures(t, ids, all)
+	// The ledger is the stream once the relay stopped: a put retried after
+	// the last row arrived can still add a duplicate, which verify counts.
+	rows, lost, dups := ledgerFigures(t, ids, read())
 	req, ref, hung, drop := faults.requests.Load(), faults.refused.Load(), faults.hung.Load(), faults.dropped.Load()
 	t.Logf("ledger: %d rows (+%d refused), 1 kill -9, %d PutRecords calls through the proxy, faults: %d answered 500, %d hung past the timeout, %d answers dropped after the put; %d lost, %d duplicates, per-aggregate order checked; %d dead letters with the reason, %d parked",
 		rows, len(refused), req, ref, hung, drop, lost, dups, letters, parked)
