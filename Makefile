@@ -1,7 +1,7 @@
 GO ?= go
 FUZZTIME ?= 10s
 
-.PHONY: services testreport tidy-check lint build test test-outbox test-inbox test-matrix test-chart test-rules test-short torture bench demo fuzz audit clean
+.PHONY: services testreport tidy-check lint build test test-serial test-outbox test-inbox test-matrix test-chart test-rules test-short torture bench demo fuzz audit clean
 
 # make build stamps the version (git describe) and the commit into the
 # binary: `outboxrelay version --json` and the build_info metric show them.
@@ -18,7 +18,8 @@ build:
 # The integration package also runs the alert-rule unit tests (promtool)
 # and the dashboard test (a real Prometheus); deploy/helm, a module of its
 # own so that helm never becomes a dependency of the relay, renders the chart.
-# The integration run includes the PostgreSQL version matrix (test-matrix).
+# The integration run includes the PostgreSQL version matrix (test-matrix),
+# in a second test process beside the first (test-serial).
 SERIAL_PKGS := ./sinks/rabbitmq ./integration
 # The unit packages, whose tests need no broker beyond kfake and the
 # PostgreSQL the harness starts, run a second time under the race detector,
@@ -30,6 +31,12 @@ SERIAL_PKGS := ./sinks/rabbitmq ./integration
 NO_RACE_PKGS := ./envelope ./internal/config ./internal/doccheck ./internal/testreport ./sinks/route
 RACE_PKGS = $(filter-out $(patsubst ./%,$(MODULE)/%,$(NO_RACE_PKGS)),$(shell $(GO) list ./cdc ./cmd/outboxrelay ./internal/... ./relay ./sinks/kafka))
 MODULE := github.com/outboxrelay/outboxrelay
+# The first run leaves out the race run's packages, whose tests all run
+# there and none skips under the race detector, except cmd/outboxrelay,
+# whose tests that run a program skip there and so run in the first run.
+# (Only cmd/outboxrelay and envelope have files built with or without
+# race; envelope is not in the race run.)
+UNIT_PKGS = $(filter-out $(filter-out $(MODULE)/cmd/outboxrelay,$(RACE_PKGS)),$(shell $(GO) list ./... | grep -v -e '/integration$$' -e '/sinks/rabbitmq$$'))
 # make test first starts, or installs when it may (root with apt-get), the
 # services and clients the tests use (.ci/services; a no-op when they are
 # up). What it cannot provide is named, and those tests skip (fail under
@@ -54,9 +61,9 @@ testreport:
 test: services tidy-check lint testreport
 	@rm -f $(SKIPS)
 	$(GO) vet ./...
-	{ $(GO) test -json -count=1 -timeout 15m -p 2 $$($(GO) list ./... | grep -v -e '/integration$$' -e '/sinks/rabbitmq$$') $(JSON); } | $(REPORT)
+	{ $(GO) test -json -count=1 -timeout 15m -p 2 $(UNIT_PKGS) $(JSON); } | $(REPORT)
 	{ $(GO) test -json -race -count=1 -timeout 15m -p 2 $(RACE_PKGS) $(JSON); } | $(REPORT)
-	{ $(MATRIX_ENV) $(GO) test -json -count=1 -timeout 25m -p 1 -parallel $(MATRIX_PARALLEL) -skip '$(MATRIX_TOP)' $(SERIAL_PKGS) $(JSON); } | $(REPORT)
+	$(MAKE) --no-print-directory test-serial
 	$(MAKE) --no-print-directory test-outbox
 	$(MAKE) --no-print-directory test-inbox
 	$(MAKE) --no-print-directory test-chart
@@ -70,8 +77,9 @@ test: services tidy-check lint testreport
 # version (OUTBOXRELAY_PG_MATRIX; the package's own server serves its
 # version) and integration.TestMatrix runs MATRIX_TESTS on each, the
 # versions MATRIX_PARALLEL at a time, as TestMatrix/pgNN/TestName. make test
-# does so in its integration run, where -skip drops the top-level copies of
-# the tests (they run as TestMatrix/pgNN on the package's server's version);
+# does so in its integration run (test-serial's second process), where -skip
+# drops the top-level copies of the tests (they run as TestMatrix/pgNN on the
+# package's server's version);
 # make test-matrix runs the matrix alone. A version whose binaries are
 # missing fails under CI=true. Each name must run and pass on each version
 # (TestMatrix fails on a skip, and unless MATRIX_TESTS and its list agree):
@@ -94,6 +102,30 @@ test-matrix:
 			printf '%s\n' "$$out" | grep -qE "^ *--- PASS: TestMatrix/pg$$v/$$name " || { echo "matrix: $$name did not pass on PostgreSQL $$v"; exit 1; }; \
 		done; \
 	done
+
+# The integration package runs as two test processes at once, each with a
+# PostgreSQL server of its own (TestMain starts it), so that their
+# replication slots, publications and pg_terminate_backend never meet; most
+# of its tests wait on outages, soaks and timeouts rather than use the CPU.
+# The second process runs the version matrix and the tests of SHARD_FILES,
+# which use kfake, their own databases and servers, and local HTTP
+# emulators, and none of the shared RabbitMQ, NATS or Redis that the first
+# process's tests (and ./sinks/rabbitmq, which runs before them) stop and
+# disturb. Its tests are named from the files when make runs, and the first
+# process skips exactly those names, so that each test runs once and a new
+# test runs in the first process unless its file is listed here.
+SHARD_FILES := alerts cloudevents confluent console coverage dashboard debezium dlq_cli \
+	emit exactlyonce failover faults inbox_cli interop interop_webhook lag matrix migrate_debezium multisink \
+	order_none order park partial pgstop pipeline pipelines
+SHARD_TESTS = $(shell sed -n 's/^func \(Test[A-Za-z0-9_]*\)(t \*testing\.T).*/\1/p' $(patsubst %,integration/%_test.go,$(SHARD_FILES)))
+SHARD_RUN = ^($(subst $(eval) ,|,$(strip $(SHARD_TESTS))))$$
+SHARD_JSON := $(CURDIR)/bin/test-shard.json
+test-serial: testreport
+	@rm -f $(SHARD_JSON)
+	{ $(MATRIX_ENV) $(GO) test -json -count=1 -timeout 25m -p 1 -parallel $(MATRIX_PARALLEL) -run '$(SHARD_RUN)' -skip '$(MATRIX_TOP)' ./integration $(JSON); } >$(SHARD_JSON) 2>&1 & shard=$$!; \
+	{ $(GO) test -json -count=1 -timeout 25m -p 1 -skip '$(MATRIX_TOP)|$(SHARD_RUN)' $(SERIAL_PKGS) $(JSON); } | $(REPORT); rc=$$?; \
+	wait $$shard; echo "integration (second process: the matrix and $(SHARD_FILES)):"; \
+	$(REPORT) <$(SHARD_JSON) && exit $$rc
 
 # The nemesis tests (integration/nemesis_test.go) inject faults for
 # DURATION against each broker; make test runs them for 35s each.

@@ -69,16 +69,19 @@ func cloudLedger(t *testing.T, e *env, sinkType, sinkYAML, refused string, deliv
 			time.Sleep(50 * time.Millisecond)
 		}
 	}
+	// The waits are generous: the emulators answer slowly on a loaded
+	// machine (a Kinesis put times out after 500 ms), and only what
+	// arrives is asserted, never how fast.
 	p = e.startSinkRelay(sinkType, sinkYAML)
 	insert(3)
-	wait(120, time.Minute)
+	wait(120, 3*time.Minute)
 	p.kill()
 	if atKill, first := distinct(), 3*20*len(aggs); atKill >= first {
 		t.Errorf("the kill came after all %d rows of the first run were delivered (%d): it tested no crash mid-way", first, atKill)
 	}
 	insert(3)
 	p = e.startSinkRelay(sinkType, sinkYAML)
-	wait(6*20*len(aggs), time.Minute)
+	wait(6*20*len(aggs), 3*time.Minute)
 	return p, ids, refusedIDs, delivered()
 }
 
@@ -365,10 +368,12 @@ func TestKinesisEndToEnd(t *testing.T) {
 	}
 	sinkYAML := fmt.Sprintf("  kinesis:\n    stream: \"e2e-{aggregate_type}\"\n    region: us-east-1\n    endpoint: %s\n    access_key_id: test\n    secret_access_key: test\n    timeout: 500ms\n", front.URL)
 	// The refused aggregate's id is longer than a partition key may be.
-	p, ids, refused, all := cloudLedger(t, e, "kinesis", sinkYAML, strings.Repeat("k", 300), read)
+	p, ids, refused, _ := cloudLedger(t, e, "kinesis", sinkYAML, strings.Repeat("k", 300), read)
 	letters, _, parked := checkRefused(t, e, refused, "a Kinesis partition key takes at most 256")
 	p.stop()
-	rows, lost, dups := ledgerFigures(t, ids, all)
+	// The ledger is the stream once the relay stopped: a put retried after
+	// the last row arrived can still add a duplicate, which verify counts.
+	rows, lost, dups := ledgerFigures(t, ids, read())
 	req, ref, hung, drop := faults.requests.Load(), faults.refused.Load(), faults.hung.Load(), faults.dropped.Load()
 	t.Logf("ledger: %d rows (+%d refused), 1 kill -9, %d PutRecords calls through the proxy, faults: %d answered 500, %d hung past the timeout, %d answers dropped after the put; %d lost, %d duplicates, per-aggregate order checked; %d dead letters with the reason, %d parked",
 		rows, len(refused), req, ref, hung, drop, lost, dups, letters, parked)

@@ -108,14 +108,22 @@ func startMatrix(ctx context.Context, def *pgserver.Server, settings map[string]
 	return servers, nil
 }
 
+// stopMatrix stops the servers all at once, as startMatrix starts them:
+// each stop waits for its shutdown checkpoint.
 func stopMatrix(servers []*matrixServer) {
+	var wg sync.WaitGroup
 	for _, s := range servers {
 		if s.srv != nil && !s.shared {
-			if err := s.srv.Stop(); err != nil {
-				fmt.Fprintf(os.Stderr, "matrix: stop PostgreSQL %s: %v\n", s.version, err)
-			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := s.srv.Stop(); err != nil {
+					fmt.Fprintf(os.Stderr, "matrix: stop PostgreSQL %s: %v\n", s.version, err)
+				}
+			}()
 		}
 	}
+	wg.Wait()
 }
 
 // serverFor is the server t's database goes on: its version's under
