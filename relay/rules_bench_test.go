@@ -3,6 +3,7 @@ package relay_test
 import (
 	"context"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 
@@ -13,53 +14,22 @@ import (
 	"github.com/outboxrelay/outboxrelay/relay"
 )
 
-// benchRoutes is a copy of cmd/outboxrelay-bench's benchRoutes (package
-// main, which a test cannot import): ten routes the benchmark's rows fail
-// nine of, and a transform setting the key and a header.
-const benchRoutes = `routes:
-  - name: payments-eu
-    when: 'aggregate_type == "payment" && "region" in row && row["region"] == "eu"'
-    destination: payments.eu
-  - name: refunds
-    when: 'event_type == "order.refunded" || event_type == "payment.refunded"'
-    destination: refunds
-  - name: tenant-acme
-    when: '"tenant" in headers && headers["tenant"] == "acme"'
-    destination: 'acme.{aggregate_type}'
-  - name: priority
-    when: 'aggregate_type == "order" && has(payload.priority) && payload.priority == "high"'
-    destination: orders.priority
-  - name: shipments
-    when: 'aggregate_type == "shipment"'
-    destination: 'outbox.{aggregate_type}'
-  - name: customers
-    when: 'aggregate_type in ["customer", "account"]'
-    destination: 'crm.{aggregate_type}'
-  - name: deletions
-    when: 'event_type.endsWith(".deleted")'
-    destination: audit.deletions
-  - name: test-data
-    when: 'aggregate_id.startsWith("test-")'
-    destination: sandbox
-  - name: partner
-    when: '"x-partner" in headers'
-    destination: partner.events
-  - name: orders
-    when: 'aggregate_type == "order" && payload.seq > 0.0'
-    destination: 'outbox.{aggregate_type}'
-unmatched: deadletter
-transform:
-  key: 'aggregate_type + ":" + aggregate_id'
-  headers: {x-seq: 'has(payload.seq) ? string(int(payload.seq)) : ""'}
-`
+// benchRoutesFile holds cmd/outboxrelay-bench's routes (package main,
+// which a test cannot import): ten routes the benchmark's rows fail nine
+// of, and a transform setting the key and a header.
+const benchRoutesFile = "../cmd/outboxrelay-bench/routes.yaml"
 
 // BenchmarkBuildRoutes measures what the builder spends on one 1 KB row of
 // make bench's relay->kafka+routes workload (the payload {"seq": N, "data":
 // ...}), without rules ("rules=none", the reference) and through
-// benchRoutes ("rules=bench"), which take it to the tenth route.
+// the bench's routes ("rules=bench"), which take it to the tenth route.
 func BenchmarkBuildRoutes(b *testing.B) {
+	benchRoutes, err := os.ReadFile(benchRoutesFile)
+	if err != nil {
+		b.Fatal(err)
+	}
 	var rc rules.Config
-	if err := yaml.Unmarshal([]byte(benchRoutes), &rc); err != nil {
+	if err := yaml.Unmarshal(benchRoutes, &rc); err != nil {
 		b.Fatal(err)
 	}
 	data := strings.Repeat("0123456789abcdef", 61)

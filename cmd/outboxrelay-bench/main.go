@@ -63,6 +63,7 @@ package main
 import (
 	"bufio"
 	"context"
+	_ "embed"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -686,42 +687,11 @@ func schemasConfig(env *benchEnv) (string, error) {
 // the topic the record counter reads; unmatched: deadletter, so a row the
 // rules lost would be missing from the broker. The transform sets the key
 // and a header from a payload field.
-const benchRoutes = `routes:
-  - name: payments-eu
-    when: 'aggregate_type == "payment" && "region" in row && row["region"] == "eu"'
-    destination: payments.eu
-  - name: refunds
-    when: 'event_type == "order.refunded" || event_type == "payment.refunded"'
-    destination: refunds
-  - name: tenant-acme
-    when: '"tenant" in headers && headers["tenant"] == "acme"'
-    destination: 'acme.{aggregate_type}'
-  - name: priority
-    when: 'aggregate_type == "order" && has(payload.priority) && payload.priority == "high"'
-    destination: orders.priority
-  - name: shipments
-    when: 'aggregate_type == "shipment"'
-    destination: 'outbox.{aggregate_type}'
-  - name: customers
-    when: 'aggregate_type in ["customer", "account"]'
-    destination: 'crm.{aggregate_type}'
-  - name: deletions
-    when: 'event_type.endsWith(".deleted")'
-    destination: audit.deletions
-  - name: test-data
-    when: 'aggregate_id.startsWith("test-")'
-    destination: sandbox
-  - name: partner
-    when: '"x-partner" in headers'
-    destination: partner.events
-  - name: orders
-    when: 'aggregate_type == "order" && payload.seq > 0.0'
-    destination: 'outbox.{aggregate_type}'
-unmatched: deadletter
-transform:
-  key: 'aggregate_type + ":" + aggregate_id'
-  headers: {x-seq: 'has(payload.seq) ? string(int(payload.seq)) : ""'}
-`
+//
+// They are in routes.yaml, which relay's BenchmarkBuildRoutes reads too.
+//
+//go:embed routes.yaml
+var benchRoutes string
 
 // kafkaVariant is relay->kafka with one feature turned on: measured on a
 // slot of its own, interleaved with the plain relay->kafka repetitions, so
