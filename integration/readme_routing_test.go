@@ -28,20 +28,7 @@ var routingBlockRE = regexp.MustCompile("(?m)^<!-- ((?:routing|producer): [a-z-]
 // "Routing", by name.
 func readmeRouting(t *testing.T) map[string]string {
 	t.Helper()
-	b, err := os.ReadFile("../README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	const heading = "\n## Routing\n"
-	text := string(b)
-	i := strings.Index(text, heading)
-	if i < 0 {
-		t.Fatalf("README.md has no section %q", strings.TrimSpace(heading))
-	}
-	section := text[i+len(heading):]
-	if j := strings.Index(section, "\n## "); j >= 0 {
-		section = section[:j]
-	}
+	section := readmeSection(t, "## Routing")
 	blocks := map[string]string{}
 	var names []string
 	for _, m := range routingBlockRE.FindAllStringSubmatch(section, -1) {

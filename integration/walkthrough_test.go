@@ -34,24 +34,31 @@ type walkStep struct{ name, script string }
 
 var walkBlockRE = regexp.MustCompile("(?m)^[ \t]*<!-- walkthrough: ([a-z]+) -->[ \t]*\n([ \t]*)```sh\n((?s:.*?))\n[ \t]*```")
 
-// readmeWalkthrough returns the marked command blocks of the README's
-// section "Running it against your own database and broker", in order.
-func readmeWalkthrough(t *testing.T) []walkStep {
+// readmeSection returns the text of the README's section under heading
+// (a "## " line), up to the next such heading.
+func readmeSection(t *testing.T, heading string) string {
 	t.Helper()
 	b, err := os.ReadFile("../README.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	const heading = "## Running it against your own database and broker\n"
 	text := string(b)
-	i := strings.Index(text, heading)
+	i := strings.Index(text, "\n"+heading+"\n")
 	if i < 0 {
-		t.Fatalf("README.md has no section %q", strings.TrimSpace(heading))
+		t.Fatalf("README.md has no section %q", heading)
 	}
-	section := text[i+len(heading):]
+	section := text[i+len(heading)+2:]
 	if j := strings.Index(section, "\n## "); j >= 0 {
 		section = section[:j]
 	}
+	return section
+}
+
+// readmeWalkthrough returns the marked command blocks of the README's
+// section "Running it against your own database and broker", in order.
+func readmeWalkthrough(t *testing.T) []walkStep {
+	t.Helper()
+	section := readmeSection(t, "## Running it against your own database and broker")
 	var steps []walkStep
 	for _, m := range walkBlockRE.FindAllStringSubmatch(section, -1) {
 		indent := m[2]
