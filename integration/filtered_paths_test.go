@@ -53,14 +53,7 @@ unmatched: drop
 		t.Fatal(err)
 	}
 	c.waitIDs(orders, 60*time.Second)
-	deadline := time.Now().Add(20 * time.Second)
-	var past bool
-	for !past && time.Now().Before(deadline) {
-		if err := e.db.QueryRow(ctx, `SELECT coalesce(confirmed_flush_lsn >= $1::pg_lsn, false) FROM pg_replication_slots WHERE slot_name = 'outboxrelay'`, endLSN).Scan(&past); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	past := e.waitSlotPast(endLSN, 20*time.Second)
 	_, metrics := get(t, "http://"+p.httpAddr()+"/metrics")
 	p.stop()
 	filtered := metricValues(metrics, "outboxrelay_messages_filtered_total")[`{route="unmatched",slot="outboxrelay"}`]

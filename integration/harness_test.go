@@ -470,6 +470,23 @@ func (c *consumer) waitIDs(ids []string, timeout time.Duration) []record {
 }
 
 // slotLSN returns the slot's confirmed_flush_lsn.
+// waitSlotPast waits up to timeout for the slot's confirmed_flush_lsn to
+// reach lsn, and reports whether it did.
+func (e *env) waitSlotPast(lsn string, timeout time.Duration) bool {
+	e.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		var past bool
+		if err := e.db.QueryRow(e.t.Context(), `SELECT coalesce(confirmed_flush_lsn >= $1::pg_lsn, false) FROM pg_replication_slots WHERE slot_name = 'outboxrelay'`, lsn).Scan(&past); err != nil {
+			e.t.Fatal(err)
+		}
+		if past || !time.Now().Before(deadline) {
+			return past
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
 func (e *env) slotLSN() string {
 	e.t.Helper()
 	var lsn *string
