@@ -102,7 +102,8 @@ type pipeline struct {
 // MB (make bench, 200b-1tx), against 120 before the sink pipelined, when
 // the per-aggregate gate let franz-go hold one record per aggregate. With
 // rounds of 2,000 it peaked at 127 MB, and a hot aggregate still moved at
-// x0.80 of 1,000 aggregates' rate (an ad hoc run of the same bench).
+// x0.80 of 1,000 aggregates' rate, in one run of the same bench
+// (bench/results/results-20261204-030617-kafka-round-2000.json).
 const maxRound = 2000
 
 type aggregate struct{ typ, id string }
