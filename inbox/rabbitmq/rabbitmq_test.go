@@ -131,6 +131,17 @@ func testKilled(t *testing.T, batch int) {
 		q, err := ch.QueueDeclarePassive(queue, true, false, false, false, amqp.Table{"x-single-active-consumer": true})
 		return err == nil && q.Messages == 0
 	})
+	// The queue's count is of ready messages only: what e holds
+	// unacknowledged (its prefetch, an upstream duplicate that has just
+	// arrived) is not in it, and a stop hands that back, to f. Stop e once
+	// it has handled what it was given: its count holds for a second.
+	handled, since := -1, time.Now()
+	consumertest.WaitFor(t, "consumer e idle", 60*time.Second, func() bool {
+		if n := e.Count("processed") + e.Count("duplicate"); n != handled {
+			handled, since = n, time.Now()
+		}
+		return time.Since(since) >= time.Second
+	})
 	if err := e.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
