@@ -3,6 +3,7 @@ package rules
 import (
 	"bytes"
 	"encoding/json"
+	"strconv"
 	"unicode/utf8"
 
 	"cel.dev/cel-go/cel"
@@ -99,8 +100,8 @@ func payloadFields(p []byte, fields map[string]bool, valid bool) (obj map[string
 			return nil, false
 		}
 		if fields[name] {
-			var v any
-			if err := json.Unmarshal(p[i:end], &v); err != nil {
+			v, err := decodeValue(p[i:end])
+			if err != nil {
 				return nil, false
 			}
 			obj[name] = v
@@ -146,11 +147,7 @@ func skipTo(p []byte, i int) int {
 	for ; i < len(p); i++ {
 		switch c := p[i]; c {
 		case '"':
-			for i++; i < len(p) && p[i] != '"'; i++ {
-				if p[i] == '\\' {
-					i++
-				}
-			}
+			i = stringEnd(p, i+1)
 			if depth == 0 {
 				return i + 1
 			}
@@ -171,4 +168,61 @@ func skipTo(p []byte, i int) int {
 		}
 	}
 	return i
+}
+
+// stringEnd is the index of the quote that ends the JSON string whose
+// text starts at p[i], or len(p): the quote found with IndexByte, not
+// preceded by an odd number of backslashes.
+func stringEnd(p []byte, i int) int {
+	for {
+		j := bytes.IndexByte(p[i:], '"')
+		if j < 0 {
+			return len(p)
+		}
+		q := i + j
+		n := 0
+		for k := q - 1; k >= i && p[k] == '\\'; k-- {
+			n++
+		}
+		if n%2 == 0 {
+			return q
+		}
+		i = q + 1
+	}
+}
+
+// decodeValue is the JSON value v as json.Unmarshal decodes it into an
+// any, without its reflection for the scalars a rule mostly reads: a
+// number, a string without escapes, true, false and null.
+func decodeValue(v []byte) (any, error) {
+	switch {
+	case len(v) == 0:
+	case v[0] == '"' && len(v) >= 2 && v[len(v)-1] == '"':
+		if s := v[1 : len(v)-1]; bytes.IndexByte(s, '\\') < 0 && utf8.Valid(s) && !hasControl(s) {
+			return string(s), nil
+		}
+	case v[0] == '-' || '0' <= v[0] && v[0] <= '9':
+		if json.Valid(v) {
+			return strconv.ParseFloat(string(v), 64)
+		}
+	case string(v) == "true":
+		return true, nil
+	case string(v) == "false":
+		return false, nil
+	case string(v) == "null":
+		return nil, nil
+	}
+	var out any
+	err := json.Unmarshal(v, &out)
+	return out, err
+}
+
+// hasControl says s holds a byte JSON forbids unescaped in a string.
+func hasControl(s []byte) bool {
+	for _, c := range s {
+		if c < 0x20 {
+			return true
+		}
+	}
+	return false
 }

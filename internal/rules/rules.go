@@ -159,6 +159,10 @@ func (e *RuleError) Unwrap() error { return e.Err }
 type program struct {
 	rule string
 	prg  cel.Program
+	// fastBool or fastString, when set, is the expression in Go
+	// (native.go), which answers for most rows without CEL.
+	fastBool   boolFn
+	fastString strFn
 }
 
 type headerProgram struct {
@@ -232,7 +236,14 @@ func Compile(c Config) (*Set, error) {
 			errs = append(errs, &RuleError{Rule: rule, Err: err})
 			return nil
 		}
-		return &program{rule: rule, prg: prg}
+		p := &program{rule: rule, prg: prg}
+		switch fast := compileNative(ast.NativeRep().Expr()); want {
+		case cel.BoolType:
+			p.fastBool = fast.asBool()
+		case cel.StringType:
+			p.fastString = fast.asString()
+		}
+		return p
 	}
 	headers := func(prefix string, hs map[string]string, want *cel.Type) []headerProgram {
 		var out []headerProgram
@@ -302,15 +313,54 @@ func Compile(c Config) (*Set, error) {
 type activation struct {
 	r   *Row
 	use *payloadUse
-	// cols are the row's columns once an expression read them.
-	cols ref.Val
-	// payload is the parsed payload once an expression read it.
-	payload ref.Val
-	// obj is what payload was parsed into, for transformPayload; decoded
+	// colsMap are the row's columns once an expression read them, and cols
+	// the same as a CEL value once CEL read them.
+	colsMap  map[string]string
+	colsRead bool
+	cols     ref.Val
+	// value is the payload as the expressions see it (the fields they read
+	// of a JSON object, or the whole payload), once one read it; payload
+	// is the same as a CEL value once CEL read it.
+	value     any
+	valueErr  error
+	valueRead bool
+	payload   ref.Val
+	// obj is the payload decoded whole, for transformPayload; decoded
 	// tells it apart from JSON null.
 	obj     any
 	decoded bool
 	err     error
+}
+
+// columns are the row's columns, made at most once.
+func (a *activation) columns() map[string]string {
+	if !a.colsRead {
+		a.colsRead = true
+		a.colsMap = a.r.Columns
+		if a.colsMap == nil && a.r.ReadColumns != nil {
+			a.colsMap = a.r.ReadColumns()
+		}
+	}
+	return a.colsMap
+}
+
+// payloadValue is the payload as the expressions see it, decoded at most
+// once: only the top-level fields they read when they read no more of a
+// JSON object payload, else the whole payload.
+func (a *activation) payloadValue() (any, error) {
+	if !a.valueRead {
+		a.valueRead = true
+		obj, ok := map[string]any(nil), false
+		if !a.use.whole {
+			obj, ok = payloadFields(a.r.Payload, a.use.fields, a.r.PayloadValid)
+		}
+		if ok {
+			a.value = obj
+		} else {
+			a.value, a.valueErr = a.parsed()
+		}
+	}
+	return a.value, a.valueErr
 }
 
 // stringMap is m as a CEL map; nil is the empty map.
@@ -340,22 +390,12 @@ func (a *activation) ResolveName(name string) (any, bool) {
 		return stringMap(r.Headers), true
 	case "row":
 		if a.cols == nil {
-			cols := r.Columns
-			if cols == nil && r.ReadColumns != nil {
-				cols = r.ReadColumns()
-			}
-			a.cols = stringMap(cols)
+			a.cols = stringMap(a.columns())
 		}
 		return a.cols, true
 	case "payload":
-		if a.payload == nil && !a.use.whole {
-			// The expressions read only some top-level fields.
-			if obj, ok := payloadFields(a.r.Payload, a.use.fields, a.r.PayloadValid); ok {
-				a.payload = types.DefaultTypeAdapter.NativeToValue(obj)
-			}
-		}
 		if a.payload == nil {
-			if v, err := a.parsed(); err != nil {
+			if v, err := a.payloadValue(); err != nil {
 				a.payload = types.NewErr("payload is not JSON: %v", err)
 			} else {
 				a.payload = types.DefaultTypeAdapter.NativeToValue(v)
@@ -390,6 +430,11 @@ func (p *program) eval(vars *activation) (ref.Val, error) {
 }
 
 func (p *program) bool(vars *activation) (bool, error) {
+	if p.fastBool != nil {
+		if v, ok := p.fastBool(vars); ok {
+			return v, nil
+		}
+	}
 	out, err := p.eval(vars)
 	if err != nil {
 		return false, err
@@ -402,6 +447,11 @@ func (p *program) bool(vars *activation) (bool, error) {
 }
 
 func (p *program) string(vars *activation) (string, error) {
+	if p.fastString != nil {
+		if v, ok := p.fastString(vars); ok {
+			return v, nil
+		}
+	}
 	out, err := p.eval(vars)
 	if err != nil {
 		return "", err

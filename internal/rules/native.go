@@ -1,0 +1,598 @@
+package rules
+
+import (
+	"math"
+	"regexp"
+	"strconv"
+	"strings"
+
+	celast "cel.dev/cel-go/common/ast"
+	"cel.dev/cel-go/common/operators"
+	"cel.dev/cel-go/common/overloads"
+	"cel.dev/cel-go/common/types"
+)
+
+// The forms routing rules mostly take (comparisons of the envelope's
+// strings, header and column lookups, top-level payload fields, string
+// concatenation) also compile to Go functions, which decide a row without
+// CEL's interpreter: CEL's evaluation costs about 0.4 µs an expression,
+// and ten routes and a transform run a dozen per row.
+//
+// A Go function answers only when CEL's answer is certain: ok false (an
+// absent key, a payload field of an unexpected type, a number out of
+// range, anything that could be a CEL error or needs CEL's conversions)
+// makes the caller evaluate the whole expression in CEL, which gives the
+// value or the error it always did. An expression with a form not below
+// has no Go function at all. TestNativeAgreesWithCEL and FuzzNative hold
+// the two to the same answers.
+type (
+	boolFn func(*activation) (v, ok bool)
+	strFn  func(*activation) (string, bool)
+	intFn  func(*activation) (int64, bool)
+	// floatFn is a double literal.
+	floatFn func(*activation) (float64, bool)
+	// dynFn gives a payload value as encoding/json decodes it: nil, bool,
+	// float64, string, []any or map[string]any.
+	dynFn func(*activation) (any, bool)
+)
+
+// native is an expression compiled to one of the function types above, or
+// nothing.
+type native struct {
+	b boolFn
+	s strFn
+	i intFn
+	f floatFn
+	d dynFn
+}
+
+var stringVars = map[string]func(*Row) string{
+	"message_id":     func(r *Row) string { return r.MessageID },
+	"aggregate_type": func(r *Row) string { return r.AggregateType },
+	"aggregate_id":   func(r *Row) string { return r.AggregateID },
+	"event_type":     func(r *Row) string { return r.EventType },
+	"table":          func(r *Row) string { return r.Table },
+}
+
+// stringMaps are the variables of type map(string, string).
+var stringMaps = map[string]func(*activation) map[string]string{
+	"headers": func(a *activation) map[string]string { return a.r.Headers },
+	"row":     (*activation).columns,
+}
+
+// compileNative compiles e, or gives the zero native when some part of it
+// has no Go form.
+func compileNative(e celast.Expr) native {
+	switch e.Kind() {
+	case celast.LiteralKind:
+		switch v := e.AsLiteral().(type) {
+		case types.Bool:
+			b := bool(v)
+			return native{b: func(*activation) (bool, bool) { return b, true }}
+		case types.String:
+			s := string(v)
+			return native{s: func(*activation) (string, bool) { return s, true }}
+		case types.Int:
+			i := int64(v)
+			return native{i: func(*activation) (int64, bool) { return i, true }}
+		case types.Double:
+			f := float64(v)
+			return native{f: func(*activation) (float64, bool) { return f, true }}
+		}
+	case celast.IdentKind:
+		name := e.AsIdent()
+		if get, ok := stringVars[name]; ok {
+			return native{s: func(a *activation) (string, bool) { return get(a.r), true }}
+		}
+		switch name {
+		case "schema_version":
+			return native{i: func(a *activation) (int64, bool) { return int64(a.r.SchemaVersion), true }}
+		case "payload":
+			return native{d: func(a *activation) (any, bool) {
+				v, err := a.payloadValue()
+				return v, err == nil
+			}}
+		}
+	case celast.SelectKind:
+		return compileSelect(e.AsSelect())
+	case celast.CallKind:
+		return compileCall(e.AsCall())
+	}
+	return native{}
+}
+
+// mapOperand is the string map variable e names, if it names one.
+func mapOperand(e celast.Expr) func(*activation) map[string]string {
+	if e.Kind() != celast.IdentKind {
+		return nil
+	}
+	return stringMaps[e.AsIdent()]
+}
+
+func compileSelect(sel celast.SelectExpr) native {
+	field := sel.FieldName()
+	if m := mapOperand(sel.Operand()); m != nil {
+		if sel.IsTestOnly() {
+			return native{b: func(a *activation) (bool, bool) {
+				_, ok := m(a)[field]
+				return ok, true
+			}}
+		}
+		return native{s: func(a *activation) (string, bool) {
+			v, ok := m(a)[field]
+			return v, ok
+		}}
+	}
+	obj := compileNative(sel.Operand()).d
+	if obj == nil {
+		return native{}
+	}
+	if sel.IsTestOnly() {
+		return native{b: func(a *activation) (bool, bool) {
+			v, ok := obj(a)
+			m, isMap := v.(map[string]any)
+			if !ok || !isMap {
+				return false, false
+			}
+			_, has := m[field]
+			return has, true
+		}}
+	}
+	return native{d: func(a *activation) (any, bool) {
+		v, ok := obj(a)
+		m, isMap := v.(map[string]any)
+		if !ok || !isMap {
+			return nil, false
+		}
+		f, has := m[field]
+		return f, has
+	}}
+}
+
+// asString is n as a string function: a string, or a payload value that
+// holds a string.
+func (n native) asString() strFn {
+	if n.s != nil {
+		return n.s
+	}
+	if d := n.d; d != nil {
+		return func(a *activation) (string, bool) {
+			v, ok := d(a)
+			s, isString := v.(string)
+			return s, ok && isString
+		}
+	}
+	return nil
+}
+
+// asBool is n as a bool function: a bool, or a payload value that holds
+// one.
+func (n native) asBool() boolFn {
+	if n.b != nil {
+		return n.b
+	}
+	if d := n.d; d != nil {
+		return func(a *activation) (bool, bool) {
+			v, ok := d(a)
+			b, isBool := v.(bool)
+			return b, ok && isBool
+		}
+	}
+	return nil
+}
+
+func compileCall(call celast.CallExpr) native {
+	args := call.Args()
+	if call.IsMemberFunction() {
+		if len(args) != 1 {
+			return native{}
+		}
+		return compileMember(call.FunctionName(), compileNative(call.Target()).asString(), args[0])
+	}
+	switch fn := call.FunctionName(); fn {
+	case operators.LogicalAnd, operators.LogicalOr:
+		l, r := compileNative(args[0]).asBool(), compileNative(args[1]).asBool()
+		if l == nil || r == nil {
+			return native{}
+		}
+		// CEL's && and || are commutative over errors (false && error is
+		// false): a left side that decides the result decides it here; any
+		// other unknown goes back to CEL.
+		stop := fn == operators.LogicalOr
+		return native{b: func(a *activation) (bool, bool) {
+			if v, ok := l(a); ok && v == stop {
+				return stop, true
+			} else if !ok {
+				return false, false
+			}
+			return r(a)
+		}}
+	case operators.LogicalNot:
+		x := compileNative(args[0]).asBool()
+		if x == nil {
+			return native{}
+		}
+		return native{b: func(a *activation) (bool, bool) {
+			v, ok := x(a)
+			return !v, ok
+		}}
+	case operators.Conditional:
+		return compileConditional(args)
+	case operators.Equals, operators.NotEquals:
+		eq := compileEquals(compileNative(args[0]), compileNative(args[1]))
+		if eq == nil {
+			return native{}
+		}
+		if fn == operators.NotEquals {
+			return native{b: func(a *activation) (bool, bool) {
+				v, ok := eq(a)
+				return !v, ok
+			}}
+		}
+		return native{b: eq}
+	case operators.Less, operators.LessEquals, operators.Greater, operators.GreaterEquals:
+		return native{b: compileOrder(fn, compileNative(args[0]), compileNative(args[1]))}
+	case operators.Add:
+		l, r := compileNative(args[0]).s, compileNative(args[1]).s
+		if l == nil || r == nil {
+			return native{}
+		}
+		return native{s: func(a *activation) (string, bool) {
+			x, ok := l(a)
+			if !ok {
+				return "", false
+			}
+			y, ok := r(a)
+			return x + y, ok
+		}}
+	case operators.Index:
+		m := mapOperand(args[0])
+		key := compileNative(args[1]).s
+		if m == nil || key == nil {
+			return native{}
+		}
+		return native{s: func(a *activation) (string, bool) {
+			k, ok := key(a)
+			if !ok {
+				return "", false
+			}
+			v, ok := m(a)[k]
+			return v, ok
+		}}
+	case operators.In:
+		return native{b: compileIn(args)}
+	case overloads.TypeConvertString:
+		x := compileNative(args[0])
+		switch {
+		case x.s != nil:
+			return native{s: x.s}
+		case x.i != nil:
+			return native{s: func(a *activation) (string, bool) {
+				v, ok := x.i(a)
+				return strconv.FormatInt(v, 10), ok
+			}}
+		}
+	case overloads.TypeConvertInt:
+		x := compileNative(args[0])
+		switch {
+		case x.i != nil:
+			return native{i: x.i}
+		case x.d != nil:
+			return native{i: func(a *activation) (int64, bool) {
+				v, ok := x.d(a)
+				f, isNumber := v.(float64)
+				// CEL truncates a double toward zero, as Go does, and fails
+				// on one outside int's range; what is near that edge goes to
+				// CEL.
+				if !ok || !isNumber || math.IsNaN(f) || math.Abs(f) >= 1<<62 {
+					return 0, false
+				}
+				return int64(f), true
+			}}
+		}
+	}
+	return native{}
+}
+
+func compileMember(fn string, target strFn, arg celast.Expr) native {
+	if target == nil {
+		return native{}
+	}
+	var test func(s, x string) bool
+	switch fn {
+	case overloads.StartsWith:
+		test = strings.HasPrefix
+	case overloads.EndsWith:
+		test = strings.HasSuffix
+	case overloads.Contains:
+		test = strings.Contains
+	case overloads.Matches:
+		if arg.Kind() != celast.LiteralKind {
+			return native{}
+		}
+		pattern, ok := arg.AsLiteral().(types.String)
+		if !ok {
+			return native{}
+		}
+		re, err := regexp.Compile(string(pattern))
+		if err != nil {
+			return native{} // CEL reports the pattern's error
+		}
+		return native{b: func(a *activation) (bool, bool) {
+			s, ok := target(a)
+			return ok && re.MatchString(s), ok
+		}}
+	default:
+		return native{}
+	}
+	x := compileNative(arg).s
+	if x == nil {
+		return native{}
+	}
+	return native{b: func(a *activation) (bool, bool) {
+		s, ok := target(a)
+		if !ok {
+			return false, false
+		}
+		y, ok := x(a)
+		return ok && test(s, y), ok
+	}}
+}
+
+func compileConditional(args []celast.Expr) native {
+	c := compileNative(args[0]).asBool()
+	t, f := compileNative(args[1]), compileNative(args[2])
+	if c == nil {
+		return native{}
+	}
+	pick := func(a *activation) (then, ok bool) { return c(a) }
+	switch {
+	case t.s != nil && f.s != nil:
+		return native{s: func(a *activation) (string, bool) {
+			if then, ok := pick(a); !ok {
+				return "", false
+			} else if then {
+				return t.s(a)
+			}
+			return f.s(a)
+		}}
+	case t.b != nil && f.b != nil:
+		return native{b: func(a *activation) (bool, bool) {
+			if then, ok := pick(a); !ok {
+				return false, false
+			} else if then {
+				return t.b(a)
+			}
+			return f.b(a)
+		}}
+	}
+	// A payload value in a branch: the two may differ in type, which only
+	// CEL's value types carry.
+	if ts, fs := t.asString(), f.asString(); ts != nil && fs != nil && (t.s != nil || f.s != nil) {
+		return native{s: func(a *activation) (string, bool) {
+			if then, ok := pick(a); !ok {
+				return "", false
+			} else if then {
+				return ts(a)
+			}
+			return fs(a)
+		}}
+	}
+	return native{}
+}
+
+// compileEquals compiles l == r for two strings, two ints, two bools, or a
+// payload value against a literal-like value of a known type; a payload
+// value of any other type goes to CEL (its heterogeneous equality).
+func compileEquals(l, r native) boolFn {
+	switch {
+	case l.s != nil && r.s != nil:
+		return func(a *activation) (bool, bool) {
+			x, ok := l.s(a)
+			if !ok {
+				return false, false
+			}
+			y, ok := r.s(a)
+			return x == y, ok
+		}
+	case l.i != nil && r.i != nil:
+		return func(a *activation) (bool, bool) {
+			x, ok := l.i(a)
+			if !ok {
+				return false, false
+			}
+			y, ok := r.i(a)
+			return x == y, ok
+		}
+	case l.b != nil && r.b != nil:
+		return func(a *activation) (bool, bool) {
+			x, ok := l.b(a)
+			if !ok {
+				return false, false
+			}
+			y, ok := r.b(a)
+			return x == y, ok
+		}
+	case l.d != nil && r.d == nil:
+		return dynEquals(l.d, r)
+	case r.d != nil && l.d == nil:
+		return dynEquals(r.d, l)
+	}
+	return nil
+}
+
+// dynEquals compiles d == x for a payload value d: answered when d holds
+// x's type (a string against a string, a bool against a bool).
+func dynEquals(d dynFn, x native) boolFn {
+	switch {
+	case x.s != nil:
+		return func(a *activation) (bool, bool) {
+			v, ok := d(a)
+			s, isString := v.(string)
+			if !ok || !isString {
+				return false, false
+			}
+			y, ok := x.s(a)
+			return s == y, ok
+		}
+	case x.f != nil:
+		return func(a *activation) (bool, bool) {
+			v, ok := d(a)
+			f, isNumber := v.(float64)
+			if !ok || !isNumber {
+				return false, false
+			}
+			y, ok := x.f(a)
+			return f == y, ok
+		}
+	case x.b != nil:
+		return func(a *activation) (bool, bool) {
+			v, ok := d(a)
+			b, isBool := v.(bool)
+			if !ok || !isBool {
+				return false, false
+			}
+			y, ok := x.b(a)
+			return b == y, ok
+		}
+	}
+	return nil
+}
+
+// compileOrder compiles <, <=, > and >= of two strings, two ints, or a
+// payload number against a double literal.
+func compileOrder(fn string, l, r native) boolFn {
+	var c func(*activation) (int, bool)
+	switch {
+	case l.s != nil && r.s != nil:
+		c = func(a *activation) (int, bool) {
+			x, ok := l.s(a)
+			if !ok {
+				return 0, false
+			}
+			y, ok := r.s(a)
+			return strings.Compare(x, y), ok
+		}
+	case l.i != nil && r.i != nil:
+		c = func(a *activation) (int, bool) {
+			x, ok := l.i(a)
+			if !ok {
+				return 0, false
+			}
+			y, ok := r.i(a)
+			return cmpInt(x, y), ok
+		}
+	default:
+		ld, lok := doubleOperand(l)
+		rd, rok := doubleOperand(r)
+		if !lok || !rok || (l.d == nil && r.d == nil) {
+			return nil
+		}
+		c = func(a *activation) (int, bool) {
+			x, ok := ld(a)
+			if !ok {
+				return 0, false
+			}
+			y, ok := rd(a)
+			if !ok || math.IsNaN(x) || math.IsNaN(y) {
+				return 0, false
+			}
+			return cmpFloat(x, y), true
+		}
+	}
+	var want func(int) bool
+	switch fn {
+	case operators.Less:
+		want = func(c int) bool { return c < 0 }
+	case operators.LessEquals:
+		want = func(c int) bool { return c <= 0 }
+	case operators.Greater:
+		want = func(c int) bool { return c > 0 }
+	default:
+		want = func(c int) bool { return c >= 0 }
+	}
+	return func(a *activation) (bool, bool) {
+		v, ok := c(a)
+		return ok && want(v), ok
+	}
+}
+
+// doubleOperand is a double literal, or a payload value that must hold a
+// number.
+func doubleOperand(n native) (floatFn, bool) {
+	if n.f != nil {
+		return n.f, true
+	}
+	if n.d == nil {
+		return nil, false
+	}
+	return func(a *activation) (float64, bool) {
+		v, ok := n.d(a)
+		f, isNumber := v.(float64)
+		return f, ok && isNumber
+	}, true
+}
+
+func cmpInt(x, y int64) int {
+	switch {
+	case x < y:
+		return -1
+	case x > y:
+		return 1
+	}
+	return 0
+}
+
+func cmpFloat(x, y float64) int {
+	switch {
+	case x < y:
+		return -1
+	case x > y:
+		return 1
+	}
+	return 0
+}
+
+// compileIn compiles x in [literal strings] and key in headers or row.
+func compileIn(args []celast.Expr) boolFn {
+	x := compileNative(args[0]).s
+	if x == nil {
+		return nil
+	}
+	if m := mapOperand(args[1]); m != nil {
+		return func(a *activation) (bool, bool) {
+			k, ok := x(a)
+			if !ok {
+				return false, false
+			}
+			_, has := m(a)[k]
+			return has, true
+		}
+	}
+	if args[1].Kind() != celast.ListKind || len(args[1].AsList().OptionalIndices()) > 0 {
+		return nil
+	}
+	var set []string
+	for _, e := range args[1].AsList().Elements() {
+		if e.Kind() != celast.LiteralKind {
+			return nil
+		}
+		s, ok := e.AsLiteral().(types.String)
+		if !ok {
+			return nil
+		}
+		set = append(set, string(s))
+	}
+	return func(a *activation) (bool, bool) {
+		k, ok := x(a)
+		if !ok {
+			return false, false
+		}
+		for _, s := range set {
+			if s == k {
+				return true, true
+			}
+		}
+		return false, true
+	}
+}
