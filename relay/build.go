@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"maps"
 	"slices"
 	"strconv"
 	"sync"
@@ -43,6 +42,10 @@ type Builder struct {
 	// one is the slice route returns for a row's one message; the
 	// stream's caller is done with it before the next row.
 	one [1]*Message
+	// row is what the routing rules see of the row being built, and
+	// decision what they made of it: both reused from row to row.
+	row      rules.Row
+	decision rules.Decision
 }
 
 // maxNames bounds Builder.names: an outbox whose types are unbounded
@@ -354,11 +357,19 @@ func (b *Builder) RuleRow(ctx context.Context, rel *cdc.Relation, ins *cdc.Inser
 // ruleRow is what the rules see of em; cols, when not nil, makes its
 // columns the first time a rule reads them.
 func ruleRow(em *envelope.Message, table string, cols func() map[string]string, key string) *rules.Row {
-	row := &rules.Row{
+	row := new(rules.Row)
+	fillRuleRow(row, em, table, cols, key)
+	return row
+}
+
+// fillRuleRow sets row to what the rules see of em, as ruleRow makes it.
+func fillRuleRow(row *rules.Row, em *envelope.Message, table string, cols func() map[string]string, key string) {
+	*row = rules.Row{
 		MessageID: em.MessageID, AggregateType: em.AggregateType, AggregateID: em.AggregateID, EventType: em.EventType,
 		Table: table, SchemaVersion: em.SchemaVersion, Payload: em.Payload, ReadColumns: cols, Key: key,
 	}
-	if hs, err := envelope.ParseHeaders(em.Headers); err == nil {
+	// No headers read as the empty map; a row without any has no map.
+	if hs, err := envelope.ParseHeaders(em.Headers); err == nil && len(hs) > 0 {
 		row.Headers = make(map[string]string, len(hs))
 		for _, h := range hs {
 			row.Headers[h.Key] = h.Value
@@ -369,7 +380,6 @@ func ruleRow(em *envelope.Message, table string, cols func() map[string]string, 
 	} else {
 		row.PayloadValid = true // PostgreSQL or ParseEmitted checked it
 	}
-	return row
 }
 
 // route finishes em into its messages as the routing rules decide: one
@@ -388,7 +398,10 @@ func (b *Builder) route(em *envelope.Message, table, traceparent string, lsn cdc
 		b.one[0] = m
 		return b.one[:1:1], err
 	}
-	d, err := b.cfg.rules.Decide(ruleRow(em, table, cols, key))
+	fillRuleRow(&b.row, em, table, cols, key)
+	d := &b.decision
+	err := b.cfg.rules.DecideTo(d, &b.row)
+	b.row = rules.Row{} // hold nothing of the row
 	if err != nil {
 		m, ferr := b.finish(em, table, b.cfg.Format, traceparent, lsn, nil)
 		m.Key = key
@@ -403,7 +416,7 @@ func (b *Builder) route(em *envelope.Message, table, traceparent string, lsn cdc
 	if transformed {
 		em.Payload = d.Payload
 	}
-	var out []*Message
+	out := b.one[:0:1] // one route, the common case, allocates no slice
 	var routeErrs []error
 	for _, r := range d.Matches {
 		e := *em
@@ -414,11 +427,13 @@ func (b *Builder) route(em *envelope.Message, table, traceparent string, lsn cdc
 		}
 		m, err := b.finishAs(&e, table, format, traceparent, lsn, errs, transformed)
 		m.Route, m.RouteDestination, m.Key, m.Sink = r.Route, r.Destination, r.Key, r.Sink
-		for _, k := range slices.Sorted(maps.Keys(r.Headers)) {
-			m.Headers = append(m.Headers, envelope.Header{Key: k, Value: r.Headers[k]})
+		for _, h := range r.Headers {
+			m.Headers = append(m.Headers, envelope.Header{Key: h.Name, Value: h.Value})
 		}
 		out = append(out, m)
-		routeErrs = append(routeErrs, err)
+		if err != nil {
+			routeErrs = append(routeErrs, err)
+		}
 	}
 	// One error for the row: every route's message shares it.
 	return out, errors.Join(routeErrs...)

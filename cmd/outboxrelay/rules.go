@@ -9,10 +9,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"maps"
 	"os"
 	"os/signal"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -167,8 +165,8 @@ func printDecision(w io.Writer, prefix string, set *rules.Set, row *rules.Row, i
 	}
 	for _, m := range d.Matches {
 		var hs []string
-		for _, k := range slices.Sorted(maps.Keys(m.Headers)) {
-			hs = append(hs, k+"="+m.Headers[k])
+		for _, h := range m.Headers {
+			hs = append(hs, h.Name+"="+h.Value)
 		}
 		fmt.Fprintf(w, "%s route=%s destination=%q key=%q headers={%s}", prefix, m.Route, m.Destination, m.Key, strings.Join(hs, ", "))
 		if m.Sink != "" {

@@ -123,6 +123,19 @@ func compileSelect(sel celast.SelectExpr) native {
 			return v, ok
 		}}
 	}
+	if op := sel.Operand(); op.Kind() == celast.IdentKind && op.AsIdent() == "payload" {
+		// A top-level field, read without the payload's map.
+		if sel.IsTestOnly() {
+			return native{b: func(a *activation) (bool, bool) {
+				if _, ok := a.payloadField(field); ok {
+					return true, true
+				}
+				// Absent from an object, or no object (a CEL error).
+				return false, a.payloadIsObject()
+			}}
+		}
+		return native{d: func(a *activation) (any, bool) { return a.payloadField(field) }}
+	}
 	obj := compileNative(sel.Operand()).d
 	if obj == nil {
 		return native{}

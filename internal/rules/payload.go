@@ -63,13 +63,49 @@ func (u *payloadUse) field(name string) {
 	u.fields[name] = true
 }
 
+// A field is one top-level payload field payloadFields decoded.
+type field struct {
+	name  string
+	value any
+}
+
+// lookup is the value of name in fs, the last one when the payload
+// repeats it (as json.Unmarshal keeps the last).
+func lookup(fs []field, name string) (any, bool) {
+	for i := len(fs) - 1; i >= 0; i-- {
+		if fs[i].name == name {
+			return fs[i].value, true
+		}
+	}
+	return nil, false
+}
+
+// fieldMap is fs as json.Unmarshal decodes them into a map.
+func fieldMap(fs []field) map[string]any {
+	obj := make(map[string]any, len(fs))
+	for _, f := range fs {
+		obj[f.name] = f.value
+	}
+	return obj
+}
+
 // payloadFields decodes the top-level fields of a JSON object payload
 // that the expressions read, as json.Unmarshal would decode them in the
-// whole payload (the last of a repeated name wins), skipping the others.
-// ok is false when p is not a valid JSON object: the caller decodes it
-// whole, for the value or the error. valid says p is known to be valid
-// JSON (PostgreSQL checked it), which spares checking it again.
+// whole payload, skipping the others; it is readFields into a map.
 func payloadFields(p []byte, fields map[string]bool, valid bool) (obj map[string]any, ok bool) {
+	fs, ok := readFields(nil, p, fields, valid)
+	if !ok {
+		return nil, false
+	}
+	return fieldMap(fs), true
+}
+
+// readFields appends to dst the top-level fields named in fields of the
+// JSON object payload p, in the payload's order (a repeated name is there
+// twice). ok is false when p is not a valid JSON object: the caller
+// decodes it whole, for the value or the error. valid says p is known to
+// be valid JSON (PostgreSQL checked it), which spares checking it again.
+func readFields(dst []field, p []byte, fields map[string]bool, valid bool) ([]field, bool) {
 	if !valid && !json.Valid(p) {
 		return nil, false
 	}
@@ -77,10 +113,9 @@ func payloadFields(p []byte, fields map[string]bool, valid bool) (obj map[string
 	if i >= len(p) || p[i] != '{' {
 		return nil, false
 	}
-	obj = map[string]any{}
 	i = skipSpace(p, i+1)
 	if i < len(p) && p[i] == '}' {
-		return obj, skipSpace(p, i+1) == len(p)
+		return dst, skipSpace(p, i+1) == len(p)
 	}
 	// Anything unexpected gives up (ok false), should p not be valid after all.
 	for i < len(p) && p[i] == '"' {
@@ -88,9 +123,18 @@ func payloadFields(p []byte, fields map[string]bool, valid bool) (obj map[string
 		if end-i < 2 || p[end-1] != '"' {
 			return nil, false
 		}
-		name, err := objectKey(p[i:end])
-		if err != nil {
-			return nil, false
+		q := p[i:end]
+		name, want := "", false
+		if raw := q[1 : len(q)-1]; bytes.IndexByte(raw, '\\') < 0 && utf8.Valid(raw) {
+			if want = fields[string(raw)]; want { // no copy of the name for the lookup
+				name = string(raw)
+			}
+		} else {
+			var err error
+			if name, err = objectKey(q); err != nil {
+				return nil, false
+			}
+			want = fields[name]
 		}
 		if i = skipSpace(p, end); i >= len(p) || p[i] != ':' {
 			return nil, false
@@ -99,18 +143,18 @@ func payloadFields(p []byte, fields map[string]bool, valid bool) (obj map[string
 		if end = skipValue(p, i); end <= i {
 			return nil, false
 		}
-		if fields[name] {
+		if want {
 			v, err := decodeValue(p[i:end])
 			if err != nil {
 				return nil, false
 			}
-			obj[name] = v
+			dst = append(dst, field{name, v})
 		}
 		switch i = skipSpace(p, end); {
 		case i < len(p) && p[i] == ',':
 			i = skipSpace(p, i+1)
 		case i < len(p) && p[i] == '}':
-			return obj, skipSpace(p, i+1) == len(p)
+			return dst, skipSpace(p, i+1) == len(p)
 		default:
 			return nil, false
 		}

@@ -23,6 +23,7 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"sync"
 
 	"cel.dev/cel-go/cel"
 	"cel.dev/cel-go/common"
@@ -125,9 +126,33 @@ type Match struct {
 	Sink        string
 	Destination string
 	Key         string
-	// Headers are the transform's and the route's, sorted by name.
-	Headers map[string]string
+	// Headers are the transform's and the route's, sorted by name; a
+	// route's header replaces the transform's of the same name.
+	Headers []Header
 	Format  string
+}
+
+// A Header is one header a Match adds to its message.
+type Header struct{ Name, Value string }
+
+// Header is the value of the header m adds under name.
+func (m Match) Header(name string) (string, bool) {
+	for _, h := range m.Headers {
+		if h.Name == name {
+			return h.Value, true
+		}
+	}
+	return "", false
+}
+
+// setHeader sets name's header in hs, which stays sorted by name.
+func setHeader(hs []Header, name, value string) []Header {
+	i, found := slices.BinarySearchFunc(hs, name, func(h Header, name string) int { return strings.Compare(h.Name, name) })
+	if found {
+		hs[i].Value = value
+		return hs
+	}
+	return slices.Insert(hs, i, Header{Name: name, Value: value})
 }
 
 // Decision is what a Set made of a row.
@@ -140,6 +165,8 @@ type Decision struct {
 	// Payload is the transformed payload JSON, or nil when the transform
 	// sets no payload field.
 	Payload []byte
+	// headers holds the transform's headers, for DecideTo to reuse.
+	headers []Header
 }
 
 // ErrUnmatched is wrapped by Decide's error for a row no route matches
@@ -325,6 +352,13 @@ type activation struct {
 	valueErr  error
 	valueRead bool
 	payload   ref.Val
+	// fields are the payload fields the expressions read, once read, when
+	// they read only fields of a JSON object payload (fieldsOK); fieldBuf
+	// holds the first few.
+	fields     []field
+	fieldsRead bool
+	fieldsOK   bool
+	fieldBuf   [4]field
 	// obj is the payload decoded whole, for transformPayload; decoded
 	// tells it apart from JSON null.
 	obj     any
@@ -350,17 +384,40 @@ func (a *activation) columns() map[string]string {
 func (a *activation) payloadValue() (any, error) {
 	if !a.valueRead {
 		a.valueRead = true
-		obj, ok := map[string]any(nil), false
-		if !a.use.whole {
-			obj, ok = payloadFields(a.r.Payload, a.use.fields, a.r.PayloadValid)
-		}
-		if ok {
-			a.value = obj
+		if a.readFields() {
+			a.value = fieldMap(a.fields)
 		} else {
 			a.value, a.valueErr = a.parsed()
 		}
 	}
 	return a.value, a.valueErr
+}
+
+// readFields reads the payload fields the expressions read, once, and
+// says whether they are all the expressions read of it.
+func (a *activation) readFields() bool {
+	if !a.fieldsRead {
+		a.fieldsRead = true
+		if !a.use.whole {
+			a.fields, a.fieldsOK = readFields(a.fieldBuf[:0], a.r.Payload, a.use.fields, a.r.PayloadValid)
+		}
+	}
+	return a.fieldsOK
+}
+
+// payloadField is the top-level field name of the payload, when the
+// payload is a JSON object that has it.
+func (a *activation) payloadField(name string) (any, bool) {
+	if a.readFields() {
+		return lookup(a.fields, name)
+	}
+	v, err := a.payloadValue()
+	obj, ok := v.(map[string]any)
+	if err != nil || !ok {
+		return nil, false
+	}
+	f, ok := obj[name]
+	return f, ok
 }
 
 // stringMap is m as a CEL map; nil is the empty map.
@@ -463,88 +520,119 @@ func (p *program) string(vars *activation) (string, error) {
 	return s, nil
 }
 
-func setHeaders(dst map[string]string, hs []headerProgram, vars *activation) error {
+func setHeaders(dst []Header, hs []headerProgram, vars *activation) ([]Header, error) {
 	for _, h := range hs {
 		v, err := h.string(vars)
 		if err != nil {
-			return err
+			return dst, err
 		}
-		dst[h.name] = v
+		dst = setHeader(dst, h.name, v)
 	}
-	return nil
+	return dst, nil
 }
 
 // Decide runs the rules on r. An error (a *RuleError, or ErrUnmatched
 // wrapped) means the row is dead-lettered with it; the Set stays usable
 // for the next row.
 func (s *Set) Decide(r *Row) (Decision, error) {
-	vars := &activation{r: r, use: &s.payload}
 	var d Decision
-	base := Match{Key: cmp.Or(r.Key, r.AggregateID), Headers: map[string]string{}}
+	err := s.DecideTo(&d, r)
+	return d, err
+}
+
+// DecideTo is Decide into d, reusing the memory of d's matches and
+// headers: what an earlier call left in d is overwritten. A caller that
+// decides row after row and is done with each decision before the next
+// allocates no new matches. On an error d holds no match.
+func (s *Set) DecideTo(d *Decision, r *Row) error {
+	*d = Decision{Matches: d.Matches[:0], headers: d.headers[:0]}
+	if err := s.decide(d, r); err != nil {
+		*d = Decision{Matches: d.Matches[:0], headers: d.headers[:0]}
+		return err
+	}
+	return nil
+}
+
+func (s *Set) decide(d *Decision, r *Row) error {
+	vars := activations.Get().(*activation)
+	*vars = activation{r: r, use: &s.payload}
+	defer func() {
+		*vars = activation{} // hold nothing of the row
+		activations.Put(vars)
+	}()
+	base := Match{Key: cmp.Or(r.Key, r.AggregateID)}
 	if s.tKey != nil {
 		k, err := s.tKey.string(vars)
 		if err != nil {
-			return d, err
+			return err
 		}
 		base.Key = k
 	}
-	if err := setHeaders(base.Headers, s.tHeaders, vars); err != nil {
-		return d, err
+	var err error
+	if base.Headers, err = setHeaders(d.headers, s.tHeaders, vars); err != nil {
+		return err
 	}
+	d.headers = base.Headers
 	if len(s.tPayload) > 0 {
 		p, err := s.transformPayload(vars)
 		if err != nil {
-			return d, err
-		}
-		d.Payload = p
-	}
-	take := func(cr *compiledRoute) error {
-		m := Match{Route: cr.name, Sink: cr.sink, Destination: cr.destination, Format: cr.format, Key: base.Key, Headers: maps.Clone(base.Headers)}
-		if cr.key != nil {
-			k, err := cr.key.string(vars)
-			if err != nil {
-				return err
-			}
-			m.Key = k
-		}
-		if err := setHeaders(m.Headers, cr.headers, vars); err != nil {
 			return err
 		}
-		d.Matches = append(d.Matches, m)
-		return nil
+		d.Payload = p
 	}
 	for i := range s.routes {
 		cr := &s.routes[i]
 		if cr.when != nil {
 			ok, err := cr.when.bool(vars)
 			if err != nil {
-				return Decision{}, err
+				return err
 			}
 			if !ok {
 				continue
 			}
 		}
-		if err := take(cr); err != nil {
-			return Decision{}, err
+		if err := d.take(cr, base, vars); err != nil {
+			return err
 		}
 		if !cr.cont {
 			break
 		}
 	}
 	if len(d.Matches) > 0 {
-		return d, nil
+		return nil
 	}
 	switch {
 	case s.fallback != nil:
-		if err := take(s.fallback); err != nil {
-			return Decision{}, err
-		}
-		return d, nil
+		return d.take(s.fallback, base, vars)
 	case s.unmatched == UnmatchedDrop:
 		d.Dropped = true
-		return d, nil
+		return nil
 	}
-	return Decision{}, fmt.Errorf("%w (%d routes)", ErrUnmatched, len(s.routes))
+	return fmt.Errorf("%w (%d routes)", ErrUnmatched, len(s.routes))
+}
+
+// activations are Decide's, reused: a row's variables are garbage once
+// Decide returns.
+var activations = sync.Pool{New: func() any { return new(activation) }}
+
+// take adds route cr's match to d, from base, what the transform made.
+func (d *Decision) take(cr *compiledRoute, base Match, vars *activation) error {
+	m := Match{Route: cr.name, Sink: cr.sink, Destination: cr.destination, Format: cr.format, Key: base.Key, Headers: base.Headers}
+	if cr.key != nil {
+		k, err := cr.key.string(vars)
+		if err != nil {
+			return err
+		}
+		m.Key = k
+	}
+	if len(cr.headers) > 0 {
+		var err error
+		if m.Headers, err = setHeaders(slices.Clone(base.Headers), cr.headers, vars); err != nil {
+			return err
+		}
+	}
+	d.Matches = append(d.Matches, m)
+	return nil
 }
 
 // transformPayload sets the transform's payload fields in a JSON object
@@ -574,4 +662,14 @@ func (s *Set) transformPayload(vars *activation) ([]byte, error) {
 		return nil, &RuleError{Rule: "transform.payload", Err: err}
 	}
 	return b, nil
+}
+
+// payloadIsObject says whether the payload is a JSON object.
+func (a *activation) payloadIsObject() bool {
+	if a.readFields() {
+		return true
+	}
+	v, err := a.payloadValue()
+	_, ok := v.(map[string]any)
+	return err == nil && ok
 }
