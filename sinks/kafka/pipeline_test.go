@@ -137,7 +137,11 @@ var (
 // OnProduceRecordBuffered implements kgo.HookProduceRecordBuffered.
 func (b *bufferedPeak) OnProduceRecordBuffered(*kgo.Record) {
 	n := b.now.Add(1)
-	for p := b.peak.Load(); n > p && !b.peak.CompareAndSwap(p, n); p = b.peak.Load() {
+	for {
+		p := b.peak.Load()
+		if n <= p || b.peak.CompareAndSwap(p, n) {
+			return
+		}
 	}
 }
 
