@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -23,12 +25,17 @@ import (
 // copy of every row in commit order. A row the sink reported delivered
 // without the broker taking it would be confirmed past and never arrive:
 // the test fails as lost once the slot is confirmed past the batch while a
-// row is missing and the queue is drained, and tells that apart from a row
-// still in flight. (A sink that reports every tenth nack delivered fails
-// it within seconds: 28 of 300 lost.)
+// row is missing and the queue holds no message, ready or unacknowledged,
+// and tells that apart from a row still in flight. (A sink that reports
+// every tenth nack delivered fails it within seconds: 28 of 300 lost.)
 func TestRabbitMQRejectPublishLosesNothing(t *testing.T) {
 	e := newEnv(t)
 	pgservertest.RequireTCP(t, "127.0.0.1:5672", "RabbitMQ")
+	// A passive declare counts ready messages only; rabbitmqctl counts the
+	// unacknowledged ones too.
+	if _, err := exec.LookPath("rabbitmqctl"); err != nil {
+		t.Fatalf("rabbitmqctl not found: %v", err)
+	}
 	name := fmt.Sprintf("it-reject-%d", time.Now().UnixNano())
 	conn, err := amqp.Dial(rabbitURL)
 	if err != nil {
@@ -119,9 +126,7 @@ func TestRabbitMQRejectPublishLosesNothing(t *testing.T) {
 	deadline := start.Add(timeout)
 	var missing []string
 	var got []string
-	lastLog := start
-	drainedAndConfirmed := 0
-	for {
+	lookAgain := func() {
 		mu.Lock()
 		got = append(got[:0], arrived...)
 		mu.Unlock()
@@ -135,6 +140,10 @@ func TestRabbitMQRejectPublishLosesNothing(t *testing.T) {
 				missing = append(missing, r.id)
 			}
 		}
+	}
+	lastLog := start
+	for {
+		lookAgain()
 		if len(missing) == 0 {
 			break
 		}
@@ -147,12 +156,15 @@ func TestRabbitMQRejectPublishLosesNothing(t *testing.T) {
 			committedAt).Scan(&confirmedPast); err != nil {
 			t.Fatal(err)
 		}
-		if confirmedPast && q.Messages == 0 {
-			drainedAndConfirmed++ // a second in a row: the consumer's one unacked delivery has landed
-		} else {
-			drainedAndConfirmed = 0
-		}
-		if drainedAndConfirmed >= 5 {
+		// No ready message is not a drained queue: the consumer's delivery
+		// in hand is unacknowledged, and not counted. Once the slot is
+		// confirmed past the batch every row is in the queue or has been
+		// consumed (recorded before its ack), so a queue that then holds
+		// nothing at all, and a row still missing after it, is a loss.
+		if confirmedPast && q.Messages == 0 && queueMessages(t, name) == 0 {
+			if lookAgain(); len(missing) == 0 {
+				break
+			}
 			t.Fatalf("reject-publish: committed %d, arrived %d, LOST %d: the slot was confirmed past rows that never arrived and the queue is empty (first %s)",
 				len(ledger), len(ledger)-len(missing), len(missing), missing[0])
 		}
@@ -201,7 +213,9 @@ func TestRabbitMQRejectPublishLosesNothing(t *testing.T) {
 }
 
 // slowConsume consumes the queue one delivery at a time (prefetch 1),
-// taking 5 ms over each, until ctx ends or the channel closes.
+// taking 5 ms over each, until ctx ends or the channel closes. A delivery
+// is recorded before it is acknowledged, so that one the queue no longer
+// holds has arrived (one whose ack is lost arrives again: a duplicate).
 func slowConsume(ctx context.Context, queue string, got func(messageID string)) error {
 	conn, err := amqp.Dial(rabbitURL)
 	if err != nil {
@@ -231,10 +245,32 @@ func slowConsume(ctx context.Context, queue string, got func(messageID string)) 
 				return errors.New("deliveries closed")
 			}
 			time.Sleep(5 * time.Millisecond) // a slow consumer
+			got(d.MessageId)
 			if err := d.Ack(false); err != nil {
 				return fmt.Errorf("ack: %w", err)
 			}
-			got(d.MessageId)
 		}
 	}
+}
+
+// queueMessages is how many messages queue holds, ready or delivered and
+// not yet acknowledged, as RabbitMQ counts them now (rabbitmqctl
+// list_queues, in the default vhost).
+func queueMessages(t *testing.T, queue string) int {
+	t.Helper()
+	out, err := exec.CommandContext(t.Context(), "rabbitmqctl", "list_queues", "-q", "--no-table-headers", "name", "messages").CombinedOutput()
+	if err != nil {
+		t.Fatalf("rabbitmqctl list_queues: %v: %s", err, out)
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		if f := strings.Fields(line); len(f) == 2 && f[0] == queue {
+			n, err := strconv.Atoi(f[1])
+			if err != nil {
+				t.Fatalf("rabbitmqctl list_queues: queue %s: %q is not a count", queue, f[1])
+			}
+			return n
+		}
+	}
+	t.Fatalf("rabbitmqctl list_queues does not list queue %s:\n%s", queue, out)
+	return 0
 }

@@ -2,6 +2,7 @@ package kafka
 
 import (
 	"context"
+	"errors"
 	"os"
 	"strings"
 	"syscall"
@@ -9,8 +10,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+	"github.com/twmb/franz-go/pkg/kversion"
 
 	"github.com/outboxrelay/outboxrelay/inbox"
 	"github.com/outboxrelay/outboxrelay/inbox/internal/consumertest"
@@ -130,17 +134,23 @@ func testKilled(t *testing.T, batch int) {
 	kills++
 
 	consumertest.WaitFor(t, "every message", 120*time.Second, func() bool { return consumertest.Runs(ctx, t, pool) == len(msgs) })
-	// Let c catch up on the upstream duplicates and commit before it stops.
-	time.Sleep(2 * time.Second)
+	// Stop c once it has caught up on the upstream duplicates and committed
+	// every record: the group's offsets, not a pause, say so.
+	consumertest.WaitFor(t, "every record committed", 60*time.Second, func() bool { return uncommitted(t, cluster.ListenAddrs(), topic) == 0 })
 	if err := c.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
 	if err := c.WaitExit(t, 20*time.Second); err != nil || c.Count("stopped") != 1 {
 		t.Fatalf("consumer c on SIGTERM: %v, stopped %d; want a clean stop", err, c.Count("stopped"))
 	}
+	// What e would get again is what the group has not committed now,
+	// whether or not e is consuming by the time it is stopped.
+	if n := uncommitted(t, cluster.ListenAddrs(), topic); n != 0 {
+		t.Errorf("%d records not committed after c's clean stop; want 0 (committed offsets went back)", n)
+	}
 
-	// A new consumer resumes from the committed offsets: whatever it gets
-	// again is a duplicate, never new work.
+	// A new consumer resumes from the committed offsets: it gets nothing
+	// again, neither new work nor a duplicate.
 	e := h.Start("e", 0)
 	time.Sleep(4 * time.Second)
 	if err := e.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
@@ -151,6 +161,9 @@ func testKilled(t *testing.T, batch int) {
 	}
 	if n := e.Count("processed"); n != 0 {
 		t.Errorf("consumer e processed %d messages after a clean stop; want 0 (committed work redone)", n)
+	}
+	if n := e.Count("duplicate"); n != 0 {
+		t.Errorf("consumer e got %d duplicates after a clean stop with every record committed; want 0", n)
 	}
 
 	r, err := ledger.Check(ctx, pool, msgs)
@@ -180,4 +193,95 @@ func TestNewValidates(t *testing.T) {
 	if _, err := New(nil, nil, Config{Brokers: []string{"x"}, Group: "g", Topics: []string{"t"}}); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// uncommitted is how many records of topic the group has not committed:
+// the sum over its partitions of the end offset less the group's
+// committed offset (the whole partition where the group committed none).
+// A record a member has fetched, is running or has finished but not yet
+// committed counts; the broker knows nothing of those.
+func uncommitted(t *testing.T, brokers []string, topic string) int64 {
+	t.Helper()
+	// Kafka 2.8's versions: OffsetFetch names its group and topics at the
+	// top (v7), before groups (v8) and topic ids (v10).
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.MaxVersions(kversion.V2_8_0()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	meta := kmsg.NewPtrMetadataRequest()
+	mt := kmsg.NewMetadataRequestTopic()
+	mt.Topic = kmsg.StringPtr(topic)
+	meta.Topics = append(meta.Topics, mt)
+	mresp, err := meta.RequestWith(ctx, cl)
+	if err != nil || len(mresp.Topics) != 1 {
+		t.Fatalf("metadata of %s: %v", topic, err)
+	}
+	if err := kerr.ErrorForCode(mresp.Topics[0].ErrorCode); err != nil {
+		t.Fatalf("metadata of %s: %v", topic, err)
+	}
+	var parts []int32
+	for _, p := range mresp.Topics[0].Partitions {
+		parts = append(parts, p.Partition)
+	}
+
+	lo := kmsg.NewPtrListOffsetsRequest()
+	lt := kmsg.NewListOffsetsRequestTopic()
+	lt.Topic = topic
+	for _, p := range parts {
+		lp := kmsg.NewListOffsetsRequestTopicPartition()
+		lp.Partition, lp.Timestamp = p, -1 // the end offset
+		lt.Partitions = append(lt.Partitions, lp)
+	}
+	lo.Topics = append(lo.Topics, lt)
+	lresp, err := lo.RequestWith(ctx, cl)
+	if err != nil {
+		t.Fatalf("end offsets of %s: %v", topic, err)
+	}
+	end := map[int32]int64{}
+	for _, rt := range lresp.Topics {
+		for _, rp := range rt.Partitions {
+			if err := kerr.ErrorForCode(rp.ErrorCode); err != nil {
+				t.Fatalf("end offset of %s/%d: %v", topic, rp.Partition, err)
+			}
+			end[rp.Partition] = rp.Offset
+		}
+	}
+
+	of := kmsg.NewPtrOffsetFetchRequest()
+	of.Group = group
+	ot := kmsg.NewOffsetFetchRequestTopic()
+	ot.Topic, ot.Partitions = topic, parts
+	of.Topics = append(of.Topics, ot)
+	oresp, err := of.RequestWith(ctx, cl)
+	if err != nil {
+		t.Fatalf("committed offsets of group %s: %v", group, err)
+	}
+	committed := map[int32]int64{}
+	if err := kerr.ErrorForCode(oresp.ErrorCode); errors.Is(err, kerr.GroupIDNotFound) {
+		oresp.Topics = nil // no member has joined yet: nothing committed
+	} else if err != nil {
+		t.Fatalf("committed offsets of group %s: %v", group, err)
+	}
+	for _, rt := range oresp.Topics {
+		for _, rp := range rt.Partitions {
+			if err := kerr.ErrorForCode(rp.ErrorCode); err != nil {
+				t.Fatalf("committed offset of %s/%d: %v", topic, rp.Partition, err)
+			}
+			committed[rp.Partition] = rp.Offset
+		}
+	}
+
+	var n int64
+	for _, p := range parts {
+		e, ok := end[p]
+		if !ok {
+			t.Fatalf("no end offset for %s/%d", topic, p)
+		}
+		n += e - max(committed[p], 0) // -1: none committed; the log starts at 0
+	}
+	return n
 }

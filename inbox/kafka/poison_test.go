@@ -116,7 +116,12 @@ func testPoison(t *testing.T, batch int) {
 		t.Fatalf("replay = %+v, %v; want %d processed", rr, err, behind+1)
 	}
 	// The offsets of the dead letter and the parked messages were
-	// committed: a new consumer of the group has nothing to redo.
+	// committed: a new consumer of the group has nothing to redo. The
+	// group's offsets say so whether or not that consumer has fetched by
+	// the time it is stopped.
+	if n := uncommitted(t, cluster.ListenAddrs(), topic); n != 0 {
+		t.Errorf("%d records not committed after the runner stopped; want 0 (offsets not committed)", n)
+	}
 	deliveries := func() int64 { return processed.Load() + duplicates.Load() + parked.Load() + dead.Load() }
 	before := deliveries()
 	stop = run()

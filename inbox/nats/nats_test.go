@@ -126,15 +126,27 @@ func testKilled(t *testing.T, batch int) {
 
 	e := h.Start("e", 0)
 	consumertest.WaitFor(t, "every message", 120*time.Second, func() bool { return consumertest.Runs(ctx, t, pool) == len(msgs) })
-	consumertest.WaitFor(t, "every message acknowledged", 60*time.Second, func() bool {
+	acknowledged := func() (pending, ackPending uint64) {
 		info, err := cons.Info(ctx)
-		return err == nil && info.NumPending == 0 && info.NumAckPending == 0
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.NumPending, uint64(info.NumAckPending)
+	}
+	consumertest.WaitFor(t, "every message acknowledged", 60*time.Second, func() bool {
+		p, a := acknowledged()
+		return p == 0 && a == 0
 	})
 	if err := e.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
 	if err := e.WaitExit(t, 20*time.Second); err != nil || e.Count("stopped") != 1 {
 		t.Fatalf("consumer e on SIGTERM: %v, stopped %d; want a clean stop", err, e.Count("stopped"))
+	}
+	// What f would get is pending in the consumer now, whether or not f
+	// is consuming by the time it is stopped.
+	if p, a := acknowledged(); p != 0 || a != 0 {
+		t.Errorf("after e's clean stop the consumer has %d messages pending and %d awaiting an ack; want 0 and 0 (acknowledged work handed back)", p, a)
 	}
 	f := h.Start("f", 0)
 	time.Sleep(3 * time.Second)

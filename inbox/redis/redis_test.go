@@ -132,6 +132,11 @@ func testKilled(t *testing.T, batch int) {
 	if err := e.WaitExit(t, 20*time.Second); err != nil || e.Count("stopped") != 1 {
 		t.Fatalf("consumer e on SIGTERM: %v, stopped %d; want a clean stop", err, e.Count("stopped"))
 	}
+	// What f would get is pending or unread in the group now, whether or
+	// not f is consuming by the time it is stopped.
+	if !pendingZero() {
+		t.Error("after e's clean stop the group has entries pending or unread; want none (acknowledged work handed back)")
+	}
 	f := h.Start("f", 0)
 	time.Sleep(3 * time.Second)
 	if err := f.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
