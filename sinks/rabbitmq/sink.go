@@ -66,6 +66,10 @@ type Sink struct {
 	// read before a publish is the tag of that publish, and moves of
 	// messages between sessions. Taken before mu.
 	pubMu sync.Mutex
+	// headers is the header table of the publish being written, guarded
+	// by pubMu: amqp091 encodes it before the publish returns and keeps no
+	// reference, so one table serves every publish.
+	headers amqp.Table
 
 	mu       sync.Mutex
 	sess     *session      // the session Publish uses; nil while there is none usable
@@ -85,10 +89,10 @@ type Sink struct {
 
 // pending is one message between Publish and its outcome.
 type pending struct {
-	m    *relay.Message
-	done func(*relay.Message, error)
-	key  string
-	pub  amqp.Publishing
+	m           *relay.Message
+	done        func(*relay.Message, error)
+	key         string
+	contentType string
 	// frame is the encoded size of the content header frame, checked
 	// against the frame size negotiated with the broker.
 	frame int
@@ -132,13 +136,14 @@ func New(cfg Config, log *zap.Logger) (*Sink, error) {
 		log = zap.NewNop()
 	}
 	return &Sink{
-		cfg:   cfg,
-		log:   log.Named("rabbitmq"),
-		key:   key,
-		dests: destinations{exchange: cfg.Exchange},
-		slots: make(chan struct{}, cfg.MaxInFlight),
-		wake:  make(chan struct{}),
-		run:   sinks.NewLifecycle("rabbitmq"),
+		cfg:     cfg,
+		log:     log.Named("rabbitmq"),
+		key:     key,
+		dests:   destinations{exchange: cfg.Exchange},
+		slots:   make(chan struct{}, cfg.MaxInFlight),
+		headers: make(amqp.Table, 16),
+		wake:    make(chan struct{}),
+		run:     sinks.NewLifecycle("rabbitmq"),
 	}, nil
 }
 
@@ -335,8 +340,9 @@ func (s *Sink) failCarry() {
 	}
 }
 
-// prepare renders the routing key and builds the publishing, rejecting what
-// the broker or the client library could never take.
+// prepare renders the routing key and checks the message, rejecting what
+// the broker or the client library could never take; publishing builds
+// the publishing from it.
 func (s *Sink) prepare(m *relay.Message, done func(*relay.Message, error)) (*pending, error) {
 	key, dest := s.dests.render(s.key, m)
 	m.Destination = dest
@@ -366,7 +372,6 @@ func (s *Sink) prepare(m *relay.Message, done func(*relay.Message, error)) (*pen
 	// CloudEvents binding carries datacontenttype in content-type too.
 	var buf [16]envelope.Header
 	hs, _ := sinks.AMQP.Headers(buf[:0], m)
-	headers := make(amqp.Table, len(hs)+1)
 	valid := true
 	for _, h := range hs {
 		if len(h.Key) > maxShortstr {
@@ -379,7 +384,6 @@ func (s *Sink) prepare(m *relay.Message, done func(*relay.Message, error)) (*pen
 			return nil, fmt.Errorf("message %s has a header named %s, which RabbitMQ takes for extra routing keys; rename the row's header", m.ID, h.Key)
 		}
 		valid = valid && utf8.ValidString(h.Key) && utf8.ValidString(h.Value)
-		headers[h.Key] = h.Value
 	}
 	if !valid { // sinks.CheckHeaders names the header; it formats a label per header, so only here
 		if err := sinks.CheckHeaders(hs); err != nil {
@@ -389,9 +393,23 @@ func (s *Sink) prepare(m *relay.Message, done func(*relay.Message, error)) (*pen
 	// send writes the tag of each publish; headerFrameSize counts the widest.
 	contentType := sinks.ContentType(m)
 	frame := headerFrameSize(hs, m, contentType)
+	return &pending{m: m, done: done, key: key, contentType: contentType, frame: frame}, nil
+}
+
+// publishing builds the publishing of p, sent with the delivery tag tag,
+// in s.headers. s.pubMu must be held until amqp091 has written it.
+func (s *Sink) publishing(p *pending, tag uint64) amqp.Publishing {
+	m := p.m
+	clear(s.headers)
+	var buf [16]envelope.Header
+	hs, _ := sinks.AMQP.Headers(buf[:0], m) // as prepare checked them
+	for _, h := range hs {
+		s.headers[h.Key] = h.Value
+	}
+	s.headers[tagHeader] = strconv.FormatUint(tag, 10)
 	pub := amqp.Publishing{
-		Headers:      headers,
-		ContentType:  contentType,
+		Headers:      s.headers,
+		ContentType:  p.contentType,
 		DeliveryMode: amqp.Persistent,
 		MessageId:    m.ID,
 		Type:         m.EventType,
@@ -404,7 +422,7 @@ func (s *Sink) prepare(m *relay.Message, done func(*relay.Message, error)) (*pen
 			pub.Timestamp = m.Timestamp.UTC().Truncate(time.Second)
 		}
 	}
-	return &pending{m: m, done: done, key: key, pub: pub, frame: frame}, nil
+	return pub
 }
 
 // headerFrameSize is the size of the content header frame amqp091 writes
@@ -479,13 +497,12 @@ func (s *Sink) send(ctx context.Context, sess *session, p *pending) error {
 	s.mu.Lock()
 	tag := sess.ch.GetNextPublishSeqNo()
 	p.returned, p.dc, p.confirmed = nil, nil, false
-	p.pub.Headers[tagHeader] = strconv.FormatUint(tag, 10)
 	// Registered before the write: the confirmation may be processed before
 	// the write returns.
 	sess.inflight[tag] = p
 	s.mu.Unlock()
 
-	dc, err := sess.ch.PublishWithDeferredConfirmWithContext(ctx, s.cfg.Exchange, p.key, true, false, p.pub)
+	dc, err := sess.ch.PublishWithDeferredConfirmWithContext(ctx, s.cfg.Exchange, p.key, true, false, s.publishing(p, tag))
 	if err != nil {
 		s.mu.Lock()
 		delete(sess.inflight, tag)
