@@ -3,12 +3,18 @@ package rabbitmq
 import (
 	"net"
 	"sync"
+	"time"
 )
 
-// maxBatched bounds the bytes a batchConn holds for its socket: a Write
-// waits while that much is not yet written, as it would wait on a full
-// socket buffer.
-const maxBatched = 64 << 10
+const (
+	// maxBatched bounds the bytes a batchConn holds for its socket: a Write
+	// waits while that much is not yet written, as it would wait on a full
+	// socket buffer.
+	maxBatched = 64 << 10
+	// closeFlush bounds how long Close tries to write what is buffered
+	// (a TLS close_notify, say) before it closes the socket.
+	closeFlush = time.Second
+)
 
 // batchConn is the connection the sink hands amqp091. amqp091 writes and
 // flushes every publish on its own, one write system call each; batchConn
@@ -30,6 +36,7 @@ type batchConn struct {
 	cond    sync.Cond // signals buf filled, buf drained, or err set
 	buf     []byte    // written, not handed to the socket yet
 	err     error     // set once: the socket's write error, or net.ErrClosed after Close
+	closing bool      // Close was called: the writer writes what is buffered and stops
 	waiting bool      // the writer waits for buf to fill
 	done    chan struct{}
 }
@@ -48,11 +55,14 @@ func newBatchConn(c net.Conn) *batchConn {
 func (b *batchConn) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	for b.err == nil && len(b.buf) >= maxBatched {
+	for b.err == nil && !b.closing && len(b.buf) >= maxBatched {
 		b.cond.Wait()
 	}
-	if b.err != nil {
+	switch {
+	case b.err != nil:
 		return 0, b.err
+	case b.closing:
+		return 0, net.ErrClosed
 	}
 	b.buf = append(b.buf, p...)
 	if b.waiting {
@@ -63,17 +73,18 @@ func (b *batchConn) Write(p []byte) (int, error) {
 }
 
 // write is the writer: it hands whatever is buffered to the socket in one
-// write, again and again, until the connection fails or is closed.
+// write, again and again, until the connection fails, or is closed and
+// nothing is left to write.
 func (b *batchConn) write() {
 	defer close(b.done)
 	var out []byte
 	for {
 		b.mu.Lock()
-		for b.err == nil && len(b.buf) == 0 {
+		for b.err == nil && !b.closing && len(b.buf) == 0 {
 			b.waiting = true
 			b.cond.Wait()
 		}
-		if b.err != nil {
+		if b.err != nil || len(b.buf) == 0 { // failed, or closing with nothing left
 			b.mu.Unlock()
 			return
 		}
@@ -105,11 +116,16 @@ func (b *batchConn) fail(err error) {
 	b.cond.Broadcast()
 }
 
-// Close closes the socket, dropping what is not written yet, and returns
-// once the writer has stopped.
+// Close writes what is buffered, for at most closeFlush, closes the
+// socket and returns once the writer has stopped. Later Writes fail with
+// net.ErrClosed.
 func (b *batchConn) Close() error {
-	b.fail(net.ErrClosed)
-	err := b.Conn.Close()
+	b.mu.Lock()
+	b.closing = true
+	b.cond.Broadcast()
+	b.mu.Unlock()
+	_ = b.Conn.SetWriteDeadline(time.Now().Add(closeFlush))
 	<-b.done
-	return err
+	b.fail(net.ErrClosed)
+	return b.Conn.Close()
 }

@@ -152,3 +152,31 @@ func TestBatchConnCloseUnblocksAFullBuffer(t *testing.T) {
 		t.Fatal("Close did not unblock a waiting Write")
 	}
 }
+
+// TestBatchConnCloseWritesWhatIsBuffered: bytes written just before Close
+// (a TLS close_notify, amqp091's last frame) still reach the peer.
+func TestBatchConnCloseWritesWhatIsBuffered(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	client, server := tcpPair(t)
+	b := newBatchConn(client)
+	want := bytes.Repeat([]byte("last words "), 1000)
+	for i := 0; i < len(want); i += 100 {
+		if _, err := b.Write(want[i:min(i+100, len(want))]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Write([]byte("x")); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("Write after Close returned %v, want net.ErrClosed", err)
+	}
+	_ = server.SetReadDeadline(time.Now().Add(10 * time.Second))
+	got, err := io.ReadAll(server)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatalf("the peer received %d bytes, want the %d written before Close", len(got), len(want))
+	}
+}
