@@ -653,15 +653,25 @@ func (s *Sink) serve(ctx context.Context, sess *session) {
 	for {
 		select {
 		case c, ok := <-sess.confirms:
+			// amqp091 passes a multiple ack on as one confirmation per tag:
+			// settle those queued behind c too before selecting again.
+			for more := ok; more; {
+				// RabbitMQ sends basic.return before the confirmation of the
+				// same publish and amqp091 delivers both from one goroutine
+				// in that order, so the return is queued by now.
+				s.drainReturns(sess)
+				s.settle(sess, c)
+				select {
+				case c, ok = <-sess.confirms:
+					more = ok
+				default:
+					more = false
+				}
+			}
 			if !ok {
 				s.teardown(sess)
 				return
 			}
-			// RabbitMQ sends basic.return before the confirmation of the
-			// same publish and amqp091 delivers both from one goroutine in
-			// that order, so the return is queued by now.
-			s.drainReturns(sess)
-			s.settle(sess, c)
 		case r, ok := <-sess.returns:
 			if !ok {
 				sess.returns = nil
@@ -744,26 +754,39 @@ func (s *Sink) settle(sess *session, c amqp.Confirmation) {
 	delete(sess.inflight, c.DeliveryTag)
 	sess.acked = true
 	early := ok && p.dc == nil
+	var (
+		returned error
+		dc       *amqp.DeferredConfirmation
+	)
 	if early {
 		p.confirmed = true
+	} else if ok {
+		returned, dc = p.returned, p.dc
 	}
 	s.mu.Unlock()
 	switch {
 	case !ok:
 		s.log.Debug("confirmation for an unknown delivery tag", zap.Uint64("tag", c.DeliveryTag))
 	case !early:
-		s.report(p)
+		s.outcome(p, returned, dc)
 	}
 }
 
-// report finishes p, whose confirmation arrived: returned, acked by its
-// deferred confirmation, or else nacked. amqp091 settles the deferred
-// confirmation before it notifies NotifyPublish, so it is done by now; if
-// it ever is not, p is reported nacked (retried), never delivered.
+// report finishes p, whose confirmation arrived; see outcome.
 func (s *Sink) report(p *pending) {
 	s.mu.Lock()
 	err, dc := p.returned, p.dc
 	s.mu.Unlock()
+	s.outcome(p, err, dc)
+}
+
+// outcome finishes p, whose confirmation arrived: returned (the return's
+// error), acked by its deferred confirmation dc, or else nacked. amqp091
+// settles the deferred confirmation before it notifies NotifyPublish, so
+// it is done by now; if it ever is not, p is reported nacked (retried),
+// never delivered.
+func (s *Sink) outcome(p *pending, returned error, dc *amqp.DeferredConfirmation) {
+	err := returned
 	if err == nil && !acked(dc) {
 		err = fmt.Errorf("%w: exchange %q routing key %q", ErrNacked, s.cfg.Exchange, p.key)
 	}
