@@ -236,7 +236,8 @@ func (s *Sink) Run(ctx context.Context) error {
 
 // Publish renders the routing key, waits for a free in-flight slot and a
 // usable channel, and publishes m with mandatory set. It returns once m is
-// written to the connection; done reports the outcome later (see the
+// handed to the connection, whose writer sends it with the publishes
+// written meanwhile (batchConn); done reports the outcome later (see the
 // package documentation). Publish blocks while disconnected, while the
 // broker blocks the connection and while Config.MaxInFlight messages are
 // unconfirmed; if ctx is done first it reports ctx.Err() through done.
