@@ -70,7 +70,7 @@ func (s *Sink) dial(ctx context.Context) (*session, error) {
 			mu.Lock()
 			netConn = c
 			mu.Unlock()
-			return c, nil
+			return newBatchConn(c), nil
 		},
 	}
 	if s.cfg.TLS != nil {

@@ -66,6 +66,10 @@ type Sink struct {
 	// read before a publish is the tag of that publish, and moves of
 	// messages between sessions. Taken before mu.
 	pubMu sync.Mutex
+	// headers is the header table of the publish being written, guarded
+	// by pubMu: amqp091 encodes it before the publish returns and keeps no
+	// reference, so one table serves every publish.
+	headers amqp.Table
 
 	mu       sync.Mutex
 	sess     *session      // the session Publish uses; nil while there is none usable
@@ -85,10 +89,10 @@ type Sink struct {
 
 // pending is one message between Publish and its outcome.
 type pending struct {
-	m    *relay.Message
-	done func(*relay.Message, error)
-	key  string
-	pub  amqp.Publishing
+	m           *relay.Message
+	done        func(*relay.Message, error)
+	key         string
+	contentType string
 	// frame is the encoded size of the content header frame, checked
 	// against the frame size negotiated with the broker.
 	frame int
@@ -132,13 +136,14 @@ func New(cfg Config, log *zap.Logger) (*Sink, error) {
 		log = zap.NewNop()
 	}
 	return &Sink{
-		cfg:   cfg,
-		log:   log.Named("rabbitmq"),
-		key:   key,
-		dests: destinations{exchange: cfg.Exchange},
-		slots: make(chan struct{}, cfg.MaxInFlight),
-		wake:  make(chan struct{}),
-		run:   sinks.NewLifecycle("rabbitmq"),
+		cfg:     cfg,
+		log:     log.Named("rabbitmq"),
+		key:     key,
+		dests:   destinations{exchange: cfg.Exchange},
+		slots:   make(chan struct{}, cfg.MaxInFlight),
+		headers: make(amqp.Table, 16),
+		wake:    make(chan struct{}),
+		run:     sinks.NewLifecycle("rabbitmq"),
 	}, nil
 }
 
@@ -231,7 +236,8 @@ func (s *Sink) Run(ctx context.Context) error {
 
 // Publish renders the routing key, waits for a free in-flight slot and a
 // usable channel, and publishes m with mandatory set. It returns once m is
-// written to the connection; done reports the outcome later (see the
+// handed to the connection, whose writer sends it with the publishes
+// written meanwhile (batchConn); done reports the outcome later (see the
 // package documentation). Publish blocks while disconnected, while the
 // broker blocks the connection and while Config.MaxInFlight messages are
 // unconfirmed; if ctx is done first it reports ctx.Err() through done.
@@ -335,8 +341,9 @@ func (s *Sink) failCarry() {
 	}
 }
 
-// prepare renders the routing key and builds the publishing, rejecting what
-// the broker or the client library could never take.
+// prepare renders the routing key and checks the message, rejecting what
+// the broker or the client library could never take; publishing builds
+// the publishing from it.
 func (s *Sink) prepare(m *relay.Message, done func(*relay.Message, error)) (*pending, error) {
 	key, dest := s.dests.render(s.key, m)
 	m.Destination = dest
@@ -366,7 +373,6 @@ func (s *Sink) prepare(m *relay.Message, done func(*relay.Message, error)) (*pen
 	// CloudEvents binding carries datacontenttype in content-type too.
 	var buf [16]envelope.Header
 	hs, _ := sinks.AMQP.Headers(buf[:0], m)
-	headers := make(amqp.Table, len(hs)+1)
 	valid := true
 	for _, h := range hs {
 		if len(h.Key) > maxShortstr {
@@ -379,7 +385,6 @@ func (s *Sink) prepare(m *relay.Message, done func(*relay.Message, error)) (*pen
 			return nil, fmt.Errorf("message %s has a header named %s, which RabbitMQ takes for extra routing keys; rename the row's header", m.ID, h.Key)
 		}
 		valid = valid && utf8.ValidString(h.Key) && utf8.ValidString(h.Value)
-		headers[h.Key] = h.Value
 	}
 	if !valid { // sinks.CheckHeaders names the header; it formats a label per header, so only here
 		if err := sinks.CheckHeaders(hs); err != nil {
@@ -389,9 +394,23 @@ func (s *Sink) prepare(m *relay.Message, done func(*relay.Message, error)) (*pen
 	// send writes the tag of each publish; headerFrameSize counts the widest.
 	contentType := sinks.ContentType(m)
 	frame := headerFrameSize(hs, m, contentType)
+	return &pending{m: m, done: done, key: key, contentType: contentType, frame: frame}, nil
+}
+
+// publishing builds the publishing of p, sent with the delivery tag tag,
+// in s.headers. s.pubMu must be held until amqp091 has written it.
+func (s *Sink) publishing(p *pending, tag uint64) amqp.Publishing {
+	m := p.m
+	clear(s.headers)
+	var buf [16]envelope.Header
+	hs, _ := sinks.AMQP.Headers(buf[:0], m) // as prepare checked them
+	for _, h := range hs {
+		s.headers[h.Key] = h.Value
+	}
+	s.headers[tagHeader] = strconv.FormatUint(tag, 10)
 	pub := amqp.Publishing{
-		Headers:      headers,
-		ContentType:  contentType,
+		Headers:      s.headers,
+		ContentType:  p.contentType,
 		DeliveryMode: amqp.Persistent,
 		MessageId:    m.ID,
 		Type:         m.EventType,
@@ -404,7 +423,7 @@ func (s *Sink) prepare(m *relay.Message, done func(*relay.Message, error)) (*pen
 			pub.Timestamp = m.Timestamp.UTC().Truncate(time.Second)
 		}
 	}
-	return &pending{m: m, done: done, key: key, pub: pub, frame: frame}, nil
+	return pub
 }
 
 // headerFrameSize is the size of the content header frame amqp091 writes
@@ -479,13 +498,12 @@ func (s *Sink) send(ctx context.Context, sess *session, p *pending) error {
 	s.mu.Lock()
 	tag := sess.ch.GetNextPublishSeqNo()
 	p.returned, p.dc, p.confirmed = nil, nil, false
-	p.pub.Headers[tagHeader] = strconv.FormatUint(tag, 10)
 	// Registered before the write: the confirmation may be processed before
 	// the write returns.
 	sess.inflight[tag] = p
 	s.mu.Unlock()
 
-	dc, err := sess.ch.PublishWithDeferredConfirmWithContext(ctx, s.cfg.Exchange, p.key, true, false, p.pub)
+	dc, err := sess.ch.PublishWithDeferredConfirmWithContext(ctx, s.cfg.Exchange, p.key, true, false, s.publishing(p, tag))
 	if err != nil {
 		s.mu.Lock()
 		delete(sess.inflight, tag)
@@ -636,15 +654,25 @@ func (s *Sink) serve(ctx context.Context, sess *session) {
 	for {
 		select {
 		case c, ok := <-sess.confirms:
+			// amqp091 passes a multiple ack on as one confirmation per tag:
+			// settle those queued behind c too before selecting again.
+			for more := ok; more; {
+				// RabbitMQ sends basic.return before the confirmation of the
+				// same publish and amqp091 delivers both from one goroutine
+				// in that order, so the return is queued by now.
+				s.drainReturns(sess)
+				s.settle(sess, c)
+				select {
+				case c, ok = <-sess.confirms:
+					more = ok
+				default:
+					more = false
+				}
+			}
 			if !ok {
 				s.teardown(sess)
 				return
 			}
-			// RabbitMQ sends basic.return before the confirmation of the
-			// same publish and amqp091 delivers both from one goroutine in
-			// that order, so the return is queued by now.
-			s.drainReturns(sess)
-			s.settle(sess, c)
 		case r, ok := <-sess.returns:
 			if !ok {
 				sess.returns = nil
@@ -727,26 +755,39 @@ func (s *Sink) settle(sess *session, c amqp.Confirmation) {
 	delete(sess.inflight, c.DeliveryTag)
 	sess.acked = true
 	early := ok && p.dc == nil
+	var (
+		returned error
+		dc       *amqp.DeferredConfirmation
+	)
 	if early {
 		p.confirmed = true
+	} else if ok {
+		returned, dc = p.returned, p.dc
 	}
 	s.mu.Unlock()
 	switch {
 	case !ok:
 		s.log.Debug("confirmation for an unknown delivery tag", zap.Uint64("tag", c.DeliveryTag))
 	case !early:
-		s.report(p)
+		s.outcome(p, returned, dc)
 	}
 }
 
-// report finishes p, whose confirmation arrived: returned, acked by its
-// deferred confirmation, or else nacked. amqp091 settles the deferred
-// confirmation before it notifies NotifyPublish, so it is done by now; if
-// it ever is not, p is reported nacked (retried), never delivered.
+// report finishes p, whose confirmation arrived; see outcome.
 func (s *Sink) report(p *pending) {
 	s.mu.Lock()
 	err, dc := p.returned, p.dc
 	s.mu.Unlock()
+	s.outcome(p, err, dc)
+}
+
+// outcome finishes p, whose confirmation arrived: returned (the return's
+// error), acked by its deferred confirmation dc, or else nacked. amqp091
+// settles the deferred confirmation before it notifies NotifyPublish, so
+// it is done by now; if it ever is not, p is reported nacked (retried),
+// never delivered.
+func (s *Sink) outcome(p *pending, returned error, dc *amqp.DeferredConfirmation) {
+	err := returned
 	if err == nil && !acked(dc) {
 		err = fmt.Errorf("%w: exchange %q routing key %q", ErrNacked, s.cfg.Exchange, p.key)
 	}

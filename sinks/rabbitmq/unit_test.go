@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -298,8 +297,7 @@ func TestHeaderFrameSize(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		pub := p.pub
-		pub.Headers[tagHeader] = strconv.FormatUint(math.MaxUint64, 10)
+		pub := s.publishing(p, math.MaxUint64)
 		want := 8 + 14 + 1 + len(pub.ContentType) + 4 + 1 + 1 + len(pub.MessageId) + 8 + 1 + len(pub.Type) + 1 + len(pub.AppId)
 		for k, v := range pub.Headers {
 			want += 1 + len(k) + 1 + 4 + len(v.(string))
