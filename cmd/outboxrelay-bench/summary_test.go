@@ -1,6 +1,9 @@
 package main
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 // A run whose broker held more records than the backlog (a first start
 // that also published the table's rows) timed something else: it is left
@@ -30,5 +33,41 @@ func TestMiscountedRunsAreNotTimed(t *testing.T) {
 	rate, _, n := pairedRatios(wr.Runs, cRelayKafka, cRelayKafkaNoOrder, 1)
 	if n != 1 || rate != 0.5 {
 		t.Errorf("pairedRatios = x%.2f of %d pairs; want x0.50 of 1 (the miscounted pair left out)", rate, n)
+	}
+}
+
+// The 64-aggregate target is judged on the runs made one after the other:
+// pg_recvlogical's rate swings from run to run, and the medians of the two
+// series can come from different repetitions.
+func TestSixtyFourAggregatesJudgedByPairs(t *testing.T) {
+	w := workload{Name: "1kb-x100-64agg", Rows: 1000}
+	run := func(consumer string, rep int, rate float64) measurement {
+		m := measurement{Consumer: consumer, Rep: rep, Seconds: float64(w.Rows) / rate, RowsPerSec: rate, CPUPer100k: 1, Delivered: int64(w.Rows)}
+		m.checkDelivered(w.Rows)
+		return m
+	}
+	// Pairs x0.96, x0.96 and x0.73; the medians' ratio is 72/98 = 0.73.
+	wr := &workloadResult{workload: w, Runs: []measurement{
+		run(cRecvlogical, 1, 100), run(cRelayKafka, 1, 96),
+		run(cRecvlogical, 2, 70), run(cRelayKafka, 2, 67),
+		run(cRecvlogical, 3, 98), run(cRelayKafka, 3, 72),
+	}}
+	wr.summarize()
+	var line string
+	for _, l := range targets(&results{Workloads: []workloadResult{*wr}}) {
+		if strings.Contains(l, "64 aggregates") {
+			line = l
+		}
+	}
+	if !strings.HasPrefix(line, "met") || !strings.Contains(line, "median of 3 interleaved pairs 0.96") || !strings.Contains(line, "(medians, 0.73)") {
+		t.Errorf("64-aggregate target: %q; want it met on the pairs' median 0.96, with the medians' 0.73 shown", line)
+	}
+	// A relay that is slow in most pairs misses it.
+	wr.Runs[1].RowsPerSec, wr.Runs[3].RowsPerSec = 90, 60
+	wr.summarize()
+	for _, l := range targets(&results{Workloads: []workloadResult{*wr}}) {
+		if strings.Contains(l, "64 aggregates") && !strings.HasPrefix(l, "MISSED") {
+			t.Errorf("pairs x0.90, x0.86, x0.73: %q, want MISSED", l)
+		}
 	}
 }
