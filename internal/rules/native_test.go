@@ -89,6 +89,11 @@ func randomRow(r *rand.Rand) *Row {
 		row.Payload, row.PayloadValid = []byte(pick(`{"seq": 1`, `nope`, "{\"name\": \"\xff\"}")), false
 	case 2:
 		row.Payload = nil
+	case 3:
+		// A repeated field (the last counts, the same escaped or not), and
+		// a field json.Unmarshal refuses beside those the expressions read.
+		row.Payload = []byte(pick(`{"seq": 1, "s\u0065q": "x", "name": "a", "name": "b", "flag": true, "fl\u0061g": false}`,
+			`{"priority": "high", "seq": 2.5, "other": [1e400]}`, `{"name": "a", "other": -1E+309}`))
 	default:
 		p := []byte("{")
 		for name, v := range fields {
@@ -107,11 +112,9 @@ func randomRow(r *rand.Rand) *Row {
 
 // agree evaluates every expression on row natively (with CEL where the Go
 // function does not answer) and in CEL only, and reports any difference.
-func agree(t testing.TB, bools, strs []*program, row *Row) {
+// use is what a Set of the expressions would read of the payload.
+func agree(t testing.TB, use payloadUse, bools, strs []*program, row *Row) {
 	t.Helper()
-	// What a Set would read of the payload: every field any of the
-	// expressions reads.
-	use := nativeUse
 	for _, p := range bools {
 		got, gotErr := p.bool(&activation{r: row, use: &use})
 		cel := *p
@@ -132,8 +135,25 @@ func agree(t testing.TB, bools, strs []*program, row *Row) {
 	}
 }
 
-// nativeUse is what compileAll's expressions read of the payload.
-var nativeUse payloadUse
+// nativeUse is what compileAll's expressions read of the payload: the
+// whole payload, as some of them read it so. fieldsUse is what those that
+// read only top-level fields (readsFields) read: a Set of only those
+// decodes no more than the fields.
+var (
+	nativeUse, fieldsUse payloadUse
+	readsFields          = map[*program]bool{}
+)
+
+// withFields are the programs of ps that read only payload fields.
+func withFields(ps []*program) []*program {
+	var out []*program
+	for _, p := range ps {
+		if readsFields[p] {
+			out = append(out, p)
+		}
+	}
+	return out
+}
 
 // compileAll compiles the expressions as a Set does, each with its Go
 // function when it has one, and reports how many have one.
@@ -149,6 +169,10 @@ func compileAll(t testing.TB, exprs []string, want *cel.Type) (ps []*program, fa
 			t.Fatalf("%s: %v", expr, iss.Err())
 		}
 		nativeUse.add(ast)
+		var own payloadUse
+		if own.add(ast); !own.whole {
+			fieldsUse.add(ast)
+		}
 		prg, err := env.Program(ast, cel.EvalOptions(cel.OptOptimize))
 		if err != nil {
 			t.Fatal(err)
@@ -163,6 +187,7 @@ func compileAll(t testing.TB, exprs []string, want *cel.Type) (ps []*program, fa
 		if p.fastBool != nil || p.fastString != nil {
 			fast++
 		}
+		readsFields[p] = !own.whole
 		ps = append(ps, p)
 	}
 	return ps, fast
@@ -187,9 +212,15 @@ func TestNativeAgreesWithCEL(t *testing.T) {
 	if want := len(nativeStrings) - 1; fastStrs != want {
 		t.Errorf("%d of %d string expressions compiled to Go, want %d", fastStrs, len(strs), want)
 	}
+	if !nativeUse.whole || fieldsUse.whole || len(withFields(bools)) == 0 || len(withFields(strs)) == 0 {
+		t.Fatalf("whole %v, fields-only %v of %d and %d: want both ways of reading the payload", nativeUse.whole,
+			fieldsUse.whole, len(withFields(bools)), len(withFields(strs)))
+	}
 	r := rand.New(rand.NewPCG(1, 2))
 	for range 3000 {
-		agree(t, bools, strs, randomRow(r))
+		row := randomRow(r)
+		agree(t, nativeUse, bools, strs, row)
+		agree(t, fieldsUse, withFields(bools), withFields(strs), row)
 	}
 }
 
@@ -233,7 +264,8 @@ func FuzzNative(f *testing.F) {
 		row := &Row{AggregateType: aggType, AggregateID: aggID, EventType: event, Table: "public.outbox",
 			Headers: map[string]string{"tenant": tenant}, Columns: map[string]string{"region": region}, Payload: payload,
 			PayloadValid: valid && json.Valid(payload)}
-		agree(t, bools, strs, row)
+		agree(t, nativeUse, bools, strs, row)
+		agree(t, fieldsUse, withFields(bools), withFields(strs), row)
 	})
 }
 

@@ -181,10 +181,18 @@ func skipSpace(p []byte, i int) int {
 }
 
 // skipValue is the index just past the JSON value starting at p[i], at
-// most len(p); p is valid JSON.
+// most len(p); p is valid JSON. It is -1 for a value that is valid JSON
+// (PostgreSQL takes it) but that json.Unmarshal refuses in an any: a
+// number out of float64's range, or nesting deeper than json's limit.
+// The values readFields skips are checked too, so that a payload whose
+// whole decode fails does not pass for the fields a rule reads of it.
 func skipValue(p []byte, i int) int {
 	return min(skipTo(p, i), len(p))
 }
+
+// maxDepth is how deep encoding/json nests, the payload's object counted:
+// a value in the payload may open maxDepth-1 objects and arrays.
+const maxDepth = 10000
 
 func skipTo(p []byte, i int) int {
 	depth := 0
@@ -196,7 +204,9 @@ func skipTo(p []byte, i int) int {
 				return i + 1
 			}
 		case '{', '[':
-			depth++
+			if depth++; depth >= maxDepth {
+				return -1
+			}
 		case '}', ']':
 			depth--
 			if depth == 0 {
@@ -209,9 +219,31 @@ func skipTo(p []byte, i int) int {
 			if depth == 0 {
 				return i
 			}
+		case '-', '0', '1', '2', '3', '4', '5', '6', '7', '8', '9':
+			end, exp := numberEnd(p, i)
+			// At most 308 characters without an exponent is below 1e308.
+			if exp || end-i > 308 {
+				if _, err := strconv.ParseFloat(string(p[i:end]), 64); err != nil {
+					return -1
+				}
+			}
+			i = end - 1
 		}
 	}
 	return i
+}
+
+// numberEnd is the index just past the JSON number starting at p[i], and
+// whether it has an exponent.
+func numberEnd(p []byte, i int) (end int, exp bool) {
+	for ; i < len(p); i++ {
+		if c := p[i]; c == 'e' || c == 'E' {
+			exp = true
+		} else if (c < '0' || c > '9') && c != '.' && c != '-' && c != '+' {
+			break
+		}
+	}
+	return i, exp
 }
 
 // stringEnd is the index of the quote that ends the JSON string whose

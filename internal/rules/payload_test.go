@@ -3,6 +3,7 @@ package rules
 import (
 	"encoding/json"
 	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -21,6 +22,8 @@ func TestPayloadFieldsAsWholeDecode(t *testing.T) {
 		`{}`,
 		`{"data": null, "priority": false, "seq": "\ud83d\ude00"}`,
 		"{\"seq\":1,\"bad\xffkey\":2,\"priority\":\"\xff\"}",
+		`{"seq": 1, "tiny": 1e-400, "data": [-1e-999], "n": 1.7976931348623157e308}`,
+		`{"data": ` + strings.Repeat("[", 9999) + strings.Repeat("]", 9999) + `, "seq": ` + strings.Repeat("[", 9999) + strings.Repeat("]", 9999) + `}`,
 	}
 	for _, p := range objects {
 		got, ok := payloadFields([]byte(p), fields, false)
@@ -44,6 +47,23 @@ func TestPayloadFieldsAsWholeDecode(t *testing.T) {
 	for _, p := range []string{``, `null`, `[1]`, `"seq"`, `3`, `{"seq": 1,}`, `{"seq": 1} x`, "{\"data\": \"\x01\"}"} {
 		if got, ok := payloadFields([]byte(p), fields, false); ok {
 			t.Errorf("%q: got %v, want it left to the whole decode", p, got)
+		}
+	}
+	// Valid JSON that json.Unmarshal refuses, for a number out of float64's
+	// range or nesting deeper than it takes, in a field the expressions do
+	// not read: the whole decode gives the error (PostgreSQL's json and
+	// jsonb take both).
+	deep := strings.Repeat("[", 10000) + strings.Repeat("]", 10000)
+	for _, p := range []string{`{"seq": 1, "data": 1e400}`, `{"data": [{"n": -1E+309}], "seq": 1}`,
+		`{"seq": 1, "data": 1` + strings.Repeat("0", 309) + `}`, `{"seq": 1, "data": ` + deep + `}`, `{"seq": ` + deep + `}`} {
+		var whole map[string]any
+		if err := json.Unmarshal([]byte(p), &whole); err == nil {
+			t.Fatalf("%.40s: json.Unmarshal took it", p)
+		}
+		for _, valid := range []bool{false, true} {
+			if got, ok := payloadFields([]byte(p), fields, valid); ok {
+				t.Errorf("%.40s (known valid %v): got %d fields, want it left to the whole decode", p, valid, len(got))
+			}
 		}
 	}
 	// Told it is valid, a payload that is not still gives up, never panics.
@@ -89,7 +109,7 @@ func TestPayloadUse(t *testing.T) {
 // FuzzPayloadFields: payloadFields never panics, even told that invalid
 // JSON is valid, and on valid JSON gives the whole decode's fields.
 func FuzzPayloadFields(f *testing.F) {
-	for _, p := range []string{`{"seq": 1, "data": "x"}`, `{"a": [1, {"seq": 2}], "seq": "\"}"}`, `{"seq"`, `[1]`} {
+	for _, p := range []string{`{"seq": 1, "data": "x"}`, `{"a": [1, {"seq": 2}], "seq": "\"}"}`, `{"seq"`, `[1]`, `{"seq": 1, "n": 2e308}`} {
 		f.Add([]byte(p))
 	}
 	fields := map[string]bool{"seq": true}
@@ -111,4 +131,20 @@ func FuzzPayloadFields(f *testing.F) {
 			t.Fatalf("%q: got %v (%v), want %v", p, got, ok, want)
 		}
 	})
+}
+
+// TestFieldsFailAsWholePayload: a rule that reads only a field of a
+// payload json.Unmarshal refuses fails as it does when another rule reads
+// the whole payload, instead of deciding on the field.
+func TestFieldsFailAsWholePayload(t *testing.T) {
+	row := &Row{Payload: []byte(`{"seq": 1, "data": [1e400]}`), PayloadValid: true}
+	for _, routes := range [][]Route{
+		{{When: `payload.seq == 1.0`}},
+		{{When: `payload.seq == 1.0`}, {When: `size(payload) > 0`}},
+	} {
+		_, err := mustCompile(t, Config{Routes: routes}).Decide(row)
+		if err == nil || !strings.Contains(err.Error(), "routes[0]") || !strings.Contains(err.Error(), "1e400") {
+			t.Errorf("%d routes: got %v, want routes[0] to fail on the payload", len(routes), err)
+		}
+	}
 }
