@@ -17,8 +17,11 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/outboxrelay/outboxrelay/envelope"
 	"github.com/outboxrelay/outboxrelay/internal/app"
+	"github.com/outboxrelay/outboxrelay/internal/config"
 	"github.com/outboxrelay/outboxrelay/internal/rules"
+	"github.com/outboxrelay/outboxrelay/relay"
 )
 
 // cmdRules runs `outboxrelay rules test --config FILE ROWS.jsonl`: it
@@ -31,7 +34,7 @@ import (
 // rulesFromTable).
 func cmdRules(args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("rules test", "rules test --config FILE (ROWS.jsonl | --from-table N)",
-		"Dry-runs the routing rules of FILE (routes, unmatched, transform) on sample rows, one JSON object a line with the outbox table's columns (id, aggregate_type, aggregate_id, event_type, payload, headers, and any other), or with --from-table N on the newest N rows of the configured outbox tables, and prints each row's route, destination, key and headers, or why it is dropped or dead-lettered. Nothing is sent, and nothing is written to the database.")
+		"Dry-runs the routing rules of FILE (routes, unmatched, transform) on sample rows, one JSON object a line with the outbox table's columns (id, aggregate_type, aggregate_id, event_type, payload, headers, and any other), or with --from-table N on the newest N rows of the configured outbox tables, and prints each row's route, destination, key and headers, or why it is dropped or dead-lettered (by a rule, or by its schema when FILE sets relay.schemas). Nothing is sent, and nothing is written to the database.")
 	configPath := fs.String("config", "", "the configuration file whose rules to test")
 	fromTable := fs.String("from-table", "", "dry-run on the newest `N` rows of the configured outbox tables (postgres.url, postgres.tables, postgres.columns), newest by postgres.columns.created_at, or by the id column when created_at is not mapped; printed oldest first, in commit order per aggregate. Read in a read-only transaction")
 	if len(args) > 0 && (args[0] == "-h" || args[0] == "-help" || args[0] == "--help" || args[0] == "help") {
@@ -61,7 +64,7 @@ func cmdRules(args []string, stdout, stderr io.Writer) error {
 	if *configPath == "" || fs.NArg() != 1 {
 		return usageErr("rules test: want --config FILE and one file of rows, as in `outboxrelay rules test --config relay.yaml rows.jsonl`, or --from-table N")
 	}
-	set, err := loadRules(*configPath)
+	set, validate, err := loadRules(*configPath)
 	if err != nil {
 		return usageErr("rules test: %v", err)
 	}
@@ -70,7 +73,7 @@ func cmdRules(args []string, stdout, stderr io.Writer) error {
 		return usageErr("rules test: %v", err)
 	}
 	defer f.Close()
-	return testRules(set, f, stdout)
+	return testRules(set, validate, f, stdout)
 }
 
 // rulesFromTable dry-runs the rules of the configuration at path on the
@@ -90,12 +93,16 @@ func rulesFromTable(path string, n int, stdout, stderr io.Writer) error {
 	if err != nil {
 		return usageErr("rules test: %s: %v", path, err)
 	}
+	validate, err := app.SchemaValidator(cfg.Relay.Schemas)
+	if err != nil {
+		return usageErr("rules test: %s: %v", path, err)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	i := 0
 	err = app.NewestRuleRows(ctx, cfg, n, func(row *rules.Row, invalid error) error {
 		i++
-		printDecision(stdout, fmt.Sprintf("row %d (%s id %s):", i, row.Table, row.MessageID), set, row, invalid)
+		printDecision(stdout, fmt.Sprintf("row %d (%s id %s):", i, row.Table, row.MessageID), set, validate, row, invalid)
 		return nil
 	})
 	if err != nil {
@@ -107,27 +114,42 @@ func rulesFromTable(path string, n int, stdout, stderr io.Writer) error {
 	return nil
 }
 
-func loadRules(path string) (*rules.Set, error) {
+// loadRules compiles the rules of the configuration file at path, and
+// loads its schema folder (relay.schemas) when it names one, as the relay
+// checks the payloads with it; every other key is left alone.
+func loadRules(path string) (*rules.Set, relay.Validator, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	var c rules.Config
 	if err := yaml.Unmarshal(data, &c); err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
+		return nil, nil, fmt.Errorf("%s: %w", path, err)
 	}
 	if len(c.Routes) == 0 {
-		return nil, fmt.Errorf("%s has no routes", path)
+		return nil, nil, fmt.Errorf("%s has no routes", path)
 	}
 	set, err := rules.Compile(c)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
+		return nil, nil, fmt.Errorf("%s: %w", path, err)
 	}
-	return set, nil
+	var schemas struct {
+		Relay struct {
+			Schemas config.Schemas `yaml:"schemas"`
+		} `yaml:"relay"`
+	}
+	if err := yaml.Unmarshal(data, &schemas); err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", path, err)
+	}
+	validate, err := app.SchemaValidator(schemas.Relay.Schemas)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return set, validate, nil
 }
 
 // testRules prints the decision for every row of r.
-func testRules(set *rules.Set, r io.Reader, w io.Writer) error {
+func testRules(set *rules.Set, validate relay.Validator, r io.Reader, w io.Writer) error {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(nil, 16<<20)
 	for n := 1; sc.Scan(); n++ {
@@ -139,7 +161,7 @@ func testRules(set *rules.Set, r io.Reader, w io.Writer) error {
 		if err != nil {
 			return usageErr("rules test: line %d: %v", n, err)
 		}
-		printDecision(w, fmt.Sprintf("row %d (id %s):", n, row.MessageID), set, row, nil)
+		printDecision(w, fmt.Sprintf("row %d (id %s):", n, row.MessageID), set, validate, row, nil)
 	}
 	if err := sc.Err(); err != nil {
 		return usageErr("rules test: %v", err)
@@ -151,7 +173,10 @@ func testRules(set *rules.Set, r io.Reader, w io.Writer) error {
 // each route it takes with its destination, key, headers and format, then
 // the transformed payload; or that it is dropped, or dead-lettered and why.
 // invalid is why the relay dead-letters the row before any rule runs.
-func printDecision(w io.Writer, prefix string, set *rules.Set, row *rules.Row, invalid error) {
+// With a schema folder (validate not nil), a routed row whose JSON payload
+// (the one transform.payload made, if it sets fields) fails its schema is
+// dead-lettered with the schema's error, as the relay does.
+func printDecision(w io.Writer, prefix string, set *rules.Set, validate relay.Validator, row *rules.Row, invalid error) {
 	if invalid != nil {
 		fmt.Fprintf(w, "%s dead letter: %v\n", prefix, oneLine(invalid.Error()))
 		return
@@ -162,6 +187,20 @@ func printDecision(w io.Writer, prefix string, set *rules.Set, row *rules.Row, i
 		fmt.Fprintf(w, "%s dead letter: %v\n", prefix, err)
 	case d.Dropped:
 		fmt.Fprintf(w, "%s dropped (unmatched: drop)\n", prefix)
+	}
+	payload := row.Payload
+	if d.Payload != nil {
+		payload = d.Payload
+	}
+	if validate != nil && len(d.Matches) > 0 && payload != nil {
+		em := envelope.Message{EventType: row.EventType, SchemaVersion: row.SchemaVersion, Payload: payload}
+		if err := validate.Validate(&em); err != nil {
+			if d.Payload != nil {
+				err = fmt.Errorf("the payload transform.payload made: %w", err)
+			}
+			fmt.Fprintf(w, "%s dead letter: %v\n", prefix, oneLine(err.Error()))
+			return
+		}
 	}
 	for _, m := range d.Matches {
 		var hs []string
