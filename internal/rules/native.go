@@ -1,6 +1,7 @@
 package rules
 
 import (
+	"cmp"
 	"math"
 	"regexp"
 	"strconv"
@@ -168,12 +169,8 @@ func (n native) asString() strFn {
 	if n.s != nil {
 		return n.s
 	}
-	if d := n.d; d != nil {
-		return func(a *activation) (string, bool) {
-			v, ok := d(a)
-			s, isString := v.(string)
-			return s, ok && isString
-		}
+	if n.d != nil {
+		return holds[string](n.d)
 	}
 	return nil
 }
@@ -184,12 +181,8 @@ func (n native) asBool() boolFn {
 	if n.b != nil {
 		return n.b
 	}
-	if d := n.d; d != nil {
-		return func(a *activation) (bool, bool) {
-			v, ok := d(a)
-			b, isBool := v.(bool)
-			return b, ok && isBool
-		}
+	if n.d != nil {
+		return holds[bool](n.d)
 	}
 	return nil
 }
@@ -400,32 +393,11 @@ func compileConditional(args []celast.Expr) native {
 func compileEquals(l, r native) boolFn {
 	switch {
 	case l.s != nil && r.s != nil:
-		return func(a *activation) (bool, bool) {
-			x, ok := l.s(a)
-			if !ok {
-				return false, false
-			}
-			y, ok := r.s(a)
-			return x == y, ok
-		}
+		return equal(l.s, r.s)
 	case l.i != nil && r.i != nil:
-		return func(a *activation) (bool, bool) {
-			x, ok := l.i(a)
-			if !ok {
-				return false, false
-			}
-			y, ok := r.i(a)
-			return x == y, ok
-		}
+		return equal(l.i, r.i)
 	case l.b != nil && r.b != nil:
-		return func(a *activation) (bool, bool) {
-			x, ok := l.b(a)
-			if !ok {
-				return false, false
-			}
-			y, ok := r.b(a)
-			return x == y, ok
-		}
+		return equal(l.b, r.b)
 	case l.d != nil && r.d == nil:
 		return dynEquals(l.d, r)
 	case r.d != nil && l.d == nil:
@@ -439,37 +411,34 @@ func compileEquals(l, r native) boolFn {
 func dynEquals(d dynFn, x native) boolFn {
 	switch {
 	case x.s != nil:
-		return func(a *activation) (bool, bool) {
-			v, ok := d(a)
-			s, isString := v.(string)
-			if !ok || !isString {
-				return false, false
-			}
-			y, ok := x.s(a)
-			return s == y, ok
-		}
+		return equal(holds[string](d), x.s)
 	case x.f != nil:
-		return func(a *activation) (bool, bool) {
-			v, ok := d(a)
-			f, isNumber := v.(float64)
-			if !ok || !isNumber {
-				return false, false
-			}
-			y, ok := x.f(a)
-			return f == y, ok
-		}
+		return equal(holds[float64](d), x.f)
 	case x.b != nil:
-		return func(a *activation) (bool, bool) {
-			v, ok := d(a)
-			b, isBool := v.(bool)
-			if !ok || !isBool {
-				return false, false
-			}
-			y, ok := x.b(a)
-			return b == y, ok
-		}
+		return equal(holds[bool](d), x.b)
 	}
 	return nil
+}
+
+// equal compiles l == r, l evaluated first.
+func equal[T comparable](l, r func(*activation) (T, bool)) boolFn {
+	return func(a *activation) (bool, bool) {
+		x, ok := l(a)
+		if !ok {
+			return false, false
+		}
+		y, ok := r(a)
+		return x == y, ok
+	}
+}
+
+// holds is the payload value d as a T: answered when it holds one.
+func holds[T any](d dynFn) func(*activation) (T, bool) {
+	return func(a *activation) (T, bool) {
+		v, ok := d(a)
+		t, isT := v.(T)
+		return t, ok && isT
+	}
 }
 
 // compileOrder compiles <, <=, > and >= of two strings, two ints, or a
@@ -478,40 +447,16 @@ func compileOrder(fn string, l, r native) boolFn {
 	var c func(*activation) (int, bool)
 	switch {
 	case l.s != nil && r.s != nil:
-		c = func(a *activation) (int, bool) {
-			x, ok := l.s(a)
-			if !ok {
-				return 0, false
-			}
-			y, ok := r.s(a)
-			return strings.Compare(x, y), ok
-		}
+		c = compare(l.s, r.s)
 	case l.i != nil && r.i != nil:
-		c = func(a *activation) (int, bool) {
-			x, ok := l.i(a)
-			if !ok {
-				return 0, false
-			}
-			y, ok := r.i(a)
-			return cmpInt(x, y), ok
-		}
+		c = compare(l.i, r.i)
 	default:
 		ld, lok := doubleOperand(l)
 		rd, rok := doubleOperand(r)
 		if !lok || !rok || (l.d == nil && r.d == nil) {
 			return nil
 		}
-		c = func(a *activation) (int, bool) {
-			x, ok := ld(a)
-			if !ok {
-				return 0, false
-			}
-			y, ok := rd(a)
-			if !ok || math.IsNaN(x) || math.IsNaN(y) {
-				return 0, false
-			}
-			return cmpFloat(x, y), true
-		}
+		c = compare(ld, rd)
 	}
 	var want func(int) bool
 	switch fn {
@@ -530,6 +475,22 @@ func compileOrder(fn string, l, r native) boolFn {
 	}
 }
 
+// compare compiles the order of l and r, l evaluated first; a NaN is left
+// to CEL.
+func compare[T cmp.Ordered](l, r func(*activation) (T, bool)) func(*activation) (int, bool) {
+	return func(a *activation) (int, bool) {
+		x, ok := l(a)
+		if !ok {
+			return 0, false
+		}
+		y, ok := r(a)
+		if !ok || x != x || y != y {
+			return 0, false
+		}
+		return cmp.Compare(x, y), true
+	}
+}
+
 // doubleOperand is a double literal, or a payload value that must hold a
 // number.
 func doubleOperand(n native) (floatFn, bool) {
@@ -539,31 +500,7 @@ func doubleOperand(n native) (floatFn, bool) {
 	if n.d == nil {
 		return nil, false
 	}
-	return func(a *activation) (float64, bool) {
-		v, ok := n.d(a)
-		f, isNumber := v.(float64)
-		return f, ok && isNumber
-	}, true
-}
-
-func cmpInt(x, y int64) int {
-	switch {
-	case x < y:
-		return -1
-	case x > y:
-		return 1
-	}
-	return 0
-}
-
-func cmpFloat(x, y float64) int {
-	switch {
-	case x < y:
-		return -1
-	case x > y:
-		return 1
-	}
-	return 0
+	return holds[float64](n.d), true
 }
 
 // compileIn compiles x in [literal strings] and key in headers or row.
