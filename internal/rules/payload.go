@@ -63,7 +63,7 @@ func (u *payloadUse) field(name string) {
 	u.fields[name] = true
 }
 
-// A field is one top-level payload field payloadFields decoded.
+// A field is one top-level payload field readFields decoded.
 type field struct {
 	name  string
 	value any
@@ -87,17 +87,6 @@ func fieldMap(fs []field) map[string]any {
 		obj[f.name] = f.value
 	}
 	return obj
-}
-
-// payloadFields decodes the top-level fields of a JSON object payload
-// that the expressions read, as json.Unmarshal would decode them in the
-// whole payload, skipping the others; it is readFields into a map.
-func payloadFields(p []byte, fields map[string]bool, valid bool) (obj map[string]any, ok bool) {
-	fs, ok := readFields(nil, p, fields, valid)
-	if !ok {
-		return nil, false
-	}
-	return fieldMap(fs), true
 }
 
 // readFields appends to dst the top-level fields named in fields of the

@@ -148,3 +148,14 @@ func TestFieldsFailAsWholePayload(t *testing.T) {
 		}
 	}
 }
+
+// payloadFields is readFields into a map: the fields of a JSON object
+// payload named in fields, as json.Unmarshal decodes them in the whole
+// payload.
+func payloadFields(p []byte, fields map[string]bool, valid bool) (obj map[string]any, ok bool) {
+	fs, ok := readFields(nil, p, fields, valid)
+	if !ok {
+		return nil, false
+	}
+	return fieldMap(fs), true
+}

@@ -2,6 +2,7 @@ package rules
 
 import (
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -193,5 +194,44 @@ func TestWhenNotBoolAtRunTime(t *testing.T) {
 	var re *RuleError
 	if !errors.As(err, &re) || re.Rule != "routes[0] (flag).when" || !strings.Contains(err.Error(), "not a bool") {
 		t.Errorf("string condition: %v", err)
+	}
+}
+
+// DecideTo reuses the decision it is given: each row's decision is the
+// one Decide makes of it, whatever the row before left in it (more
+// matches, other headers, an error); and a route's headers, which share
+// the transform's, never change another match's.
+func TestDecideToReuses(t *testing.T) {
+	s := mustCompile(t, Config{Routes: []Route{
+		{Name: "audit", When: `"tenant" in headers && headers["tenant"] == "acme"`, Destination: "audit", Continue: true, Headers: map[string]string{"x-event": `"audited"`}},
+		{Name: "big", When: `payload.total > 100.0`, Destination: "big"},
+		{Name: "rest", When: `payload.total >= 0.0`, Destination: "rest"},
+	}, Transform: Transform{Headers: map[string]string{"x-event": `event_type`}}})
+	small := order("order.paid", 5)
+	small.Headers = nil
+	broken := order("order.created", 1)
+	broken.Payload = []byte(`{"total": "one"}`)
+	var d Decision
+	for i, row := range []*Row{order("order.created", 250), small, broken, order("order.created", 250), small} {
+		want, wantErr := s.Decide(row)
+		if i == 1 && (wantErr != nil || len(want.Matches) != 1) {
+			t.Fatalf("the small order: %+v, %v; want one route", want, wantErr)
+		}
+		// audit's header, which replaces the transform's, stays on audit's
+		// match.
+		if i == 0 && (len(want.Matches) != 2 || header(want.Matches[0], "x-event") != "audited" ||
+			len(want.Matches[1].Headers) != 1 || header(want.Matches[1], "x-event") != "order.created") {
+			t.Fatalf("the big order: %+v; want audit with its own x-event, then big with the transform's", want.Matches)
+		}
+		err := s.DecideTo(&d, row)
+		if (err == nil) != (wantErr == nil) || len(d.Matches) != len(want.Matches) || d.Dropped != want.Dropped {
+			t.Fatalf("row %d: DecideTo %+v, %v; Decide %+v, %v", i, d, err, want, wantErr)
+		}
+		for j := range want.Matches {
+			g, w := d.Matches[j], want.Matches[j]
+			if g.Route != w.Route || g.Key != w.Key || fmt.Sprint(g.Headers) != fmt.Sprint(w.Headers) {
+				t.Errorf("row %d match %d: DecideTo %+v, Decide %+v", i, j, g, w)
+			}
+		}
 	}
 }

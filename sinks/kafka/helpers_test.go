@@ -195,3 +195,29 @@ func isPermanent(err error) bool {
 	var p *relay.PermanentError
 	return errors.As(err, &p)
 }
+
+// checkStoredOnceInOrder consumes as many records as msgs and checks that
+// they are msgs, each stored once, in order per aggregate.
+func checkStoredOnceInOrder(ctx context.Context, t *testing.T, cons *consumer, msgs []*relay.Message) {
+	t.Helper()
+	n := len(msgs)
+	got := make([]sinktest.Received, 0, n)
+	for len(got) < n {
+		r, err := cons.Next(ctx)
+		if err != nil {
+			t.Fatalf("consumed %d of %d records: %v", len(got), n, err)
+		}
+		got = append(got, r)
+	}
+	sinktest.CheckOrder(t, msgs, got)
+	ids := make(map[string]bool, n)
+	for _, r := range got {
+		if ids[r.ID] {
+			t.Errorf("message %s stored twice", r.ID)
+		}
+		ids[r.ID] = true
+	}
+	if len(ids) != n {
+		t.Errorf("%d distinct messages stored, want %d", len(ids), n)
+	}
+}

@@ -104,25 +104,7 @@ func TestPipelineRoundsHoldAtMostMaxRound(t *testing.T) {
 		t.Errorf("franz-go still holds %d records once all are acknowledged", got)
 	}
 
-	got := make([]sinktest.Received, 0, n)
-	for len(got) < n {
-		r, err := cons.Next(ctx)
-		if err != nil {
-			t.Fatalf("consumed %d of %d records: %v", len(got), n, err)
-		}
-		got = append(got, r)
-	}
-	sinktest.CheckOrder(t, msgs, got)
-	ids := make(map[string]bool, n)
-	for _, r := range got {
-		if ids[r.ID] {
-			t.Errorf("message %s stored twice", r.ID)
-		}
-		ids[r.ID] = true
-	}
-	if len(ids) != n {
-		t.Errorf("%d distinct messages stored, want %d", len(ids), n)
-	}
+	checkStoredOnceInOrder(ctx, t, cons, msgs)
 }
 
 // bufferedPeak counts the records franz-go holds, from Produce until just

@@ -302,25 +302,7 @@ func TestBrokerFaults(t *testing.T) {
 			tr.Wait(ctx, t)
 			tr.CheckAllAcked(t)
 
-			got := make([]sinktest.Received, 0, n)
-			for len(got) < n {
-				r, err := cons.Next(ctx)
-				if err != nil {
-					t.Fatal(err)
-				}
-				got = append(got, r)
-			}
-			sinktest.CheckOrder(t, msgs, got)
-			ids := map[string]bool{}
-			for _, r := range got {
-				if ids[r.ID] {
-					t.Errorf("message %s stored twice", r.ID)
-				}
-				ids[r.ID] = true
-			}
-			if len(ids) != n {
-				t.Errorf("%d distinct messages stored, want %d", len(ids), n)
-			}
+			checkStoredOnceInOrder(ctx, t, cons, msgs)
 		})
 	}
 }
