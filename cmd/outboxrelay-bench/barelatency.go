@@ -223,11 +223,20 @@ func newBareProducer(broker string, pos *atomic.Uint64) (*bareProducer, error) {
 }
 
 // bareTopic is where the reference consumer produces in -produce mode.
+// newKafka creates it, so that the measuring consumer reads it from the
+// first record on.
 const bareTopic = "bare.order"
+
+// commitHeader carries, on each record the reference produces, its
+// transaction's commit time (pgoutput's, PostgreSQL's clock) in
+// microseconds since the Unix epoch: the measuring consumer times the
+// reference's records from commit to receipt as it times the relay's.
+const commitHeader = "commit-us"
 
 func (p *bareProducer) produce(value []byte, c *pglogrepl.CommitMessage) {
 	end := uint64(c.TransactionEndLSN)
-	p.cl.Produce(context.Background(), &kgo.Record{Value: value}, func(_ *kgo.Record, err error) {
+	r := &kgo.Record{Value: value, Headers: []kgo.RecordHeader{{Key: commitHeader, Value: strconv.AppendInt(nil, c.CommitTime.UnixMicro(), 10)}}}
+	p.cl.Produce(context.Background(), r, func(_ *kgo.Record, err error) {
 		acked := time.Now()
 		p.mu.Lock()
 		defer p.mu.Unlock()

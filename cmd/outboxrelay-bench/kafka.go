@@ -18,7 +18,7 @@ const (
 
 // newKafka starts an in-process broker that the relay reaches over TCP.
 func newKafka() (*kfake.Cluster, error) {
-	return kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, topic), kfake.AllowAutoTopicCreation())
+	return kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, topic, bareTopic), kfake.AllowAutoTopicCreation())
 }
 
 // benchKafka is a workload run's own broker and a counter of its records.

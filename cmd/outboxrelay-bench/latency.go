@@ -84,6 +84,38 @@ type bareLatencyResult struct {
 	SwitchesPerRow  float64 `json:"context_switches_per_row"`
 	VoluntaryPerRow float64 `json:"voluntary_switches_per_row"`
 	Error           string  `json:"error,omitempty"`
+	// Receipt is, for the loop producing with franz-go, commit to receipt
+	// by the measuring consumer, the span the relay's figures cover; null
+	// when no record of the loop arrived.
+	Receipt *quantiles `json:"consumer_receipt,omitempty"`
+}
+
+// quantiles are latencies in milliseconds.
+type quantiles struct {
+	Received int     `json:"received"`
+	P50      float64 `json:"p50_ms"`
+	P99      float64 `json:"p99_ms"`
+	P999     float64 `json:"p999_ms"`
+	Max      float64 `json:"max_ms"`
+}
+
+func quantilesOf(v []float64) *quantiles {
+	return &quantiles{Received: len(v), P50: quantile(v, 0.5), P99: quantile(v, 0.99), P999: quantile(v, 0.999), Max: quantile(v, 1)}
+}
+
+// bareReceipt is the time in milliseconds from the commit that r's
+// commitHeader carries to now, r's receipt.
+func bareReceipt(r *kgo.Record, now time.Time) (float64, error) {
+	for _, h := range r.Headers {
+		if h.Key == commitHeader {
+			us, err := strconv.ParseInt(string(h.Value), 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("reference record at offset %d: %s header %q: %w", r.Offset, commitHeader, h.Value, err)
+			}
+			return ms(now.Sub(time.UnixMicro(us))), nil
+		}
+	}
+	return 0, fmt.Errorf("reference record at offset %d has no %s header", r.Offset, commitHeader)
 }
 
 // slowWindow is a stretch of rows that took over 20 ms.
@@ -154,7 +186,7 @@ func runLatency(ctx context.Context, env *benchEnv, rate int, d time.Duration, p
 		return nil, err
 	}
 
-	cl, err := kgo.NewClient(kgo.SeedBrokers(broker), kgo.ConsumeTopics(topic),
+	cl, err := kgo.NewClient(kgo.SeedBrokers(broker), kgo.ConsumeTopics(topic, bareTopic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(time.Second))
 	if err != nil {
 		return nil, err
@@ -166,6 +198,10 @@ func runLatency(ctx context.Context, env *benchEnv, rate int, d time.Duration, p
 		samples = map[string]sample{}
 		dups    int
 		bad     error
+		// The reference's records, timed the same way: commit to receipt
+		// by this consumer, in milliseconds.
+		bareRecv []float64
+		bareSeen = map[[2]int64]bool{} // partition, offset
 	)
 	cctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -175,6 +211,18 @@ func runLatency(ctx context.Context, env *benchEnv, rate int, d time.Duration, p
 			fs := cl.PollFetches(cctx)
 			now := time.Now()
 			fs.EachRecord(func(r *kgo.Record) {
+				if r.Topic == bareTopic {
+					l, err := bareReceipt(r, now)
+					mu.Lock()
+					defer mu.Unlock()
+					if err != nil {
+						bad = err
+					} else if at := [2]int64{int64(r.Partition), r.Offset}; !bareSeen[at] {
+						bareSeen[at] = true
+						bareRecv = append(bareRecv, l)
+					}
+					return
+				}
 				var e envelopeTimes
 				if err := json.Unmarshal(r.Value, &e); err != nil {
 					mu.Lock()
@@ -244,9 +292,9 @@ func runLatency(ctx context.Context, env *benchEnv, rate int, d time.Duration, p
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		mu.Lock()
-		got := len(samples)
+		got, bareGot := len(samples), len(bareRecv)
 		mu.Unlock()
-		if got >= n || time.Now().After(deadline) {
+		if got >= n && bareGot >= n || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(20 * time.Millisecond)
@@ -289,6 +337,9 @@ func runLatency(ctx context.Context, env *benchEnv, rate int, d time.Duration, p
 		res.RelaySwitchesPerRow, res.RelayVoluntaryPerRow = float64(sw.total())/rows, float64(sw.voluntary)/rows
 	}
 	res.Bare, res.BareProduce = bl.result(bareErr), bp.result(produceErr)
+	if len(bareRecv) > 0 {
+		res.BareProduce.Receipt = quantilesOf(bareRecv)
+	}
 	var recv []float64
 	type slow struct{ at, ms float64 }
 	var slows []slow

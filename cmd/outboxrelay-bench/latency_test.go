@@ -3,8 +3,12 @@ package main
 import (
 	"encoding/json"
 	"math"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 // The relay's series carry a slot label since the slot became one: the
@@ -70,6 +74,26 @@ func TestLatencyMissingIsNull(t *testing.T) {
 	for _, key := range []string{`"relay_histogram_p50_le_ms":null`, `"relay_histogram_p99_le_ms":null`} {
 		if !strings.Contains(string(b), key) {
 			t.Fatalf("%s not in %s", key, b)
+		}
+	}
+}
+
+// The reference's records are timed from the commit their header carries;
+// a record without it, or with an unreadable one, is an error, never a
+// latency of 0.
+func TestBareReceipt(t *testing.T) {
+	commit := time.Date(2026, 12, 6, 22, 0, 0, 123456000, time.UTC)
+	r := &kgo.Record{Offset: 7, Headers: []kgo.RecordHeader{{Key: commitHeader, Value: strconv.AppendInt(nil, commit.UnixMicro(), 10)}}}
+	l, err := bareReceipt(r, commit.Add(2500*time.Microsecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l != 2.5 {
+		t.Fatalf("latency = %v ms, want 2.5", l)
+	}
+	for _, hs := range [][]kgo.RecordHeader{nil, {{Key: commitHeader, Value: []byte("soon")}}} {
+		if l, err := bareReceipt(&kgo.Record{Headers: hs}, commit); err == nil {
+			t.Fatalf("headers %v: latency %v ms, want an error", hs, l)
 		}
 	}
 }

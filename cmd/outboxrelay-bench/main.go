@@ -1166,6 +1166,16 @@ func targets(res *results) []string {
 		}
 		check(l.P99 <= 3 && l.P999 <= 10, "commit-to-consumer at %d rows/s: p50 %.2f  p99 %.2f  p99.9 %.2f  max %.2f ms; %s (target p99 <= 3, p99.9 <= 10)",
 			l.Rate, l.P50, l.P99, l.P999, l.Max, bare)
+		// The tail against the loop producing with franz-go, timed over the
+		// same span: commit to receipt by the measuring consumer.
+		if b := l.BareProduce; b != nil && b.Receipt != nil && b.Receipt.P99 > 0 && b.Receipt.P999 > 0 {
+			r := b.Receipt
+			p99, p999 := l.P99/r.P99, l.P999/r.P999
+			check(p99 <= 1.2 && p999 <= 1.2, "latency tail at %d rows/s, commit to consumer receipt: relay p99 %.2f, p99.9 %.2f ms; the bare loop producing with franz-go p99 %.2f, p99.9 %.2f ms (%d records): x%.2f and x%.2f (target <= x1.2 each)",
+				l.Rate, l.P99, l.P999, r.P99, r.P999, r.Received, p99, p999)
+		} else {
+			info("latency tail against the bare loop producing with franz-go: missing, no record of that loop reached the consumer")
+		}
 		ref := ""
 		if b := l.Bare; b != nil && b.Received > 0 {
 			ref = fmt.Sprintf("; the bare loop %.0f µs and %.1f switches per row", b.CPUPerRow, b.SwitchesPerRow)
@@ -1284,6 +1294,9 @@ func (b *bareLatencyResult) print(out io.Writer, what, counted, span, name strin
 	fmt.Fprintf(out, "  reference, %s: %d %s\n", what, b.Received, counted)
 	fmt.Fprintf(out, "    %s: p50 %.2f ms  p99 %.2f ms  p99.9 %.2f ms  max %.2f ms; %.0f µs, %.1f context switches (%.1f voluntary) per row\n",
 		span, b.P50, b.P99, b.P999, b.Max, b.CPUPerRow, b.SwitchesPerRow, b.VoluntaryPerRow)
+	if r := b.Receipt; r != nil {
+		fmt.Fprintf(out, "    commit -> consumer receipt (%d records): p50 %.2f ms  p99 %.2f ms  p99.9 %.2f ms  max %.2f ms\n", r.Received, r.P50, r.P99, r.P999, r.Max)
+	}
 	if b.Error != "" {
 		fmt.Fprintf(out, "    %s: %s\n", name, b.Error)
 	}
