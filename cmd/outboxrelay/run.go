@@ -14,6 +14,7 @@ import (
 
 	"github.com/outboxrelay/outboxrelay/internal/app"
 	"github.com/outboxrelay/outboxrelay/internal/config"
+	"github.com/outboxrelay/outboxrelay/internal/cpusched"
 	"github.com/outboxrelay/outboxrelay/relay"
 )
 
@@ -133,6 +134,14 @@ func run(ctx context.Context, cfg config.Config, log *zap.Logger, acceptConfigCh
 			windows += u.Config.Relay.MaxInFlightBytes
 		}
 		debug.SetMemoryLimit(windows + 64<<20)
+	}
+	// Before the pipelines start their goroutines: the threads the runtime
+	// starts later inherit the policy from these.
+	switch n, err := cpusched.Apply(cfg.Process.CPUScheduling); {
+	case err != nil:
+		log.Warn("cannot set the CPU scheduling policy; the threads keep theirs", zap.String("process.cpu_scheduling", string(cfg.Process.CPUScheduling)), zap.Error(err))
+	case n > 0:
+		log.Debug("CPU scheduling policy set", zap.String("policy", string(cfg.Process.CPUScheduling)), zap.Int("threads", n))
 	}
 	build := currentBuild()
 	opts := app.Options{

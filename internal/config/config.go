@@ -22,6 +22,7 @@ import (
 
 	"github.com/outboxrelay/outboxrelay/cdc"
 	"github.com/outboxrelay/outboxrelay/envelope"
+	"github.com/outboxrelay/outboxrelay/internal/cpusched"
 	"github.com/outboxrelay/outboxrelay/internal/redact"
 	"github.com/outboxrelay/outboxrelay/internal/rules"
 	"github.com/outboxrelay/outboxrelay/relay"
@@ -44,6 +45,7 @@ type Config struct {
 	Relay    Relay          `yaml:"relay"`
 	HTTP     HTTP           `yaml:"http"`
 	Log      Log            `yaml:"log"`
+	Process  Process        `yaml:"process"`
 	// Rules are the routing rules: the keys routes, unmatched and
 	// transform (see package rules).
 	rules.Config `yaml:",inline"`
@@ -310,6 +312,13 @@ type Log struct {
 	Level string `yaml:"level"`
 }
 
+// Process holds settings of the whole process, shared by its pipelines.
+type Process struct {
+	// CPUScheduling is the scheduling policy of the relay's threads: see
+	// package cpusched.
+	CPUScheduling cpusched.Policy `yaml:"cpu_scheduling"`
+}
+
 // Default returns the configuration used for keys that are not set: the
 // defaults of the packages whose settings the sections embed, and the
 // program's own.
@@ -325,6 +334,7 @@ func Default() Config {
 		Relay:    Relay{Config: rc, DrainTimeout: pg.DrainTimeout, DeadLetters: true, Schemas: Schemas{Missing: SchemasAllow}},
 		HTTP:     HTTP{Listen: "127.0.0.1:9187"},
 		Log:      Log{Level: "info"},
+		Process:  Process{CPUScheduling: cpusched.Batch},
 	}
 }
 
@@ -789,6 +799,11 @@ func (c *Config) Validate() error {
 	case "debug", "info", "warn", "error":
 	default:
 		errs = append(errs, fmt.Errorf("log.level %q is not one of debug, info, warn, error", c.Log.Level))
+	}
+	switch c.Process.CPUScheduling {
+	case cpusched.Batch, cpusched.Inherited:
+	default:
+		errs = append(errs, fmt.Errorf("process.cpu_scheduling %q is not one of batch, inherited", c.Process.CPUScheduling))
 	}
 	return errors.Join(errs...)
 }

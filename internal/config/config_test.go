@@ -1,6 +1,7 @@
 package config
 
 import (
+	"github.com/outboxrelay/outboxrelay/internal/cpusched"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -360,5 +361,29 @@ relay:
 	}
 	if want := (cdc.Config{}).WithDefaults(); def.Postgres.StatusInterval != want.StatusInterval || def.Relay.DrainTimeout != want.DrainTimeout {
 		t.Errorf("defaults: status interval %s, drain timeout %s; want those of cdc.Config{}.WithDefaults()", def.Postgres.StatusInterval, def.Relay.DrainTimeout)
+	}
+}
+
+// process.cpu_scheduling is batch unless set; inherited comes from the file
+// or the environment; anything else is one clear error.
+func TestCPUScheduling(t *testing.T) {
+	cfg, err := Load(writeTemp(t, "c.yaml", minimal), env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Process.CPUScheduling != cpusched.Batch {
+		t.Errorf("default process.cpu_scheduling = %q, want batch", cfg.Process.CPUScheduling)
+	}
+	cfg, err = Load(writeTemp(t, "c.yaml", minimal+"process:\n  cpu_scheduling: inherited\n"), env(nil))
+	if err != nil || cfg.Process.CPUScheduling != cpusched.Inherited {
+		t.Errorf("from the file: %q, %v; want inherited", cfg.Process.CPUScheduling, err)
+	}
+	cfg, err = Load(writeTemp(t, "c.yaml", minimal), env(map[string]string{"OUTBOXRELAY_PROCESS_CPU_SCHEDULING": "inherited"}))
+	if err != nil || cfg.Process.CPUScheduling != cpusched.Inherited {
+		t.Errorf("from the environment: %q, %v; want inherited", cfg.Process.CPUScheduling, err)
+	}
+	_, err = Load(writeTemp(t, "c.yaml", minimal+"process:\n  cpu_scheduling: fifo\n"), env(nil))
+	if err == nil || !strings.Contains(err.Error(), `process.cpu_scheduling "fifo" is not one of batch, inherited`) {
+		t.Errorf("cpu_scheduling fifo: %v, want it refused", err)
 	}
 }

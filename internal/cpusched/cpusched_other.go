@@ -1,0 +1,5 @@
+//go:build !linux
+
+package cpusched
+
+func applyBatch() (int, error) { return 0, ErrUnsupported }
