@@ -31,7 +31,7 @@ var descriptions = map[string]string{
 	"http.action_token_file":      "file holding `http.action_token`",
 	"pipelines":                   "a list of pipelines run in one process, each with `name`, `fatal` and its own `postgres`, `sink`, `envelope` and `relay` keys over the top-level ones; empty: the top level is one pipeline named `default` (see [Running many pipelines](operations.md#running-many-pipelines))",
 	"log.level":                   "`debug`, `info`, `warn` or `error` (JSON lines on stderr)",
-	"process.cpu_scheduling":      "the CPU scheduling policy of the relay's threads (Linux): `batch` puts those under the default policy under SCHED_BATCH, same share of the CPU and nice value, but no thread preempts another on waking, so a relay sharing CPUs with PostgreSQL does not keep preempting its own walsender; `inherited` keeps the policy the process started with (see [Performance](performance.md#cpu-scheduling))",
+	"process.cpu_scheduling":      "the CPU scheduling policy of the relay's threads (Linux): `batch` puts those under the default policy under SCHED_BATCH, with the same share of the CPU and nice value, but its threads do not preempt a running thread when they wake, so a relay sharing CPUs with PostgreSQL does not keep preempting the walsender that feeds it; `inherited` keeps the policy the process started with (see [Performance](performance.md#cpu-scheduling))",
 }
 
 // Reference renders the configuration reference: every key, its default
