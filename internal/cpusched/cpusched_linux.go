@@ -10,9 +10,10 @@ import (
 )
 
 // applyBatch sets SCHED_BATCH on each thread in /proc/self/task that runs
-// under the default policy, SCHED_OTHER, keeping its nice value. A thread
-// being created while the list is read may come from one not yet set, so
-// the list is read again until a pass finds every thread set.
+// under the default policy (SCHED_OTHER, which Linux calls SCHED_NORMAL),
+// keeping its nice value. A thread being created while the list is read
+// may come from one not yet set, so the list is read again until a pass
+// finds every thread set.
 func applyBatch() (int, error) {
 	set := map[int]bool{}
 	for pass := 0; pass < 10; pass++ {
