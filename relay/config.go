@@ -77,6 +77,10 @@ type Config struct {
 	// can reorder them). OrderNone cannot park, so it requires
 	// DeadLetterOrder to be DeadLetterPass.
 	Order Order `yaml:"order"`
+	// Behind is what a sink that falls behind the others does, when the
+	// relay feeds several (NewSinks): BehindSpill (default) or BehindHold.
+	// With one sink it is not used: that sink holds the slot.
+	Behind Behind `yaml:"behind"`
 	// RetryMin and RetryMax bound the exponential retry backoff (defaults 100ms, 30s).
 	RetryMin time.Duration `yaml:"-"`
 	RetryMax time.Duration `yaml:"-"`
@@ -149,6 +153,21 @@ const (
 	OrderNone Order = "none"
 )
 
+// Behind is what a sink that falls behind the others does (Config.Behind).
+type Behind string
+
+// The policies for a sink that falls behind.
+const (
+	// BehindSpill stores the sink's further messages in the Spill store
+	// once it holds its share of the in-flight bound, and delivers them
+	// from there, in commit order, as it catches up. The slot and the
+	// other sinks go on: a stored message counts as settled for the slot.
+	BehindSpill Behind = "spill"
+	// BehindHold keeps the sink's messages in memory: once the in-flight
+	// bound is full, the stream waits, and every sink with it.
+	BehindHold Behind = "hold"
+)
+
 // Format is the body format of published messages.
 type Format string
 
@@ -172,6 +191,7 @@ func (c Config) WithDefaults() Config {
 	c.MaxAttempts = cmp.Or(c.MaxAttempts, 5)
 	c.DeadLetterOrder = cmp.Or(c.DeadLetterOrder, DeadLetterPark)
 	c.Order = cmp.Or(c.Order, OrderAggregate)
+	c.Behind = cmp.Or(c.Behind, BehindSpill)
 	c.RetryMin = cmp.Or(c.RetryMin, 100*time.Millisecond)
 	c.RetryMax = cmp.Or(c.RetryMax, 30*time.Second)
 	c.CheckpointInterval = cmp.Or(c.CheckpointInterval, 100*time.Millisecond)
@@ -215,6 +235,11 @@ func (c Config) Validate() error {
 	default:
 		errs = append(errs, fmt.Errorf("relay.order %q is not one of aggregate, none", c.Order))
 	}
+	switch c.Behind {
+	case BehindSpill, BehindHold:
+	default:
+		errs = append(errs, fmt.Errorf("relay.behind %q is not one of spill, hold", c.Behind))
+	}
 	return errors.Join(errs...)
 }
 
@@ -241,6 +266,7 @@ func (Config) Docs() map[string]string {
 		"max_inflight_bytes": "bytes of such messages",
 		"max_attempts":       "attempts for a message the broker rejects permanently, before it is dead-lettered",
 		"order":              "`aggregate`: first deliveries of an aggregate in commit order through retries and dead letters (one message per aggregate at the broker at a time; Kafka pipelines and holds an aggregate while a failure is handled); `none`: no gate, an aggregate's messages are in flight together up to the window, a retry or a dead letter can reorder them, and it requires `dead_letter_order: pass`",
+		"behind":             "with several sinks, what a sink that falls behind does once it holds its share of the in-flight bound: `spill`: its further messages are stored in `outboxrelay.spilled` and delivered from there in order when it catches up, so the other sinks and the slot go on; `hold`: the stream waits for it, and every sink and the slot with it",
 		"dead_letter_order":  "`park`: the later messages of a dead letter's aggregate wait behind it in `outboxrelay.parked` until `dlq replay` publishes the chain in order; `pass`: they are published, leaving a gap",
 	}
 }

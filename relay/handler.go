@@ -46,6 +46,11 @@ func (h *handler) Start(ctx context.Context, slotConfirmed cdc.LSN) error {
 		if err := p.loadHeads(ctx); err != nil {
 			return err
 		}
+		if p.spill != nil {
+			if err := p.spill.load(ctx); err != nil {
+				return fmt.Errorf("sink %s: count the messages stored while it was behind: %w", p.name, err)
+			}
+		}
 	}
 	if h.batch != nil {
 		if err := h.settleSink(ctx); err != nil {
@@ -256,6 +261,5 @@ func (h *handler) dispatch(ctx context.Context, m *Message, buildErr error) erro
 		h.batch.held.Add(1)
 		return nil
 	}
-	pub.submit(ctx, m)
-	return nil
+	return pub.accept(ctx, m)
 }

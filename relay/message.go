@@ -91,10 +91,13 @@ type Message struct {
 	// LastError is the error of the latest failed attempt.
 	LastError error
 
-	tx   *txn       // set by the relay
-	seq  uint64     // publish order
-	buf  *[]byte    // non-nil: Envelope returns to the buffer pool in it once m is complete
-	span trace.Span // the relay's producer span, when it records one
+	tx *txn // set by the relay; nil for a message read back from Options.Spill
+	// spillSeq is the message's Spilled.Seq when it was read back from
+	// Options.Spill, else 0.
+	spillSeq int64
+	seq      uint64     // publish order
+	buf      *[]byte    // non-nil: Envelope returns to the buffer pool in it once m is complete
+	span     trace.Span // the relay's producer span, when it records one
 }
 
 // FilteredUnmatched is Message.Filtered for a row no route matches when

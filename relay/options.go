@@ -26,6 +26,10 @@ type Options struct {
 	// (invalid headers, say) is dead-lettered through DeadLetters and
 	// parks nothing.
 	Parking Parking
+	// Spill stores the messages of a sink that fell behind the others
+	// when the relay feeds several (Config.Behind BehindSpill). Nil: such a
+	// sink holds the stream, as with BehindHold.
+	Spill Spill
 	// Resolver maps the relations pgoutput announces to outbox tables.
 	// Nil: a relation in Config.Tables is itself, any other stops the
 	// relay.
@@ -101,6 +105,9 @@ type Hooks struct {
 	DeadLettered func(m *Message)
 	// Parked is called once m is stored behind its aggregate's dead letter.
 	Parked func(m *Message)
+	// Spilled is called once n messages of the sink named sink, which is
+	// behind, are stored in Options.Spill.
+	Spilled func(sink string, n int)
 	// Filtered is called for every row the routing rules drop, with the
 	// route label (Message.Filtered). Called from the stream goroutine.
 	Filtered func(route string)
@@ -139,6 +146,11 @@ func JoinHooks(hs ...Hooks) Hooks {
 			j.Parked = func(m *Message) { f(m); g(m) }
 		} else if g != nil {
 			j.Parked = g
+		}
+		if f, g := j.Spilled, h.Spilled; f != nil && g != nil {
+			j.Spilled = func(sink string, n int) { f(sink, n); g(sink, n) }
+		} else if g != nil {
+			j.Spilled = g
 		}
 		if f, g := j.Filtered, h.Filtered; f != nil && g != nil {
 			j.Filtered = func(r string) { f(r); g(r) }

@@ -43,8 +43,9 @@ type publisher struct {
 	ctx  context.Context
 	done func(*Message, error) // onDone, bound once rather than per Publish
 	// handoff carries messages released by their aggregate's previous one
-	// to the publish loop. Its capacity is Config.MaxInFlight, more than
-	// the messages the window lets exist, so a send never blocks.
+	// to the publish loop. Its capacity is more than the messages that can
+	// exist, Config.MaxInFlight in the window and half a sink's share read
+	// back from the spill store (spill.go), so a send never blocks.
 	handoff chan handed
 	// exactlyOnce: the sink is Transactional, and publishes without the
 	// per-aggregate order (see Transactional).
@@ -68,6 +69,17 @@ type publisher struct {
 	// its name ("" for the one sink of a sink section).
 	lane int
 	name string
+	// queue, when the relay feeds several sinks, carries the stream's
+	// messages to the publish loop, so that a sink whose Publish blocks
+	// (waiting for a connection, say) never blocks the stream and the
+	// other sinks with it. nil with one sink: the stream submits itself.
+	// Its capacity is Config.MaxInFlight.
+	queue chan *Message
+	// held and heldBytes count the messages handed to this sink's queue
+	// and not settled yet; spill, when set, stores the sink's messages
+	// once they reach its share of the window (spill.go).
+	held, heldBytes atomic.Int64
+	spill           *spiller
 }
 
 func newPublisher(cfg *settings, sink Sink, log *zap.Logger, f *failure, bg *background, w *window, t *tracker) *publisher {
@@ -75,7 +87,7 @@ func newPublisher(cfg *settings, sink Sink, log *zap.Logger, f *failure, bg *bac
 		cfg: cfg, sink: sink, log: log, failure: f, bg: bg, window: w, tracker: t,
 		order:     newAggregates(),
 		retries:   newRetryQueue(),
-		handoff:   make(chan handed, cfg.MaxInFlight),
+		handoff:   make(chan handed, cfg.MaxInFlight+cfg.MaxInFlight/2+1),
 		unordered: cfg.Order == OrderNone,
 	}
 	_, p.exactlyOnce = sink.(Transactional)
@@ -84,6 +96,39 @@ func newPublisher(cfg *settings, sink Sink, log *zap.Logger, f *failure, bg *bac
 	}
 	p.done = p.onDone
 	return p
+}
+
+// accept takes m from the stream: with one sink it submits m itself;
+// with several it hands m to the sink's publish loop, or to the spiller
+// when the sink is behind. It blocks only while a spill store is slower
+// than the stream, and returns ctx's error if ctx ends first.
+func (p *publisher) accept(ctx context.Context, m *Message) error {
+	if p.queue == nil {
+		p.submit(ctx, m)
+		return nil
+	}
+	if p.spill != nil {
+		if diverted, err := p.spill.divert(ctx, m); diverted || err != nil {
+			return err
+		}
+	}
+	if !p.enqueue(ctx, m) {
+		return ctx.Err()
+	}
+	return nil
+}
+
+// enqueue hands m to the publish loop through queue, counting it held.
+// It reports false if ctx ends first.
+func (p *publisher) enqueue(ctx context.Context, m *Message) bool {
+	p.held.Add(1)
+	p.heldBytes.Add(int64(len(m.Envelope)))
+	select {
+	case p.queue <- m:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 // submit publishes m, new from the stream, or leaves it waiting behind its
@@ -215,6 +260,8 @@ func (p *publisher) run(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
+		case m := <-p.queue: // nil, so never ready, with one sink
+			p.submit(ctx, m)
 		case h := <-p.handoff:
 			k := keyOf(h.m) // h.m may be settled, and no longer the relay's, once handed over
 			p.send(ctx, h.m)
@@ -233,8 +280,22 @@ func (p *publisher) run(ctx context.Context) {
 
 // complete ends m's life in the relay: its room in the window is freed and
 // its transaction's count in the tracker drops, which may move the
-// watermark.
+// watermark; a message read back from the spill store is deleted from it
+// instead, since it left the window and the tracker when it was stored.
 func (p *publisher) complete(m *Message) {
+	if p.queue != nil {
+		p.held.Add(-1)
+		p.heldBytes.Add(-int64(len(m.Envelope)))
+	}
+	if m.spillSeq != 0 {
+		p.spill.delivered(m.spillSeq)
+		return
+	}
+	p.leave(m)
+}
+
+// leave frees m's room in the window and counts it settled in the tracker.
+func (p *publisher) leave(m *Message) {
 	p.window.release(len(m.Envelope))
 	p.tracker.ack(m.tx, p.lane)
 	if m.buf != nil {

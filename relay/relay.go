@@ -91,6 +91,10 @@ func NewSinks(cfg Config, sinks []NamedSink, log *zap.Logger, opts Options) *Rel
 		p.lane, p.name = i, ns.Name
 		if len(sinks) > 1 {
 			p.log = r.log.With(zap.String("sink", ns.Name))
+			p.queue = make(chan *Message, r.cfg.MaxInFlight)
+			if r.cfg.Spill != nil && r.cfg.Behind == BehindSpill {
+				p.spill = newSpiller(p, r.cfg.Spill, len(sinks))
+			}
 		}
 		r.lanes = append(r.lanes, p)
 	}

@@ -87,6 +87,12 @@ func (r *Relay) runLane(sinkCtx, gctx context.Context, g *errgroup.Group, p *pub
 		p.run(sinkCtx)
 		return nil
 	})
+	if p.spill != nil {
+		g.Go(func() error {
+			p.spill.run(sinkCtx)
+			return nil
+		})
+	}
 }
 
 // retrying reports whether some message of p waits to be published again
@@ -112,6 +118,12 @@ type SinkState struct {
 	// Unanswered and Held are as Relay.Unanswered, for this sink.
 	Unanswered time.Duration
 	Held       int
+	// Behind says the sink fell behind the others and its messages go to
+	// the spill store (Config.Behind BehindSpill) since BehindSince;
+	// Spilled is how many of its messages the store holds.
+	Behind      bool
+	BehindSince time.Time
+	Spilled     int64
 }
 
 // Sinks returns each sink's own progress, in the order NewSinks got them.
@@ -121,8 +133,18 @@ func (r *Relay) Sinks() []SinkState {
 	for _, p := range r.lanes {
 		lsn, since := r.tracker.sinkProgress(p.lane)
 		d, n := p.unanswered()
+		behind, behindSince, spilled := p.spill.state()
+		if heldLSN, heldSince := p.spill.heldFrom(); spilled > 0 && heldLSN != 0 {
+			// The store holds messages older than the sink's own
+			// watermark says: it has not taken them yet.
+			lsn = min(lsn, heldLSN-1)
+			if !heldSince.IsZero() && heldSince.Before(since) {
+				since = heldSince
+			}
+		}
 		out = append(out, SinkState{Name: p.name, Confirmed: lsn, LagSince: since,
-			Ready: p.sink.Ready(), Retrying: p.retrying(), Unanswered: d, Held: n})
+			Ready: p.sink.Ready(), Retrying: p.retrying(), Unanswered: d, Held: n,
+			Behind: behind, BehindSince: behindSince, Spilled: spilled})
 	}
 	return out
 }

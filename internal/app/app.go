@@ -288,6 +288,9 @@ func (r *run) open(ctx context.Context) error {
 		return err
 	}
 	r.push(r.dur.close)
+	if err := r.dur.spillReady(ctx); err != nil {
+		return err
+	}
 	if r.guard, err = r.dur.consumer(ctx); err != nil {
 		return fmt.Errorf("prepare PostgreSQL: %w", err)
 	}
@@ -388,11 +391,23 @@ func (r *run) ready() error {
 		return fmt.Errorf("PostgreSQL has sent nothing on the replication connection for %s, although asked to reply (the connection may be lost)", silent.Round(100*time.Millisecond))
 	case r.sinksReady() != "":
 		return fmt.Errorf("%s sink is not connected", r.sinksReady())
-	case r.relay.Retrying():
-		return errors.New("retrying failed publishes")
 	}
-	if d, n := r.relay.Unanswered(); d >= brokerSilence {
-		return fmt.Errorf("the %s broker has answered nothing for %s (%d messages waiting)", r.cfg.Sink.Type, d.Round(time.Second), n)
+	return r.sinksAnswer()
+}
+
+// sinksAnswer is the part of /readyz that each sink answers for: nil, or
+// why the first sink that fails is not ready, naming it.
+func (r *run) sinksAnswer() error {
+	for i, s := range r.relay.Sinks() {
+		label := r.sinkLabel(i)
+		switch {
+		case s.Behind:
+			return fmt.Errorf("sink %s is behind since %s: %d of its messages wait in outboxrelay.spilled, and the other sinks go on", label, s.BehindSince.UTC().Format(time.RFC3339), s.Spilled)
+		case s.Retrying:
+			return fmt.Errorf("sink %s is retrying failed publishes", label)
+		case s.Unanswered >= brokerSilence:
+			return fmt.Errorf("sink %s has answered nothing for %s (%d messages waiting)", label, s.Unanswered.Round(time.Second), s.Held)
+		}
 	}
 	return nil
 }

@@ -47,7 +47,29 @@ func (d *durability) options() relay.Options {
 		dead := &store.DeadLetters{DB: d.pool, Slot: d.cfg.Postgres.Slot}
 		opts.DeadLetters, opts.Parking = dead, dead
 	}
+	if d.spills() {
+		opts.Spill = store.Spill{DB: d.pool, Slot: d.cfg.Postgres.Slot}
+	}
 	return opts
+}
+
+// spills reports whether a sink that falls behind stores its messages in
+// outboxrelay.spilled: with several sinks and relay.behind: spill.
+func (d *durability) spills() bool {
+	return len(d.cfg.SinkList()) > 1 && d.cfg.Relay.Behind == relay.BehindSpill
+}
+
+// spillReady checks, when the relay spills, that outboxrelay.spilled is
+// there and holds nothing of a sink the configuration lost.
+func (d *durability) spillReady(ctx context.Context) error {
+	if !d.spills() {
+		return nil
+	}
+	var names []string
+	for _, ns := range d.cfg.SinkList() {
+		names = append(names, ns.Name)
+	}
+	return store.SpillReady(ctx, d.pool, d.cfg.Postgres.Slot, names)
 }
 
 // consumer records how the slot is consumed (cdc.Setup has compared it

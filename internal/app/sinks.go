@@ -144,7 +144,12 @@ func (r *run) sinkLabel(i int) string {
 func sinkStatus(states []relay.SinkState, current store.LSN) []store.SinkStatus {
 	out := make([]store.SinkStatus, 0, len(states))
 	for _, s := range states {
-		st := store.SinkStatus{Name: s.Name, ConfirmedLSN: store.LSN(s.Confirmed), Ready: s.Ready, Retrying: s.Retrying}
+		st := store.SinkStatus{Name: s.Name, ConfirmedLSN: store.LSN(s.Confirmed), Ready: s.Ready, Retrying: s.Retrying,
+			Behind: s.Behind, Spilled: s.Spilled}
+		if s.Behind {
+			since := s.BehindSince.UTC()
+			st.BehindSince = &since
+		}
 		if current != 0 && s.Confirmed != 0 {
 			b := max(0, int64(current)-int64(s.Confirmed))
 			st.LagBytes = &b
@@ -168,7 +173,7 @@ func (r *run) sinkLag() func() []metrics.SinkLag {
 		states := r.relay.Sinks()
 		out := make([]metrics.SinkLag, len(states))
 		for i, s := range states {
-			out[i] = metrics.SinkLag{Sink: s.Name, Confirmed: uint64(s.Confirmed), Since: s.LagSince}
+			out[i] = metrics.SinkLag{Sink: s.Name, Confirmed: uint64(s.Confirmed), Since: s.LagSince, Behind: s.Behind, Spilled: s.Spilled}
 		}
 		return out
 	}

@@ -18,6 +18,10 @@ type SinkLag struct {
 	// Since is the commit time its lag in seconds counts from (zero:
 	// unknown), as Config.LagSince is for the slot.
 	Since time.Time
+	// Behind says the sink fell behind the others; Spilled is how many of
+	// its messages wait in outboxrelay.spilled (relay.behind: spill).
+	Behind  bool
+	Spilled int64
 }
 
 // sinkCollector serves sink_lag_bytes and sink_lag_seconds by sink, read
@@ -28,6 +32,8 @@ type sinkCollector struct {
 	currentWAL *atomic.Uint64
 	bytes      *prometheus.Desc
 	seconds    *prometheus.Desc
+	behind     *prometheus.Desc
+	spilled    *prometheus.Desc
 }
 
 func newSinkCollector(read func() []SinkLag, currentWAL *atomic.Uint64) *sinkCollector {
@@ -39,12 +45,20 @@ func newSinkCollector(read func() []SinkLag, currentWAL *atomic.Uint64) *sinkCol
 		seconds: prometheus.NewDesc(prometheus.BuildFQName(Namespace, "", "sink_lag_seconds"),
 			"Age of the sink's oldest committed message its broker has not acknowledged, with several sinks on one slot; when it has none pending, time since the newest transaction the relay saw.",
 			[]string{"sink"}, nil),
+		behind: prometheus.NewDesc(prometheus.BuildFQName(Namespace, "", "sink_behind"),
+			"1 while the sink is behind the others and its messages go to outboxrelay.spilled (relay.behind: spill), else 0.",
+			[]string{"sink"}, nil),
+		spilled: prometheus.NewDesc(prometheus.BuildFQName(Namespace, "", "sink_spilled_messages"),
+			"Messages of the sink stored in outboxrelay.spilled while it was behind, not delivered yet.",
+			[]string{"sink"}, nil),
 	}
 }
 
 func (c *sinkCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.bytes
 	ch <- c.seconds
+	ch <- c.behind
+	ch <- c.spilled
 }
 
 func (c *sinkCollector) Collect(ch chan<- prometheus.Metric) {
@@ -57,5 +71,11 @@ func (c *sinkCollector) Collect(ch chan<- prometheus.Metric) {
 		if !s.Since.IsZero() {
 			ch <- prometheus.MustNewConstMetric(c.seconds, prometheus.GaugeValue, math.Max(0, time.Since(s.Since).Seconds()), s.Sink)
 		}
+		behind := 0.0
+		if s.Behind {
+			behind = 1
+		}
+		ch <- prometheus.MustNewConstMetric(c.behind, prometheus.GaugeValue, behind, s.Sink)
+		ch <- prometheus.MustNewConstMetric(c.spilled, prometheus.GaugeValue, float64(s.Spilled), s.Sink)
 	}
 }

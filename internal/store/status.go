@@ -133,6 +133,12 @@ type SinkStatus struct {
 	LagSeconds *float64 `json:"lag_seconds"`
 	Ready      bool     `json:"ready"`
 	Retrying   bool     `json:"retrying"`
+	// Behind says the sink fell behind the others since BehindSince (nil
+	// otherwise), and its messages go to outboxrelay.spilled; Spilled is
+	// how many of them wait there (relay.behind: spill).
+	Behind      bool       `json:"behind"`
+	BehindSince *time.Time `json:"behind_since"`
+	Spilled     int64      `json:"spilled"`
 }
 
 // LagKnown reports whether LagBytes is meaningful.

@@ -89,6 +89,12 @@ func sinkLine(k SinkStatus, lsn func(LSN) string) string {
 	}
 	line := "confirmed " + lsn(k.ConfirmedLSN) + ", lag_bytes " + bytes + ", lag_seconds " + secs
 	switch {
+	case k.Behind && k.BehindSince != nil:
+		line += fmt.Sprintf(", behind since %s, %d spilled", k.BehindSince.Format(time.RFC3339), k.Spilled)
+	case k.Spilled > 0:
+		line += fmt.Sprintf(", %d spilled", k.Spilled)
+	}
+	switch {
 	case k.Retrying:
 		line += ", retrying"
 	case !k.Ready:
