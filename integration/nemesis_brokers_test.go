@@ -495,6 +495,29 @@ type tcpProxy struct {
 	mu    sync.Mutex
 	pairs map[*proxyPair]struct{}
 	wg    sync.WaitGroup
+	// hanging holds the connections accepted while the proxy hangs
+	// (setHang): open, never forwarded, never answered.
+	hanging []net.Conn
+	hang    bool
+}
+
+// setHang makes the proxy hang, as a partitioned broker does: it cuts the
+// forwarded connections and holds every new one open without an answer.
+// setHang(false) closes the held connections and forwards again.
+func (p *tcpProxy) setHang(on bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.hang = on
+	if on {
+		for pair := range p.pairs {
+			pair.close()
+		}
+		return
+	}
+	for _, c := range p.hanging {
+		c.Close()
+	}
+	p.hanging = nil
 }
 
 type proxyPair struct{ client, server net.Conn }
@@ -524,6 +547,13 @@ func (p *tcpProxy) serve() {
 		if err != nil {
 			return
 		}
+		p.mu.Lock()
+		if p.hang {
+			p.hanging = append(p.hanging, client)
+			p.mu.Unlock()
+			continue
+		}
+		p.mu.Unlock()
 		server, err := net.DialTimeout("tcp", p.target, 5*time.Second)
 		if err != nil {
 			client.Close()
@@ -571,6 +601,7 @@ func (p *tcpProxy) upstreamPorts() []int {
 
 func (p *tcpProxy) close() {
 	p.ln.Close()
+	p.setHang(false)
 	p.cut()
 	p.wg.Wait()
 }

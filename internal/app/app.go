@@ -395,6 +395,17 @@ func (r *run) ready() error {
 	return r.sinksAnswer()
 }
 
+// brokerWaits is each sink's wait for its broker's answer, for
+// watchBroker.
+func (r *run) brokerWaits() []brokerWait {
+	states := r.relay.Sinks()
+	out := make([]brokerWait, len(states))
+	for i, s := range states {
+		out[i] = brokerWait{sink: r.sinkLabel(i), silent: s.Unanswered, waiting: s.Held}
+	}
+	return out
+}
+
 // sinksAnswer is the part of /readyz that each sink answers for: nil, or
 // why the first sink that fails is not ready, naming it.
 func (r *run) sinksAnswer() error {
@@ -457,7 +468,7 @@ func (r *run) serve(ctx context.Context) error {
 	})
 	g.Go(func() error { return r.dur.heartbeat(relayCtx) })
 	g.Go(func() error {
-		watchBroker(relayCtx, log, cfg.Sink.Type, r.relay.Unanswered)
+		watchBroker(relayCtx, log, r.brokerWaits)
 		return nil
 	})
 	g.Go(func() error {

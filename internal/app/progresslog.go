@@ -99,27 +99,37 @@ func (p *progressLog) line(msg string, published uint64, over time.Duration, inf
 // (tens of seconds) would report it far too late.
 const brokerSilence = 5 * time.Second
 
-// watchBroker logs once when the broker has answered nothing for
-// brokerSilence while messages wait on it, and once when it answers again.
-// It checks every second until ctx is done.
-func watchBroker(ctx context.Context, log *zap.Logger, sink string, unanswered func() (time.Duration, int)) {
+// brokerWait is how long one sink's broker has held messages without an
+// answer (relay.SinkState.Unanswered), and how many.
+type brokerWait struct {
+	sink    string
+	silent  time.Duration
+	waiting int
+}
+
+// watchBroker logs once, naming the sink, when a sink's broker has answered
+// nothing for brokerSilence while messages wait on it, and once when it
+// answers again. It checks every second until ctx is done.
+func watchBroker(ctx context.Context, log *zap.Logger, waits func() []brokerWait) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
-	var silentSince time.Time
+	silentSince := map[string]time.Time{}
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case now := <-t.C:
-			d, n := unanswered()
-			switch {
-			case d >= brokerSilence && silentSince.IsZero():
-				silentSince = now.Add(-d)
-				log.Warn("the broker accepts messages but answers none; publishing waits for it",
-					zap.String("sink", sink), zap.Int("unanswered", n), zap.Duration("for", d.Round(time.Second)))
-			case d < brokerSilence && !silentSince.IsZero():
-				log.Info("the broker answers again", zap.String("sink", sink), zap.Duration("silent_for", now.Sub(silentSince).Round(time.Second)))
-				silentSince = time.Time{}
+			for _, w := range waits() {
+				since, silent := silentSince[w.sink]
+				switch {
+				case w.silent >= brokerSilence && !silent:
+					silentSince[w.sink] = now.Add(-w.silent)
+					log.Warn("the broker accepts messages but answers none; publishing waits for it",
+						zap.String("sink", w.sink), zap.Int("unanswered", w.waiting), zap.Duration("for", w.silent.Round(time.Second)))
+				case w.silent < brokerSilence && silent:
+					log.Info("the broker answers again", zap.String("sink", w.sink), zap.Duration("silent_for", now.Sub(since).Round(time.Second)))
+					delete(silentSince, w.sink)
+				}
 			}
 		}
 	}
