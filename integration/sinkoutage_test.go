@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -75,6 +76,8 @@ type outageSink struct {
 	section string
 	ledger  *sinkLedger
 	hang    func(bool)
+	// slow, where set, makes every answer wait d.
+	slow func(d time.Duration)
 	// lag is how long after the broker holds a message its consumer may
 	// first see it: the slot check counts a message seen that much later
 	// as held when the slot was read.
@@ -86,6 +89,7 @@ type outageSink struct {
 func webhookOutageSink(t *testing.T) outageSink {
 	l := newSinkLedger()
 	var down atomic.Bool
+	var delay atomic.Int64
 	up := make(chan struct{})
 	var upMu sync.Mutex
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
@@ -93,6 +97,7 @@ func webhookOutageSink(t *testing.T) outageSink {
 			w.WriteHeader(http.StatusNoContent)
 			return
 		}
+		time.Sleep(time.Duration(delay.Load()))
 		body, err := io.ReadAll(req.Body)
 		if err != nil {
 			return
@@ -113,7 +118,7 @@ func webhookOutageSink(t *testing.T) outageSink {
 	}))
 	t.Cleanup(srv.Close)
 	return outageSink{
-		kind: "webhook", ledger: l,
+		kind: "webhook", ledger: l, slow: func(d time.Duration) { delay.Store(int64(d)) },
 		section: fmt.Sprintf(`
     type: webhook
     webhook:
@@ -528,5 +533,133 @@ log:
 	}
 	if outageSamples < 50 {
 		t.Errorf("%d samples of the slot during the outage, want at least 50", outageSamples)
+	}
+}
+
+// TestSpillSurvivesRestart: messages stored for a sink that is behind
+// outlive the relay. A webhook hangs while orders are committed, so they
+// are stored in outboxrelay.spilled; the relay is stopped with messages
+// stored. A start whose configuration lost that sink fails with one error
+// naming it and both fixes, and leaves the stored messages alone. A start
+// with the sink back publishes every order to it, in per-aggregate order,
+// and empties the store.
+func TestSpillSurvivesRestart(t *testing.T) {
+	t.Parallel()
+	e := newEnvWith(t, serverFor(t), "", "--slot", "spill_restart")
+	ctx := t.Context()
+	down, healthy := webhookOutageSink(t), kafkaOutageSink(t)
+	const routes = `
+routes:
+  - name: orders-down
+    when: 'aggregate_type == "order"'
+    sink: down
+    continue: true
+  - name: all-healthy
+    sink: healthy`
+	cfg := func(sinks, routes string) string {
+		return fmt.Sprintf(`postgres:
+  url: %s
+  slot: spill_restart
+  status_interval: 200ms
+relay:
+  max_inflight: 90
+  drain_timeout: 3s
+sinks:%s%s
+http:
+  listen: 127.0.0.1:0
+`, e.dbURL, sinks, routes)
+	}
+	both := "\n  healthy:" + healthy.section + "\n  down:" + down.section
+	down.hang(true)
+	p := e.startConfig(cfg(both, routes))
+	p.waitLog(`"streaming"`, 30*time.Second)
+	orders := map[string][]string{}
+	var ids []string
+	for i := 0; i < 300; i++ {
+		agg := fmt.Sprint("o", i%6)
+		var id string
+		if err := e.db.QueryRow(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ('order', $1, 'order.created', '{}') RETURNING id::text`, agg).Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		orders[agg] = append(orders[agg], id)
+		ids = append(ids, id)
+	}
+	var stored int64
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		if err := e.db.QueryRow(ctx, `SELECT count(*) FROM outboxrelay.spilled WHERE sink = 'down'`).Scan(&stored); err != nil {
+			t.Fatal(err)
+		}
+		if healthy.ledger.distinct() == len(ids) && stored >= 200 {
+			break
+		}
+	}
+	// The sink answers again, slowly: the messages it held are taken, the
+	// slot passes every order, and the stored ones are being published when
+	// the relay stops.
+	down.slow(300 * time.Millisecond)
+	down.hang(false)
+	var lastLSN string
+	if err := e.db.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&lastLSN); err != nil {
+		t.Fatal(err)
+	}
+	for past, deadline := false, time.Now().Add(60*time.Second); !past; time.Sleep(100 * time.Millisecond) {
+		if err := e.db.QueryRow(ctx, `SELECT confirmed_flush_lsn >= $1::pg_lsn FROM pg_replication_slots WHERE slot_name = 'spill_restart'`, lastLSN).Scan(&past); err != nil {
+			t.Fatal(err)
+		}
+		if !past && time.Now().After(deadline) {
+			t.Fatalf("the slot did not pass %s once the sink answered again", lastLSN)
+		}
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	<-p.done
+	if err := e.db.QueryRow(ctx, `SELECT count(*) FROM outboxrelay.spilled WHERE sink = 'down'`).Scan(&stored); err != nil {
+		t.Fatal(err)
+	}
+	down.hang(true)
+
+	// The sink is gone from the configuration, and so is its route; a
+	// second sink stays, so that the relay still has several.
+	other := webhookOutageSink(t)
+	out, code := e.cliConfig(cfg("\n  healthy:"+healthy.section+"\n  other:"+other.section, ""))
+	var after int64
+	if err := e.db.QueryRow(ctx, `SELECT count(*) FROM outboxrelay.spilled WHERE sink = 'down'`).Scan(&after); err != nil {
+		t.Fatal(err)
+	}
+	if code != 2 || !strings.Contains(out, `outboxrelay.spilled holds`) || !strings.Contains(out, `sink "down"`) ||
+		!strings.Contains(out, "put the sink back") || !strings.Contains(out, "DELETE FROM outboxrelay.spilled WHERE slot = 'spill_restart' AND sink = 'down'") || after != stored {
+		t.Errorf("a start without the sink that messages are stored for: exit %d, %d stored before and %d after:\n%s\nwant exit 2 naming the sink and both fixes, the messages kept",
+			code, stored, after, tail(out, 1500))
+	}
+
+	down.slow(0)
+	down.hang(false)
+	p = e.startConfig(cfg(both, routes))
+	p.waitLog("sink has messages stored from an earlier run", 30*time.Second)
+	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline) && down.ledger.distinct() < len(ids); {
+		time.Sleep(100 * time.Millisecond)
+	}
+	var left int64
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		if err := e.db.QueryRow(ctx, `SELECT count(*) FROM outboxrelay.spilled`).Scan(&left); err != nil {
+			t.Fatal(err)
+		}
+		if left == 0 {
+			break
+		}
+	}
+	p.stop()
+	lost := 0
+	for _, id := range ids {
+		if _, ok := down.ledger.at(id); !ok {
+			lost++
+		}
+	}
+	checkCommitOrder(t, orders, down.ledger.got)
+	t.Logf("%d orders; %d stored when the relay stopped; after the restart: lost %d, duplicates %d, %d left in the store", len(ids), stored, lost, down.ledger.dups, left)
+	if lost != 0 || left != 0 {
+		t.Errorf("after the restart: %d orders lost, %d left in outboxrelay.spilled; want 0 and 0", lost, left)
+	}
+	if stored < 50 {
+		t.Errorf("%d messages stored when the relay stopped, want at least 50: the restart must start with stored messages", stored)
 	}
 }

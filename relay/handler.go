@@ -47,7 +47,7 @@ func (h *handler) Start(ctx context.Context, slotConfirmed cdc.LSN) error {
 			return err
 		}
 		if p.spill != nil {
-			if err := p.spill.load(ctx); err != nil {
+			if err := p.spill.load(ctx, slotConfirmed); err != nil {
 				return fmt.Errorf("sink %s: count the messages stored while it was behind: %w", p.name, err)
 			}
 		}

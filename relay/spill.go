@@ -25,6 +25,9 @@ type Spill interface {
 	Delete(ctx context.Context, sink string, seqs []int64) error
 	// Count returns how many messages the sink has stored.
 	Count(ctx context.Context, sink string) (int64, error)
+	// Trim deletes the sink's stored messages whose transaction committed
+	// at or after from, and returns how many it deleted.
+	Trim(ctx context.Context, sink string, from pglogrepl.LSN) (int64, error)
 }
 
 // Spilled is a message a Spill store holds, with its place in the
@@ -99,11 +102,21 @@ func newSpiller(p *publisher, store Spill, sinks int) *spiller {
 	}
 }
 
-// load counts what an earlier run left in the store: the sink starts
-// behind, and its new messages wait behind the stored ones.
-func (s *spiller) load(ctx context.Context) error {
+// load counts what an earlier run left in the store, when the relay's
+// first session starts from the slot's position from: the sink starts
+// behind, and its new messages wait behind the stored ones. It first
+// deletes the stored messages of the transactions the slot delivers again
+// (those that committed at or after from): the stream brings them back, in
+// commit order with the sink's messages the earlier run had in flight and
+// stored nothing of, which may be older. What is left is older than
+// anything the stream brings.
+func (s *spiller) load(ctx context.Context, from pglogrepl.LSN) error {
 	if s.loaded {
 		return nil
+	}
+	trimmed, err := s.store.Trim(ctx, s.p.name, from)
+	if err != nil {
+		return err
 	}
 	n, err := s.store.Count(ctx, s.p.name)
 	if err != nil {
@@ -113,6 +126,9 @@ func (s *spiller) load(ctx context.Context) error {
 	s.stored.Store(n)
 	if first, err := s.store.Read(ctx, s.p.name, 0, 1); err == nil && len(first) == 1 {
 		s.setOldest(first[0].Message.CommitLSN, first[0].Message.CommitTime)
+	}
+	if trimmed > 0 {
+		s.p.log.Info("deleted stored messages of the sink that the slot delivers again", zap.Int64("deleted", trimmed), zap.Stringer("from", from))
 	}
 	if n > 0 {
 		s.mu.Lock()

@@ -70,6 +70,7 @@ func (s spilledMessage) message(body []byte) *relay.Message {
 // Add implements relay.Spill: one statement stores ms in their order.
 func (s Spill) Add(ctx context.Context, sink string, ms []*relay.Message) error {
 	ids := make([]string, len(ms))
+	commits := make([]string, len(ms))
 	metas := make([]string, len(ms))
 	bodies := make([][]byte, len(ms))
 	for i, m := range ms {
@@ -77,12 +78,12 @@ func (s Spill) Add(ctx context.Context, sink string, ms []*relay.Message) error 
 		if err != nil {
 			return fmt.Errorf("encode message %s: %w", m.ID, err)
 		}
-		ids[i], metas[i], bodies[i] = clean(m.ID), string(meta), bodyOf(m)
+		ids[i], commits[i], metas[i], bodies[i] = clean(m.ID), m.CommitLSN.String(), string(meta), bodyOf(m)
 	}
-	_, err := s.DB.Exec(ctx, `INSERT INTO outboxrelay.spilled (slot, sink, message_id, message, body)
-		SELECT $1, $2, m.id, m.message::jsonb, m.body
-		FROM unnest($3::text[], $4::text[], $5::bytea[]) WITH ORDINALITY AS m(id, message, body, n) ORDER BY m.n`,
-		s.Slot, sink, ids, metas, bodies)
+	_, err := s.DB.Exec(ctx, `INSERT INTO outboxrelay.spilled (slot, sink, message_id, commit_lsn, message, body)
+		SELECT $1, $2, m.id, m.commit_lsn::pg_lsn, m.message::jsonb, m.body
+		FROM unnest($3::text[], $4::text[], $5::text[], $6::bytea[]) WITH ORDINALITY AS m(id, commit_lsn, message, body, n) ORDER BY m.n`,
+		s.Slot, sink, ids, commits, metas, bodies)
 	if err != nil {
 		return fmt.Errorf("store %d messages of sink %q in outboxrelay.spilled: %w", len(ms), sink, err)
 	}
@@ -121,6 +122,15 @@ func (s Spill) Delete(ctx context.Context, sink string, seqs []int64) error {
 		return fmt.Errorf("delete delivered messages from outboxrelay.spilled: %w", err)
 	}
 	return nil
+}
+
+// Trim implements relay.Spill.
+func (s Spill) Trim(ctx context.Context, sink string, from pglogrepl.LSN) (int64, error) {
+	tag, err := s.DB.Exec(ctx, `DELETE FROM outboxrelay.spilled WHERE slot = $1 AND sink = $2 AND commit_lsn >= $3::pg_lsn`, s.Slot, sink, from.String())
+	if err != nil {
+		return 0, fmt.Errorf("delete from outboxrelay.spilled the messages the slot delivers again: %w", err)
+	}
+	return tag.RowsAffected(), nil
 }
 
 // Count implements relay.Spill.
