@@ -38,8 +38,11 @@ type Handler interface {
 	// been delivered: the stream calls it for keepalives between transactions.
 	Idle(walEnd LSN)
 	// Reset is called when a session ends: a transaction that was open is
-	// abandoned, and the next session delivers it again from its beginning.
-	Reset()
+	// abandoned, and the next session delivers it again. Reset reports
+	// whether the Handler keeps the changes of it that it was handed (they
+	// are published all the same): the next session then hands over only
+	// the transaction's later changes, else all of them from its beginning.
+	Reset() (kept bool)
 	// Confirmed returns the position to report as flushed: every transaction
 	// that ended at or before it has been acknowledged by the broker. It is
 	// called from another goroutine.
