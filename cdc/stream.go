@@ -147,6 +147,9 @@ func (s *Stream) Standby() bool { return s.standby.Load() }
 // cancellation it stops reading, waits (up to Config.DrainTimeout) for the
 // Handler to drain, reports the final confirmed position and returns nil.
 func (s *Stream) Run(ctx context.Context, h Handler) error {
+	// A session that delivers a transaction again hands over only what an
+	// earlier one did not.
+	h = &handover{Handler: h}
 	retry := backoff.Backoff{Min: s.cfg.ReconnectMin, Max: s.cfg.ReconnectMax}
 	var standby standbyLog
 	for {
