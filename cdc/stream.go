@@ -457,8 +457,9 @@ func (s *Stream) read(ctx context.Context, conn *pgconn.PgConn, h Handler, st *s
 // the session ends without confirming. Otherwise the session ends once the
 // Handler has nothing unacknowledged, after confirming what it was handed;
 // the next session resumes from the slot there: the dropped changes come
-// again, and of what was acknowledged only a transaction that was being
-// received when the window filled comes again (in full).
+// again, and so does the transaction that was being received when the
+// window filled, from its beginning, of which the Handler is handed only
+// the changes it was not handed yet when it keeps them (handover).
 const (
 	// fullHold is how long a full Handler is plain backpressure: a broker
 	// that acknowledges anything within it keeps the reader waiting.
