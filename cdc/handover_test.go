@@ -28,6 +28,9 @@ type windowHandler struct {
 	fillAt int
 	keeps  bool
 	room   chan struct{} // closed by release
+	// stall, when set, keeps the window from filling: the fillAt-th row's
+	// Insert closes stalled and returns once stall is closed.
+	stall, stalled chan struct{}
 
 	full  atomic.Bool
 	rows  atomic.Int64 // rows handed over
@@ -44,9 +47,15 @@ func (h *windowHandler) Insert(_ context.Context, ins *Insert) error {
 	h.mu.Lock()
 	h.got = append(h.got, id)
 	h.mu.Unlock()
-	if h.rows.Add(1) == int64(h.fillAt) {
-		h.full.Store(true)
+	if h.rows.Add(1) != int64(h.fillAt) {
+		return nil
 	}
+	if h.stall != nil {
+		close(h.stalled)
+		<-h.stall
+		return nil
+	}
+	h.full.Store(true)
 	return nil
 }
 
@@ -98,7 +107,7 @@ func TestResumeAfterFullWindowHandsOverTheRest(t *testing.T) {
 	const txSize, txs, fillAt = 70, 4, 100 // the window fills in the second transaction
 	for _, keeps := range []bool{true, false} {
 		t.Run(fmt.Sprintf("keeps=%v", keeps), func(t *testing.T) {
-			url := prepareHandover(t, srv, fmt.Sprintf("handover_%v", keeps), txSize, txs)
+			url := prepareHandover(t, srv, fmt.Sprintf("handover_%v", keeps), slices.Repeat([]int{txSize}, txs)...)
 			core, logs := observer.New(zap.InfoLevel)
 			s, err := NewStream(Config{URL: url, Slot: "handover", Publication: "handover",
 				StatusInterval: 100 * time.Millisecond, ReconnectMin: 10 * time.Millisecond}, zap.New(core))
@@ -149,9 +158,81 @@ func TestResumeAfterFullWindowHandsOverTheRest(t *testing.T) {
 	}
 }
 
-// prepareHandover creates database name with a published table of rows in
-// txs transactions of txSize, committed after the slot, and returns its URL.
-func prepareHandover(t *testing.T, srv *pgserver.Server, name string, txSize, txs int) string {
+// TestResumeAfterLostConnectionHandsOverTheRest: the replication connection
+// is lost in the middle of a transaction, after the transaction before it
+// was confirmed. The next session receives the transaction again from its
+// start, and a Handler that keeps what it was handed gets only the rest.
+func TestResumeAfterLostConnectionHandsOverTheRest(t *testing.T) {
+	srv := pgservertest.Start(t, pgserver.Options{})
+	// The connection is lost in the second transaction, which is larger
+	// than the socket buffers: the rest of it is still to be sent.
+	sizes := []int{70, 20000, 70}
+	const cutAt = 100
+	url := prepareHandover(t, srv, "handover_cut", sizes...)
+	rows := 0
+	for _, n := range sizes {
+		rows += n
+	}
+	db, err := pgx.Connect(t.Context(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close(context.Background())
+	s, err := NewStream(Config{URL: url, Slot: "handover", Publication: "handover",
+		StatusInterval: 100 * time.Millisecond, ReconnectMin: 10 * time.Millisecond}, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &windowHandler{fillAt: cutAt, keeps: true, stall: make(chan struct{}), stalled: make(chan struct{})}
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx, h) }()
+
+	select {
+	case <-h.stalled:
+	case err := <-done:
+		t.Fatalf("stream ended (%v) before row %d", err, cutAt)
+	case <-ctx.Done():
+		t.Fatalf("row %d not handed over within 2 minutes", cutAt)
+	}
+	// The first transaction is confirmed, so that only the second comes again.
+	for confirmed := false; !confirmed; time.Sleep(20 * time.Millisecond) {
+		if err := db.QueryRow(t.Context(), "SELECT confirmed_flush_lsn >= $1::pg_lsn FROM pg_replication_slots WHERE slot_name = 'handover'",
+			LSN(h.pos.Load()).String()).Scan(&confirmed); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := db.Exec(t.Context(), "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = 'handover'"); err != nil {
+		t.Fatal(err)
+	}
+	close(h.stall)
+	for h.rows.Load() < int64(rows) && ctx.Err() == nil {
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(300 * time.Millisecond) // a row handed twice would be counted by now
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("stream: %v", err)
+	}
+	got := h.handed()
+	want := make([]int, 0, rows)
+	for id := 1; id <= rows; id++ {
+		want = append(want, id)
+	}
+	t.Logf("rows %d, handed over %d, resets %v", rows, len(got), h.reset)
+	if len(h.reset) < 2 {
+		t.Fatalf("%d sessions ended, want the lost one and the last", len(h.reset))
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("handed over %d rows, want %d once, in order:\n got %s\nwant %s", len(got), len(want), summary(got), summary(want))
+	}
+}
+
+// prepareHandover creates database name with a published table of rows
+// with ids from 1, in transactions of the sizes given, committed after the
+// slot, and returns its URL.
+func prepareHandover(t *testing.T, srv *pgserver.Server, name string, sizes ...int) string {
 	t.Helper()
 	url, err := srv.CreateDatabase(t.Context(), name)
 	if err != nil {
@@ -171,11 +252,13 @@ func prepareHandover(t *testing.T, srv *pgserver.Server, name string, txSize, tx
 			t.Fatalf("%s: %v", sql, err)
 		}
 	}
-	for i := range txs {
+	next := 1
+	for _, n := range sizes {
 		if _, err := db.Exec(t.Context(), "INSERT INTO rows SELECT g, repeat('x', 1000) FROM generate_series($1::int, $2::int) g",
-			i*txSize+1, (i+1)*txSize); err != nil {
+			next, next+n-1); err != nil {
 			t.Fatal(err)
 		}
+		next += n
 	}
 	t.Cleanup(func() {
 		c, err := pgx.Connect(context.Background(), url)
