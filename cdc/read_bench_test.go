@@ -102,7 +102,8 @@ func BenchmarkReadLoop(b *testing.B) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	start := time.Now()
-	if err := s.read(ctx, conn, h, st); err != nil {
+	// As Run hands changes over: through handover.
+	if err := s.read(ctx, conn, &handover{Handler: h}, st); err != nil {
 		b.Fatal(err)
 	}
 	b.StopTimer()

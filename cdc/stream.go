@@ -38,8 +38,11 @@ type Handler interface {
 	// been delivered: the stream calls it for keepalives between transactions.
 	Idle(walEnd LSN)
 	// Reset is called when a session ends: a transaction that was open is
-	// abandoned, and the next session delivers it again from its beginning.
-	Reset()
+	// abandoned, and the next session delivers it again. Reset reports
+	// whether the Handler keeps the changes of it that it was handed (they
+	// are published all the same): the next session then hands over only
+	// the transaction's later changes, else all of them from its beginning.
+	Reset() (kept bool)
 	// Confirmed returns the position to report as flushed: every transaction
 	// that ended at or before it has been acknowledged by the broker. It is
 	// called from another goroutine.
@@ -144,6 +147,9 @@ func (s *Stream) Standby() bool { return s.standby.Load() }
 // cancellation it stops reading, waits (up to Config.DrainTimeout) for the
 // Handler to drain, reports the final confirmed position and returns nil.
 func (s *Stream) Run(ctx context.Context, h Handler) error {
+	// A session that delivers a transaction again hands over only what an
+	// earlier one did not.
+	h = &handover{Handler: h}
 	retry := backoff.Backoff{Min: s.cfg.ReconnectMin, Max: s.cfg.ReconnectMax}
 	var standby standbyLog
 	for {
@@ -451,8 +457,9 @@ func (s *Stream) read(ctx context.Context, conn *pgconn.PgConn, h Handler, st *s
 // the session ends without confirming. Otherwise the session ends once the
 // Handler has nothing unacknowledged, after confirming what it was handed;
 // the next session resumes from the slot there: the dropped changes come
-// again, and of what was acknowledged only a transaction that was being
-// received when the window filled comes again (in full).
+// again, and so does the transaction that was being received when the
+// window filled, from its beginning, of which the Handler is handed only
+// the changes it was not handed yet when it keeps them (handover).
 const (
 	// fullHold is how long a full Handler is plain backpressure: a broker
 	// that acknowledges anything within it keeps the reader waiting.

@@ -25,7 +25,7 @@ func (*fixedHandler) Message(context.Context, *LogicalMessage) error { return ni
 func (*fixedHandler) Commit(context.Context, Commit) error           { return nil }
 func (*fixedHandler) Start(context.Context, LSN) error               { return nil }
 func (*fixedHandler) Idle(LSN)                                       {}
-func (*fixedHandler) Reset()                                         {}
+func (*fixedHandler) Reset() bool                                    { return false }
 func (h *fixedHandler) Confirmed() LSN                               { return LSN(h.pos.Load()) }
 func (*fixedHandler) Drain(context.Context) error                    { return nil }
 func (*fixedHandler) Unacknowledged() int                            { return 1 }

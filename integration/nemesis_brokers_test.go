@@ -486,8 +486,8 @@ func (q *rabbitNemesis) fullDuring(ctx context.Context, d time.Duration) int64 {
 	return full
 }
 
-// tcpProxy forwards every connection it accepts to target, and can cut them.
-// Safe for concurrent use.
+// tcpProxy forwards every connection it accepts to target, and can cut them,
+// or hold what target sends back. Safe for concurrent use.
 type tcpProxy struct {
 	ln     net.Listener
 	target string
@@ -499,6 +499,10 @@ type tcpProxy struct {
 	// (setHang): open, never forwarded, never answered.
 	hanging []net.Conn
 	hang    bool
+	// held is closed when what target sends may be forwarded again; nil
+	// while nothing is held. release closes it (close too).
+	held    chan struct{}
+	release func()
 }
 
 // setHang makes the proxy hang, as a partitioned broker does: it cuts the
@@ -518,6 +522,38 @@ func (p *tcpProxy) setHang(on bool) {
 		c.Close()
 	}
 	p.hanging = nil
+}
+
+// hold stops forwarding what target sends (a broker's acknowledgements,
+// as when it is too busy to answer) until release is called.
+func (p *tcpProxy) hold() (release func()) {
+	held := make(chan struct{})
+	release = sync.OnceFunc(func() {
+		p.mu.Lock()
+		p.held = nil
+		p.mu.Unlock()
+		close(held)
+	})
+	p.mu.Lock()
+	p.held, p.release = held, release
+	p.mu.Unlock()
+	return release
+}
+
+// answer is the writer of what target sends: it waits while it is held.
+type answer struct {
+	p   *tcpProxy
+	dst net.Conn
+}
+
+func (a answer) Write(b []byte) (int, error) {
+	a.p.mu.Lock()
+	held := a.p.held
+	a.p.mu.Unlock()
+	if held != nil {
+		<-held
+	}
+	return a.dst.Write(b)
 }
 
 type proxyPair struct{ client, server net.Conn }
@@ -564,7 +600,7 @@ func (p *tcpProxy) serve() {
 		p.pairs[pair] = struct{}{}
 		p.mu.Unlock()
 		p.wg.Add(2)
-		pipe := func(dst, src net.Conn) {
+		pipe := func(dst io.Writer, src net.Conn) {
 			defer p.wg.Done()
 			_, _ = io.Copy(dst, src)
 			pair.close()
@@ -573,7 +609,7 @@ func (p *tcpProxy) serve() {
 			p.mu.Unlock()
 		}
 		go pipe(server, client)
-		go pipe(client, server)
+		go pipe(answer{p: p, dst: client}, server)
 	}
 }
 
@@ -600,6 +636,12 @@ func (p *tcpProxy) upstreamPorts() []int {
 }
 
 func (p *tcpProxy) close() {
+	p.mu.Lock()
+	release := p.release
+	p.mu.Unlock()
+	if release != nil {
+		release()
+	}
 	p.ln.Close()
 	p.setHang(false)
 	p.cut()

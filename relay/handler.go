@@ -91,16 +91,20 @@ func (h *handler) Room() <-chan struct{} {
 // Idle implements cdc.Handler.
 func (h *handler) Idle(walEnd cdc.LSN) { h.tracker.idle(walEnd) }
 
-// Reset implements cdc.Handler.
-func (h *handler) Reset() {
+// Reset implements cdc.Handler. The abandoned transaction's dispatched
+// messages stay in flight and are published: it keeps them, and the stream
+// hands over only the transaction's later changes. An exactly-once
+// transaction's messages were never handed over: they are dropped and
+// received again.
+func (h *handler) Reset() (kept bool) {
 	h.tracker.reset()
+	kept = h.batch == nil
 	if h.batch != nil {
-		// The abandoned transaction's messages were never handed over: they
-		// will be received again.
 		h.batch.drop(h.pub.complete)
 	}
 	h.tx = nil
 	h.build.reset()
+	return kept
 }
 
 // Drain implements cdc.Handler. Whatever happens, it records the position

@@ -154,8 +154,10 @@ func (t *tracker) idle(walEnd pglogrepl.LSN) {
 	t.queue = append(t.queue, &txn{end: walEnd, committed: true, marker: true})
 }
 
-// reset abandons the open transaction: it will be received again in full,
-// so it must neither block nor advance the watermark.
+// reset abandons the open transaction: it will be received again, and its
+// end comes with it, so it must not advance the watermark. Its messages in
+// flight still hold the watermark back until they are acknowledged: the
+// stream does not hand them over again (cdc.Handler.Reset).
 func (t *tracker) reset() {
 	t.mu.Lock()
 	if tx := t.open; tx != nil {

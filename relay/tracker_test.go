@@ -67,7 +67,7 @@ func TestTrackerResetAbandonsOpenTransaction(t *testing.T) {
 	tr := newTracker()
 	a := tr.begin()
 	tr.add(a, 0)
-	tr.reset() // connection lost mid-transaction: a is re-sent later in full
+	tr.reset() // connection lost mid-transaction: a comes again later
 	b := tr.begin()
 	tr.add(b, 0)
 	tr.commit(900)
@@ -78,6 +78,39 @@ func TestTrackerResetAbandonsOpenTransaction(t *testing.T) {
 	tr.ack(a, 0)
 	if got := tr.Confirmed(); got != pglogrepl.LSN(900) {
 		t.Fatalf("confirmed %v, want 900", got)
+	}
+	if n, _ := tr.inFlight(); n != 0 {
+		t.Fatalf("inflight %d, want 0", n)
+	}
+}
+
+// A transaction delivered again after a reset brings only the changes the
+// stream had not handed over (cdc.Handler.Reset): its end is confirmed once
+// the messages of both parts, on every sink, are acknowledged.
+func TestTrackerResumedTransactionWaitsForItsFirstPart(t *testing.T) {
+	tr := newSinksTracker(2)
+	first := tr.begin()
+	tr.add(first, 0)
+	tr.add(first, 1)
+	tr.add(first, 0)
+	tr.reset()
+	rest := tr.begin()
+	tr.add(rest, 0)
+	tr.add(rest, 1)
+	tr.commit(900)
+	tr.ack(rest, 0)
+	tr.ack(rest, 1)
+	tr.ack(first, 0)
+	tr.ack(first, 1)
+	if got := tr.Confirmed(); got != 0 {
+		t.Fatalf("confirmed %v with a message of the transaction's first part unacknowledged", got)
+	}
+	if got, _ := tr.sinkProgress(1); got != 900 {
+		t.Fatalf("sink 1 acknowledged both parts: its progress is %v, want 900", got)
+	}
+	tr.ack(first, 0)
+	if got := tr.Confirmed(); got != 900 {
+		t.Fatalf("both parts acknowledged: confirmed %v, want 900", got)
 	}
 	if n, _ := tr.inFlight(); n != 0 {
 		t.Fatalf("inflight %d, want 0", n)
