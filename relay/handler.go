@@ -84,7 +84,12 @@ func (h *handler) Room() <-chan struct{} {
 }
 
 // Idle implements cdc.Handler.
-func (h *handler) Idle(walEnd cdc.LSN) { h.tracker.idle(walEnd) }
+func (h *handler) Idle(walEnd cdc.LSN, waiting bool) {
+	h.tracker.idle(walEnd)
+	if waiting {
+		h.cp.waiting()
+	}
+}
 
 // Reset implements cdc.Handler.
 func (h *handler) Reset() {

@@ -15,6 +15,9 @@ type txn struct {
 	committed bool
 	// marker entries carry a keepalive position, not a transaction.
 	marker bool
+	// carried is set once a message was counted in the transaction (or in
+	// one folded into it): passing it delivers something (delivered).
+	carried bool
 	// commitTime is the source transaction's commit time (zero for markers
 	// and for messages outside a transaction).
 	commitTime time.Time
@@ -36,6 +39,11 @@ type tracker struct {
 	open      *txn   // the transaction being received, also in queue
 	pending   int    // messages not yet acknowledged, over all transactions
 	confirmed atomic.Uint64
+	// delivered is the end of the newest transaction with messages that the
+	// watermark passed: the checkpointer records such a position at once,
+	// and one moved only by keepalives and empty transactions (the relay's
+	// own checkpoint writes and heartbeats among them) at a slower pace.
+	delivered atomic.Uint64
 	drained   chan struct{} // closed and replaced when pending drops to 0
 	// lastCommit is the newest commit time of the transactions passed by
 	// the watermark: heartbeats keep it close to now on an idle relay.
@@ -63,6 +71,10 @@ func newSinksTracker(n int) *tracker {
 // Confirmed is safe for concurrent use.
 func (t *tracker) Confirmed() pglogrepl.LSN { return pglogrepl.LSN(t.confirmed.Load()) }
 
+// Delivered returns the end of the newest transaction with messages that
+// the watermark passed (at or below Confirmed). Safe for concurrent use.
+func (t *tracker) Delivered() pglogrepl.LSN { return pglogrepl.LSN(t.delivered.Load()) }
+
 func (t *tracker) begin() *txn { return t.beginAt(time.Time{}) }
 
 // beginAt opens a transaction that committed at commitTime.
@@ -83,6 +95,7 @@ func (t *tracker) beginAt(commitTime time.Time) *txn {
 func (t *tracker) add(tx *txn, sink int) {
 	t.mu.Lock()
 	tx.pending++
+	tx.carried = true
 	t.pending++
 	if tx.sinks != nil {
 		tx.sinks[sink]++
@@ -103,6 +116,7 @@ func (t *tracker) commit(end pglogrepl.LSN) {
 		if n := len(t.queue); tx.pending == 0 && n >= 2 && t.queue[n-1] == tx {
 			if prev := t.queue[n-2]; prev.committed && prev.pending == 0 {
 				prev.end = max(prev.end, end)
+				prev.carried = prev.carried || tx.carried
 				if tx.commitTime.After(prev.commitTime) {
 					prev.commitTime = tx.commitTime
 				}
@@ -175,6 +189,9 @@ func (t *tracker) advanceLocked() {
 			break
 		}
 		t.raiseLocked(tx.end)
+		if tx.carried && uint64(tx.end) > t.delivered.Load() {
+			t.delivered.Store(uint64(tx.end))
+		}
 		// An abandoned transaction (end 0) will be received again: it
 		// says nothing about what was delivered.
 		if tx.end != 0 && tx.commitTime.After(t.lastCommit) {

@@ -186,3 +186,46 @@ func TestTrackerSinkProgress(t *testing.T) {
 		t.Fatalf("sink 1 watermark %s, want 0/14", slow)
 	}
 }
+
+// TestTrackerDelivered: keepalives and transactions without messages move
+// the watermark but not the delivered position; a transaction with
+// messages moves both once passed, also when empty ones were folded into it.
+func TestTrackerDelivered(t *testing.T) {
+	tr := newTracker()
+	tr.idle(100)
+	tr.begin()
+	tr.commit(200)
+	if got, d := tr.Confirmed(), tr.Delivered(); got != 200 || d != 0 {
+		t.Fatalf("keepalive and empty transaction: confirmed %v delivered %v, want 200 and 0", got, d)
+	}
+	a := tr.begin()
+	tr.add(a, 0)
+	tr.commit(300)
+	if d := tr.Delivered(); d != 0 {
+		t.Fatalf("delivered %v while a is in flight", d)
+	}
+	tr.ack(a, 0)
+	if d := tr.Delivered(); d != 300 {
+		t.Fatalf("delivered %v, want 300", d)
+	}
+	tr.idle(400)
+	if got, d := tr.Confirmed(), tr.Delivered(); got != 400 || d != 300 {
+		t.Fatalf("confirmed %v delivered %v, want 400 and 300", got, d)
+	}
+
+	stuck := tr.begin()
+	tr.add(stuck, 0)
+	tr.commit(500)
+	b := tr.begin()
+	tr.add(b, 0)
+	tr.commit(600)
+	tr.ack(b, 0)
+	c := tr.begin()
+	tr.add(c, 0)
+	tr.ack(c, 0)
+	tr.commit(700) // acknowledged before its commit: folded into b
+	tr.ack(stuck, 0)
+	if got, d := tr.Confirmed(), tr.Delivered(); got != 700 || d != 700 {
+		t.Fatalf("confirmed %v delivered %v, want 700 and 700", got, d)
+	}
+}
