@@ -28,10 +28,11 @@ import (
 // of the record), and a position must be confirmed for the slot to free the
 // WAL before it. Not every position is worth a write at once, though: each
 // record writes WAL, which the walsender's next keepalive reports, which
-// moves the watermark again. A position that passed messages is recorded at
-// the next tick (CheckpointInterval); one moved only by keepalives and by
-// transactions without messages (the relay's own records and heartbeats
-// among them) waits for IdleCheckpointInterval after the last record, so
+// moves the watermark again. A position that passed a transaction with
+// changes for the relay (tracker.Carried) is recorded at the next tick
+// (CheckpointInterval); one moved only by keepalives and by transactions
+// that brought nothing (the relay's own records and heartbeats among them)
+// waits for IdleCheckpointInterval after the last record, so
 // that an idle relay writes at the pace of its heartbeats (due). A
 // walsender waiting for a reply (a shutdown waits for everything it sent to
 // be confirmed) has the position recorded at once (hurry).
@@ -95,14 +96,14 @@ func (c *checkpointer) run(ctx context.Context) {
 }
 
 // due reports whether the watermark is worth recording at now: it passed
-// messages since the last record, or it moved and IdleCheckpointInterval
+// a transaction with changes for the relay since the last record, or it moved and IdleCheckpointInterval
 // has passed since the last record, or the last attempt could not record.
 func (c *checkpointer) due(now time.Time) bool {
 	recorded := c.recorded.Load()
 	switch {
 	case uint64(c.tracker.Confirmed()) <= recorded:
 		return false
-	case uint64(c.tracker.Delivered()) > recorded, c.unrecorded.Load():
+	case uint64(c.tracker.Carried()) > recorded, c.unrecorded.Load():
 		return true
 	}
 	return now.Sub(time.Unix(0, c.recordedAt.Load())) >= c.cfg.IdleCheckpointInterval

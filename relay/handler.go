@@ -159,6 +159,7 @@ func (h *handler) Insert(ctx context.Context, ins *cdc.Insert) error {
 		return err
 	}
 	if mp.skip {
+		h.tracker.carry(h.tx)
 		if hook := h.cfg.Hooks.Skipped; hook != nil {
 			hook(ins.Relation.QualifiedName())
 		}
@@ -174,6 +175,7 @@ func (h *handler) Insert(ctx context.Context, ins *cdc.Insert) error {
 func (h *handler) dispatchAll(ctx context.Context, ms []*Message, buildErr error) error {
 	for _, m := range ms {
 		if m.Filtered != "" {
+			h.tracker.carry(h.tx)
 			if hook := h.cfg.Hooks.Filtered; hook != nil {
 				hook(m.Filtered)
 			}
@@ -224,6 +226,7 @@ func (h *handler) dispatch(ctx context.Context, m *Message, buildErr error) erro
 	}
 	if h.batch != nil {
 		if h.batch.skipping {
+			h.tracker.carry(h.tx)
 			return nil // committed in the broker already
 		}
 		if err := h.batch.fits(len(m.Envelope), h.cfg); err != nil {

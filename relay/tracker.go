@@ -15,8 +15,9 @@ type txn struct {
 	committed bool
 	// marker entries carry a keepalive position, not a transaction.
 	marker bool
-	// carried is set once a message was counted in the transaction (or in
-	// one folded into it): passing it delivers something (delivered).
+	// carried is set once the transaction (or one folded into it) brought
+	// the relay a change: a row or a message of its own, published,
+	// dead-lettered or filtered (carriedEnd).
 	carried bool
 	// commitTime is the source transaction's commit time (zero for markers
 	// and for messages outside a transaction).
@@ -39,12 +40,13 @@ type tracker struct {
 	open      *txn   // the transaction being received, also in queue
 	pending   int    // messages not yet acknowledged, over all transactions
 	confirmed atomic.Uint64
-	// delivered is the end of the newest transaction with messages that the
+	// carriedEnd is the end of the newest carried transaction that the
 	// watermark passed: the checkpointer records such a position at once,
-	// and one moved only by keepalives and empty transactions (the relay's
-	// own checkpoint writes and heartbeats among them) at a slower pace.
-	delivered atomic.Uint64
-	drained   chan struct{} // closed and replaced when pending drops to 0
+	// and one moved only by keepalives and by transactions that brought
+	// nothing (heartbeats, the relay's own checkpoint writes) at a slower
+	// pace.
+	carriedEnd atomic.Uint64
+	drained    chan struct{} // closed and replaced when pending drops to 0
 	// lastCommit is the newest commit time of the transactions passed by
 	// the watermark: heartbeats keep it close to now on an idle relay.
 	lastCommit time.Time
@@ -71,9 +73,10 @@ func newSinksTracker(n int) *tracker {
 // Confirmed is safe for concurrent use.
 func (t *tracker) Confirmed() pglogrepl.LSN { return pglogrepl.LSN(t.confirmed.Load()) }
 
-// Delivered returns the end of the newest transaction with messages that
-// the watermark passed (at or below Confirmed). Safe for concurrent use.
-func (t *tracker) Delivered() pglogrepl.LSN { return pglogrepl.LSN(t.delivered.Load()) }
+// Carried returns the end of the newest transaction that brought the relay
+// a change and that the watermark passed (at or below Confirmed). Safe for
+// concurrent use.
+func (t *tracker) Carried() pglogrepl.LSN { return pglogrepl.LSN(t.carriedEnd.Load()) }
 
 func (t *tracker) begin() *txn { return t.beginAt(time.Time{}) }
 
@@ -100,6 +103,19 @@ func (t *tracker) add(tx *txn, sink int) {
 	if tx.sinks != nil {
 		tx.sinks[sink]++
 	}
+	t.mu.Unlock()
+}
+
+// carry records that tx brought the relay a change that holds nothing in
+// flight (a row the rules filtered, a row of a table it skips, a
+// transaction already in the broker): passing it is worth recording at
+// once, as passing one with messages is.
+func (t *tracker) carry(tx *txn) {
+	if tx == nil {
+		return
+	}
+	t.mu.Lock()
+	tx.carried = true
 	t.mu.Unlock()
 }
 
@@ -189,8 +205,8 @@ func (t *tracker) advanceLocked() {
 			break
 		}
 		t.raiseLocked(tx.end)
-		if tx.carried && uint64(tx.end) > t.delivered.Load() {
-			t.delivered.Store(uint64(tx.end))
+		if tx.carried && uint64(tx.end) > t.carriedEnd.Load() {
+			t.carriedEnd.Store(uint64(tx.end))
 		}
 		// An abandoned transaction (end 0) will be received again: it
 		// says nothing about what was delivered.

@@ -187,30 +187,31 @@ func TestTrackerSinkProgress(t *testing.T) {
 	}
 }
 
-// TestTrackerDelivered: keepalives and transactions without messages move
-// the watermark but not the delivered position; a transaction with
-// messages moves both once passed, also when empty ones were folded into it.
-func TestTrackerDelivered(t *testing.T) {
+// TestTrackerCarried: keepalives and transactions that brought nothing move
+// the watermark but not the carried position; a transaction with messages,
+// or with changes that hold nothing in flight, moves both once passed, also
+// when empty ones were folded into it.
+func TestTrackerCarried(t *testing.T) {
 	tr := newTracker()
 	tr.idle(100)
 	tr.begin()
 	tr.commit(200)
-	if got, d := tr.Confirmed(), tr.Delivered(); got != 200 || d != 0 {
-		t.Fatalf("keepalive and empty transaction: confirmed %v delivered %v, want 200 and 0", got, d)
+	if got, d := tr.Confirmed(), tr.Carried(); got != 200 || d != 0 {
+		t.Fatalf("keepalive and empty transaction: confirmed %v carried %v, want 200 and 0", got, d)
 	}
 	a := tr.begin()
 	tr.add(a, 0)
 	tr.commit(300)
-	if d := tr.Delivered(); d != 0 {
-		t.Fatalf("delivered %v while a is in flight", d)
+	if d := tr.Carried(); d != 0 {
+		t.Fatalf("carried %v while a is in flight", d)
 	}
 	tr.ack(a, 0)
-	if d := tr.Delivered(); d != 300 {
-		t.Fatalf("delivered %v, want 300", d)
+	if d := tr.Carried(); d != 300 {
+		t.Fatalf("carried %v, want 300", d)
 	}
 	tr.idle(400)
-	if got, d := tr.Confirmed(), tr.Delivered(); got != 400 || d != 300 {
-		t.Fatalf("confirmed %v delivered %v, want 400 and 300", got, d)
+	if got, d := tr.Confirmed(), tr.Carried(); got != 400 || d != 300 {
+		t.Fatalf("confirmed %v carried %v, want 400 and 300", got, d)
 	}
 
 	stuck := tr.begin()
@@ -225,7 +226,13 @@ func TestTrackerDelivered(t *testing.T) {
 	tr.ack(c, 0)
 	tr.commit(700) // acknowledged before its commit: folded into b
 	tr.ack(stuck, 0)
-	if got, d := tr.Confirmed(), tr.Delivered(); got != 700 || d != 700 {
-		t.Fatalf("confirmed %v delivered %v, want 700 and 700", got, d)
+	if got, d := tr.Confirmed(), tr.Carried(); got != 700 || d != 700 {
+		t.Fatalf("confirmed %v carried %v, want 700 and 700", got, d)
+	}
+	filtered := tr.begin()
+	tr.carry(filtered)
+	tr.commit(800)
+	if d := tr.Carried(); d != 800 {
+		t.Fatalf("carried %v after a transaction whose rows were filtered, want 800", d)
 	}
 }
