@@ -81,14 +81,14 @@ type Config struct {
 	RetryMin time.Duration `yaml:"-"`
 	RetryMax time.Duration `yaml:"-"`
 	// CheckpointInterval is how often a new position is recorded (default
-	// 100ms): a position that passed messages is recorded at the next
+	// 100ms): a position that passed changes for the relay is recorded at the next
 	// tick, so a busy relay writes ten small upserts a second, and a crash
 	// repeats about a tenth of a second of acknowledged messages rather
 	// than a second of them.
 	CheckpointInterval time.Duration `yaml:"-"`
-	// IdleCheckpointInterval is how often a position that passed no
-	// message is recorded (default 10s): one moved only by keepalives and
-	// by transactions without outbox rows, the relay's own checkpoint
+	// IdleCheckpointInterval is how often a position that passed no change
+	// for the relay is recorded (default 10s): one moved only by keepalives
+	// and by transactions that brought nothing, the relay's own checkpoint
 	// writes and heartbeats among them. Recording it lets the slot free the
 	// WAL before it; recording it at once would make every record the cause
 	// of the next (the record's WAL moves the position), so an idle relay
