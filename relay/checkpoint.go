@@ -32,10 +32,10 @@ import (
 // changes for the relay (tracker.Carried) is recorded at the next tick
 // (CheckpointInterval); one moved only by keepalives and by transactions
 // that brought nothing (the relay's own records and heartbeats among them)
-// waits for IdleCheckpointInterval after the last record, so
-// that an idle relay writes at the pace of its heartbeats (due). A
-// walsender waiting for a reply (a shutdown waits for everything it sent to
-// be confirmed) has the position recorded at once (hurry).
+// waits for IdleCheckpointInterval after the last record, so that an idle
+// relay writes at the pace of its heartbeats (due). A walsender waiting for
+// a reply (a shutdown waits for everything it sent to be confirmed) has the
+// position recorded at once (waiting).
 type checkpointer struct {
 	cfg     *settings
 	log     *zap.Logger
@@ -95,9 +95,10 @@ func (c *checkpointer) run(ctx context.Context) {
 	}
 }
 
-// due reports whether the watermark is worth recording at now: it passed
-// a transaction with changes for the relay since the last record, or it moved and IdleCheckpointInterval
-// has passed since the last record, or the last attempt could not record.
+// due reports whether the watermark is worth recording at now: it passed a
+// transaction with changes for the relay since the last record, or it
+// moved and IdleCheckpointInterval has passed since the last record, or the
+// relay confirms unrecorded (the record must catch up).
 func (c *checkpointer) due(now time.Time) bool {
 	recorded := c.recorded.Load()
 	switch {
