@@ -36,7 +36,10 @@ type Handler interface {
 	Start(ctx context.Context, slotConfirmed LSN) error
 	// Idle reports that every transaction that committed before walEnd has
 	// been delivered: the stream calls it for keepalives between transactions.
-	Idle(walEnd LSN)
+	// waiting says that the walsender asked for a reply: it waits for the
+	// relay's position (a shutdown waits until all it sent is confirmed), so
+	// Confirmed should reach walEnd as soon as it can.
+	Idle(walEnd LSN, waiting bool)
 	// Reset is called when a session ends: a transaction that was open is
 	// abandoned, and the next session delivers it again. Reset reports
 	// whether the Handler keeps the changes of it that it was handed (they
@@ -386,7 +389,7 @@ func (s *Stream) read(ctx context.Context, conn *pgconn.PgConn, h Handler, st *s
 					return fmt.Errorf("parse keepalive: %w", err)
 				}
 				if !inTx {
-					h.Idle(ka.ServerWALEnd)
+					h.Idle(ka.ServerWALEnd, ka.ReplyRequested)
 				}
 				if ka.ReplyRequested {
 					n := h.Unacknowledged()

@@ -23,6 +23,19 @@ import (
 // the recording; the stream goroutine also records, in Start and Drain,
 // serialised with the ticker by mu. The stream reads confirmed from its
 // status goroutine. Safe for concurrent use.
+//
+// Only a recorded position may be confirmed (CheckSlot refuses a slot ahead
+// of the record), and a position must be confirmed for the slot to free the
+// WAL before it. Not every position is worth a write at once, though: each
+// record writes WAL, which the walsender's next keepalive reports, which
+// moves the watermark again. A position that passed a transaction with
+// changes for the relay (tracker.Carried) is recorded at the next tick
+// (CheckpointInterval); one moved only by keepalives and by transactions
+// that brought nothing (the relay's own records and heartbeats among them)
+// waits for IdleCheckpointInterval after the last record, so that an idle
+// relay writes at the pace of its heartbeats (due). A walsender waiting for
+// a reply (a shutdown waits for everything it sent to be confirmed) has the
+// position recorded at once (waiting).
 type checkpointer struct {
 	cfg     *settings
 	log     *zap.Logger
@@ -32,10 +45,15 @@ type checkpointer struct {
 	// reported to PostgreSQL.
 	recorded   atomic.Uint64
 	unrecorded atomic.Bool
+	// recordedAt is when recorded last moved or a session started (Unix
+	// nanoseconds): the idle pace counts from it.
+	recordedAt atomic.Int64
+	// hurry asks run to record now, whatever the pace.
+	hurry chan struct{}
 }
 
 func newCheckpointer(cfg *settings, log *zap.Logger, t *tracker) *checkpointer {
-	return &checkpointer{cfg: cfg, log: log, tracker: t}
+	return &checkpointer{cfg: cfg, log: log, tracker: t, hurry: make(chan struct{}, 1)}
 }
 
 // confirmed is the newest position that every message before it was
@@ -58,7 +76,8 @@ func (c *checkpointer) confirmed() cdc.LSN {
 	return cdc.LSN(c.recorded.Load())
 }
 
-// run records the watermark every Config.CheckpointInterval until ctx ends.
+// run records the watermark when due, looking every
+// Config.CheckpointInterval, and at once when hurried, until ctx ends.
 func (c *checkpointer) run(ctx context.Context) {
 	t := time.NewTicker(c.cfg.CheckpointInterval)
 	defer t.Stop()
@@ -66,13 +85,43 @@ func (c *checkpointer) run(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
+		case <-c.hurry:
+			_ = c.record(ctx)
 		case <-t.C:
-			_ = c.record(ctx) // logged; retried at the next tick
+			if c.due(time.Now()) {
+				_ = c.record(ctx) // logged; retried at the next tick
+			}
 		}
 	}
 }
 
-// record records the tracker's position if it moved.
+// due reports whether the watermark is worth recording at now: it passed a
+// transaction with changes for the relay since the last record, or it
+// moved and IdleCheckpointInterval has passed since the last record, or the
+// relay confirms unrecorded (the record must catch up).
+func (c *checkpointer) due(now time.Time) bool {
+	recorded := c.recorded.Load()
+	switch {
+	case uint64(c.tracker.Confirmed()) <= recorded:
+		return false
+	case uint64(c.tracker.Carried()) > recorded, c.unrecorded.Load():
+		return true
+	}
+	return now.Sub(time.Unix(0, c.recordedAt.Load())) >= c.cfg.IdleCheckpointInterval
+}
+
+// waiting is called when the walsender asks for a reply: it waits for the
+// relay's position (a shutdown waits until everything it sent is
+// confirmed), so the watermark is recorded without waiting for its pace.
+// It never blocks.
+func (c *checkpointer) waiting() {
+	select {
+	case c.hurry <- struct{}{}:
+	default:
+	}
+}
+
+// record records the tracker's position now if it moved.
 func (c *checkpointer) record(ctx context.Context) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -100,6 +149,7 @@ func (c *checkpointer) record(ctx context.Context) error {
 		return err
 	}
 	c.recorded.Store(uint64(lsn))
+	c.recordedAt.Store(time.Now().UnixNano())
 	c.unrecorded.Store(false)
 	return nil
 }
@@ -164,6 +214,7 @@ func (c *checkpointer) started(slotConfirmed cdc.LSN) {
 	if uint64(slotConfirmed) > c.recorded.Load() {
 		c.recorded.Store(uint64(slotConfirmed))
 	}
+	c.recordedAt.Store(time.Now().UnixNano())
 	c.mu.Unlock()
 }
 

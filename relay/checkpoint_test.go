@@ -3,8 +3,10 @@ package relay
 import (
 	"context"
 	"fmt"
+	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap"
@@ -75,3 +77,128 @@ type confirmFunc func(ctx context.Context, lsn cdc.LSN) error
 
 func (f confirmFunc) Confirm(ctx context.Context, lsn cdc.LSN) error { return f(ctx, lsn) }
 func (confirmFunc) CheckSlot(context.Context, cdc.LSN) error         { return nil }
+
+// TestCheckpointerIdlePace: a record writes WAL that the walsender's next
+// keepalive reports, which moves the watermark. Such a position is recorded
+// once per IdleCheckpointInterval, not at every tick: before, each record
+// caused the next, ten a second on an idle relay. A position that passed
+// messages is recorded at the next tick, and a walsender that waits for a
+// reply has the position recorded at once.
+func TestCheckpointerIdlePace(t *testing.T) {
+	tr := newTracker()
+	var mu sync.Mutex
+	var records []cdc.LSN
+	wal := cdc.LSN(1000)
+	cfg := &settings{Config: Config{CheckpointInterval: time.Millisecond, IdleCheckpointInterval: time.Hour},
+		Options: Options{Checkpoint: confirmFunc(func(_ context.Context, lsn cdc.LSN) error {
+			mu.Lock()
+			defer mu.Unlock()
+			records = append(records, lsn)
+			wal += 200 // the record's own WAL, which the next keepalive reports
+			tr.idle(wal)
+			return nil
+		})}}
+	c := newCheckpointer(cfg, zap.NewNop(), tr)
+	c.started(wal)
+	count := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(records)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		c.run(ctx)
+	}()
+	defer func() {
+		cancel()
+		<-done
+	}()
+
+	mu.Lock()
+	wal += 500 // a heartbeat's transaction, and a keepalive after it
+	tr.idle(wal)
+	mu.Unlock()
+	time.Sleep(200 * time.Millisecond) // 200 ticks
+	if n := count(); n != 0 {
+		t.Fatalf("%d records in 200 ticks of an idle relay, want 0 before IdleCheckpointInterval", n)
+	}
+	if got := c.confirmed(); got != 1000 {
+		t.Fatalf("confirmed %s, want the unrecorded position held back at 0/3E8", got)
+	}
+
+	// Rows delivered: recorded at the next tick, once.
+	mu.Lock()
+	tx := tr.begin()
+	tr.add(tx, 0)
+	tr.commit(wal + 100)
+	tr.ack(tx, 0)
+	delivered := wal + 100
+	mu.Unlock()
+	waitUntil(t, "the delivered position recorded", func() bool { return c.confirmed() >= delivered })
+	time.Sleep(100 * time.Millisecond) // 100 ticks, with the record's own WAL reported
+	if n := count(); n != 1 {
+		t.Fatalf("%d records after one delivered transaction, want 1: %v", n, records)
+	}
+
+	// A walsender that waits for the relay's position: recorded at once.
+	mu.Lock()
+	wal += 300
+	asked := wal
+	mu.Unlock()
+	h := &handler{tracker: tr, cp: c}
+	h.Idle(asked, true)
+	waitUntil(t, "the position the walsender waits for recorded", func() bool { return c.confirmed() >= asked })
+	if n := count(); n != 2 {
+		t.Fatalf("%d records, want 2: %v", n, records)
+	}
+}
+
+// TestCheckpointerDue: when a tick records.
+func TestCheckpointerDue(t *testing.T) {
+	cfg := &settings{Config: Config{IdleCheckpointInterval: 10 * time.Second}, Options: Options{Checkpoint: confirmFunc(func(context.Context, cdc.LSN) error { return nil })}}
+	tr := newTracker()
+	c := newCheckpointer(cfg, zap.NewNop(), tr)
+	now := time.Now()
+	c.started(100)
+	if c.due(now) {
+		t.Errorf("due with the watermark at the recorded position")
+	}
+	tr.idle(200)
+	if c.due(now.Add(9 * time.Second)) {
+		t.Errorf("due 9s after the last record with only a keepalive's position to record")
+	}
+	if !c.due(now.Add(11 * time.Second)) {
+		t.Errorf("not due 11s after the last record with a keepalive's position to record")
+	}
+	tx := tr.begin()
+	tr.add(tx, 0)
+	tr.commit(300)
+	if c.due(now) {
+		t.Errorf("due with the delivered transaction still in flight")
+	}
+	tr.ack(tx, 0)
+	if !c.due(now) {
+		t.Errorf("not due with a delivered transaction past the record")
+	}
+	if err := c.record(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	tr.idle(400)
+	c.unrecorded.Store(true)
+	if !c.due(now) {
+		t.Errorf("not due while confirming unrecorded: the record must catch up at once")
+	}
+}
+
+func waitUntil(t *testing.T, what string, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within 5s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}

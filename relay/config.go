@@ -85,11 +85,20 @@ type Config struct {
 	RetryMin time.Duration `yaml:"-"`
 	RetryMax time.Duration `yaml:"-"`
 	// CheckpointInterval is how often a new position is recorded (default
-	// 100ms): a position is recorded only when the watermark moved, so an
-	// idle relay writes nothing, a busy one ten small upserts a second, and
-	// a crash repeats about a tenth of a second of acknowledged messages
-	// rather than a second of them.
+	// 100ms): a position that passed changes for the relay is recorded at the next
+	// tick, so a busy relay writes ten small upserts a second, and a crash
+	// repeats about a tenth of a second of acknowledged messages rather
+	// than a second of them.
 	CheckpointInterval time.Duration `yaml:"-"`
+	// IdleCheckpointInterval is how often a position that passed no change
+	// for the relay is recorded (default 10s): one moved only by keepalives
+	// and by transactions that brought nothing, the relay's own checkpoint
+	// writes and heartbeats among them. Recording it lets the slot free the
+	// WAL before it; recording it at once would make every record the cause
+	// of the next (the record's WAL moves the position), so an idle relay
+	// writes once per interval. internal/config sets it to
+	// postgres.heartbeat_interval.
+	IdleCheckpointInterval time.Duration `yaml:"-"`
 
 	// Outbox is how rows become messages (the file's postgres section).
 	Outbox `yaml:"-"`
@@ -195,6 +204,7 @@ func (c Config) WithDefaults() Config {
 	c.RetryMin = cmp.Or(c.RetryMin, 100*time.Millisecond)
 	c.RetryMax = cmp.Or(c.RetryMax, 30*time.Second)
 	c.CheckpointInterval = cmp.Or(c.CheckpointInterval, 100*time.Millisecond)
+	c.IdleCheckpointInterval = cmp.Or(c.IdleCheckpointInterval, 10*time.Second)
 	return c
 }
 

@@ -89,7 +89,12 @@ func (h *handler) Room() <-chan struct{} {
 }
 
 // Idle implements cdc.Handler.
-func (h *handler) Idle(walEnd cdc.LSN) { h.tracker.idle(walEnd) }
+func (h *handler) Idle(walEnd cdc.LSN, waiting bool) {
+	h.tracker.idle(walEnd)
+	if waiting {
+		h.cp.waiting()
+	}
+}
 
 // Reset implements cdc.Handler. The abandoned transaction's dispatched
 // messages stay in flight and are published: it keeps them, and the stream
@@ -163,6 +168,7 @@ func (h *handler) Insert(ctx context.Context, ins *cdc.Insert) error {
 		return err
 	}
 	if mp.skip {
+		h.tracker.carry(h.tx)
 		if hook := h.cfg.Hooks.Skipped; hook != nil {
 			hook(ins.Relation.QualifiedName())
 		}
@@ -178,6 +184,7 @@ func (h *handler) Insert(ctx context.Context, ins *cdc.Insert) error {
 func (h *handler) dispatchAll(ctx context.Context, ms []*Message, buildErr error) error {
 	for _, m := range ms {
 		if m.Filtered != "" {
+			h.tracker.carry(h.tx)
 			if hook := h.cfg.Hooks.Filtered; hook != nil {
 				hook(m.Filtered)
 			}
@@ -228,6 +235,7 @@ func (h *handler) dispatch(ctx context.Context, m *Message, buildErr error) erro
 	}
 	if h.batch != nil {
 		if h.batch.skipping {
+			h.tracker.carry(h.tx)
 			return nil // committed in the broker already
 		}
 		if err := h.batch.fits(len(m.Envelope), h.cfg); err != nil {

@@ -15,6 +15,10 @@ type txn struct {
 	committed bool
 	// marker entries carry a keepalive position, not a transaction.
 	marker bool
+	// carried is set once the transaction (or one folded into it) brought
+	// the relay a change: a row or a message of its own, published,
+	// dead-lettered or filtered (carriedEnd).
+	carried bool
 	// commitTime is the source transaction's commit time (zero for markers
 	// and for messages outside a transaction).
 	commitTime time.Time
@@ -36,7 +40,13 @@ type tracker struct {
 	open      *txn   // the transaction being received, also in queue
 	pending   int    // messages not yet acknowledged, over all transactions
 	confirmed atomic.Uint64
-	drained   chan struct{} // closed and replaced when pending drops to 0
+	// carriedEnd is the end of the newest carried transaction that the
+	// watermark passed: the checkpointer records such a position at once,
+	// and one moved only by keepalives and by transactions that brought
+	// nothing (heartbeats, the relay's own checkpoint writes) at a slower
+	// pace.
+	carriedEnd atomic.Uint64
+	drained    chan struct{} // closed and replaced when pending drops to 0
 	// lastCommit is the newest commit time of the transactions passed by
 	// the watermark: heartbeats keep it close to now on an idle relay.
 	lastCommit time.Time
@@ -63,6 +73,11 @@ func newSinksTracker(n int) *tracker {
 // Confirmed is safe for concurrent use.
 func (t *tracker) Confirmed() pglogrepl.LSN { return pglogrepl.LSN(t.confirmed.Load()) }
 
+// Carried returns the end of the newest transaction that brought the relay
+// a change and that the watermark passed (at or below Confirmed). Safe for
+// concurrent use.
+func (t *tracker) Carried() pglogrepl.LSN { return pglogrepl.LSN(t.carriedEnd.Load()) }
+
 func (t *tracker) begin() *txn { return t.beginAt(time.Time{}) }
 
 // beginAt opens a transaction that committed at commitTime.
@@ -83,10 +98,24 @@ func (t *tracker) beginAt(commitTime time.Time) *txn {
 func (t *tracker) add(tx *txn, sink int) {
 	t.mu.Lock()
 	tx.pending++
+	tx.carried = true
 	t.pending++
 	if tx.sinks != nil {
 		tx.sinks[sink]++
 	}
+	t.mu.Unlock()
+}
+
+// carry records that tx brought the relay a change that holds nothing in
+// flight (a row the rules filtered, a row of a table it skips, a
+// transaction already in the broker): passing it is worth recording at
+// once, as passing one with messages is.
+func (t *tracker) carry(tx *txn) {
+	if tx == nil {
+		return
+	}
+	t.mu.Lock()
+	tx.carried = true
 	t.mu.Unlock()
 }
 
@@ -103,6 +132,7 @@ func (t *tracker) commit(end pglogrepl.LSN) {
 		if n := len(t.queue); tx.pending == 0 && n >= 2 && t.queue[n-1] == tx {
 			if prev := t.queue[n-2]; prev.committed && prev.pending == 0 {
 				prev.end = max(prev.end, end)
+				prev.carried = prev.carried || tx.carried
 				if tx.commitTime.After(prev.commitTime) {
 					prev.commitTime = tx.commitTime
 				}
@@ -177,6 +207,9 @@ func (t *tracker) advanceLocked() {
 			break
 		}
 		t.raiseLocked(tx.end)
+		if tx.carried && uint64(tx.end) > t.carriedEnd.Load() {
+			t.carriedEnd.Store(uint64(tx.end))
+		}
 		// An abandoned transaction (end 0) will be received again: it
 		// says nothing about what was delivered.
 		if tx.end != 0 && tx.commitTime.After(t.lastCommit) {

@@ -219,3 +219,53 @@ func TestTrackerSinkProgress(t *testing.T) {
 		t.Fatalf("sink 1 watermark %s, want 0/14", slow)
 	}
 }
+
+// TestTrackerCarried: keepalives and transactions that brought nothing move
+// the watermark but not the carried position; a transaction with messages,
+// or with changes that hold nothing in flight, moves both once passed, also
+// when empty ones were folded into it.
+func TestTrackerCarried(t *testing.T) {
+	tr := newTracker()
+	tr.idle(100)
+	tr.begin()
+	tr.commit(200)
+	if got, d := tr.Confirmed(), tr.Carried(); got != 200 || d != 0 {
+		t.Fatalf("keepalive and empty transaction: confirmed %v carried %v, want 200 and 0", got, d)
+	}
+	a := tr.begin()
+	tr.add(a, 0)
+	tr.commit(300)
+	if d := tr.Carried(); d != 0 {
+		t.Fatalf("carried %v while a is in flight", d)
+	}
+	tr.ack(a, 0)
+	if d := tr.Carried(); d != 300 {
+		t.Fatalf("carried %v, want 300", d)
+	}
+	tr.idle(400)
+	if got, d := tr.Confirmed(), tr.Carried(); got != 400 || d != 300 {
+		t.Fatalf("confirmed %v carried %v, want 400 and 300", got, d)
+	}
+
+	stuck := tr.begin()
+	tr.add(stuck, 0)
+	tr.commit(500)
+	b := tr.begin()
+	tr.add(b, 0)
+	tr.commit(600)
+	tr.ack(b, 0)
+	c := tr.begin()
+	tr.add(c, 0)
+	tr.ack(c, 0)
+	tr.commit(700) // acknowledged before its commit: folded into b
+	tr.ack(stuck, 0)
+	if got, d := tr.Confirmed(), tr.Carried(); got != 700 || d != 700 {
+		t.Fatalf("confirmed %v carried %v, want 700 and 700", got, d)
+	}
+	filtered := tr.begin()
+	tr.carry(filtered)
+	tr.commit(800)
+	if d := tr.Carried(); d != 800 {
+		t.Fatalf("carried %v after a transaction whose rows were filtered, want 800", d)
+	}
+}

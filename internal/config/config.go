@@ -895,6 +895,11 @@ func (c *Config) RelayConfig() relay.Config {
 	rc.Tables = QualifiedTables(c.Postgres.Tables)
 	rc.MessagingSystem = c.Sink.Type
 	rc.Rules = c.Config
+	// An idle relay records its position once per heartbeat: each heartbeat
+	// gives it one to confirm, and the slot keeps no more WAL than that.
+	if c.Postgres.HeartbeatInterval > 0 {
+		rc.IdleCheckpointInterval = c.Postgres.HeartbeatInterval
+	}
 	return rc
 }
 

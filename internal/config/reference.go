@@ -15,7 +15,7 @@ import (
 // so the reference cannot drift from the structs.
 var descriptions = map[string]string{
 	"postgres.coverage_interval":  "how often the relay checks that its publication still covers the outbox tables",
-	"postgres.heartbeat_interval": "heartbeat message interval, so an idle outbox does not pin WAL; 0 disables",
+	"postgres.heartbeat_interval": "heartbeat message interval, so an idle outbox does not pin WAL, and how often an idle relay records its position; 0 disables heartbeats (the position is then recorded every 10s)",
 	"postgres.retention":          "delete outbox rows older than this, in small batches; 0 keeps all",
 	"postgres.backfill":           "on a relay's first start (no position recorded for its slot): `auto` publishes the rows of tables `migrate` created that no relay has relayed, `all` every row the tables hold, `none` nothing; then it streams",
 	"sink.type":                   "the sink to run: `kafka`, `kinesis`, `nats`, `pubsub`, `rabbitmq`, `redis`, `sns`, `sqs` or `webhook`",
