@@ -4,10 +4,13 @@ import (
 	"context"
 	"regexp"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // The first start on a slot that exists without a recorded position, as a
@@ -215,4 +218,58 @@ func (f *firstStart) waitSlotCreating() {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// TestFirstStartSlotInUse: another process streams from the slot, so the
+// first start cannot peek it. It stops with one line naming the fix and
+// records nothing, and once the slot is free the next start is a first
+// start that publishes each row once.
+func TestFirstStartSlotInUse(t *testing.T) {
+	f := newFirstStart(t)
+	ctx := t.Context()
+	f.commit(30)
+	f.createSlotSQL()
+	f.commit(40)
+
+	cfg, err := pgconn.ParseConfig(f.dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.RuntimeParams["replication"] = "database"
+	other, err := pgconn.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close(context.Background())
+	if err := pglogrepl.StartReplication(ctx, other, "outboxrelay", 0, pglogrepl.StartReplicationOptions{
+		PluginArgs: []string{"proto_version '1'", "publication_names 'outboxrelay'"}}); err != nil {
+		t.Fatal(err)
+	}
+	out, code := f.cliConfig(f.configText())
+	if code == 0 || !strings.Contains(out, "stop the process that reads replication slot outboxrelay") {
+		t.Fatalf("the relay exited %d, want a failed start naming the process that holds the slot:\n%s", code, tail(out, 20))
+	}
+	for _, line := range strings.Split(out, "\n") {
+		if strings.Contains(line, "stop the process") {
+			t.Logf("the failed start: %s", line)
+			break
+		}
+	}
+	var recorded bool
+	if err := f.db.QueryRow(ctx, "SELECT EXISTS (SELECT FROM outboxrelay.checkpoint WHERE slot = 'outboxrelay' AND confirmed_lsn IS NOT NULL)").Scan(&recorded); err != nil || recorded {
+		t.Fatalf("a position recorded after the failed start: %v %v", recorded, err)
+	}
+	other.Close(ctx)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var active bool
+		if err := f.db.QueryRow(ctx, "SELECT active FROM pg_replication_slots WHERE slot_name = 'outboxrelay'").Scan(&active); err != nil {
+			t.Fatal(err)
+		}
+		if !active || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	wantCounts(t, f.run(20), 30, 40)
 }
