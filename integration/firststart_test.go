@@ -27,9 +27,9 @@ type firstStart struct {
 	seq int
 }
 
-func newFirstStart(t *testing.T) *firstStart {
+func newFirstStart(t *testing.T, migrateArgs ...string) *firstStart {
 	t.Helper()
-	return &firstStart{env: newEnvWith(t, serverFor(t), "", "--slot", ""), l: newCommitLedger()}
+	return &firstStart{env: newEnvWith(t, serverFor(t), "", append([]string{"--slot", ""}, migrateArgs...)...), l: newCommitLedger()}
 }
 
 // commit writes n rows over five aggregates, in transactions of ten.
@@ -121,6 +121,17 @@ func TestFirstStartSQLSlotAfterRows(t *testing.T) {
 	f.createSlotSQL()
 	f.commit(250)
 	wantCounts(t, f.run(100), 150, 250)
+}
+
+// TestFirstStartSQLSlotPartitioned is TestFirstStartSQLSlotAfterRows on a
+// partitioned outbox: the slot names the rows' table by its root, the
+// table read finds them in the partitions.
+func TestFirstStartSQLSlotPartitioned(t *testing.T) {
+	f := newFirstStart(t, "--partitioned")
+	f.commit(60)
+	f.createSlotSQL()
+	f.commit(90)
+	wantCounts(t, f.run(30), 60, 90)
 }
 
 // TestFirstStartSQLSlotBeforeRows: the slot is made with SQL before any
