@@ -128,8 +128,8 @@ func (s Source) where(f Filter) (string, []any, error) {
 	return " WHERE " + strings.Join(conds, " AND "), args, nil
 }
 
-// tableWhere is where, the WHERE clause of f, for the rows of table:
-// it adds what is per table (Filter.Except).
+// tableWhere returns where, the WHERE clause of f, with the condition f
+// puts on the rows of table alone added (Filter.Except).
 func (s Source) tableWhere(where string, f Filter, table string) (string, error) {
 	if f.Except == "" {
 		return where, nil
