@@ -442,7 +442,7 @@ func TestFirstStartPublishesRowsBeforeSlot(t *testing.T) {
 		t.Errorf("%d messages arrived twice, want each once", n)
 	}
 	bad := l.check(t, recs)
-	if !strings.Contains(p.out.String(), "first start: published the rows committed before the replication slot existed") {
+	if !strings.Contains(p.out.String(), "first start: published from the outbox tables the rows committed before the replication slot's start") {
 		t.Errorf("the relay did not log its first-start publish")
 	}
 	t.Logf("first-start figures: %d rows committed before the slot existed, %d in %d transactions during the first start; received %d records, duplicates %d, aggregates out of order %d",

@@ -57,6 +57,10 @@ type Filter struct {
 	// Only, when set, is a temporary table of the session with a text
 	// column id: only rows whose id is in it are selected (replay --missing).
 	Only string
+	// Except, when set, is a temporary table of the session with text
+	// columns tbl (schema.name, as in Source.Tables) and id: rows listed in
+	// it are not selected (those a first start leaves to the slot).
+	Except string
 	// DeadLettered, when set, is a slot: Scan hands the rows whose message
 	// is pending in its dead letters, or parked behind one, to fn with
 	// ErrDeadLettered.
@@ -124,6 +128,31 @@ func (s Source) where(f Filter) (string, []any, error) {
 	return " WHERE " + strings.Join(conds, " AND "), args, nil
 }
 
+// tableWhere returns where, the WHERE clause of f, with the condition f
+// puts on the rows of table alone added (Filter.Except).
+func (s Source) tableWhere(where string, f Filter, table string) (string, error) {
+	if f.Except == "" {
+		return where, nil
+	}
+	ident, err := tableIdent(table)
+	if err != nil {
+		return "", err
+	}
+	// NOT EXISTS, not NOT IN: an anti join stays a hash join past
+	// work_mem, where NOT IN's hashed subplan would fall back to a scan
+	// of the list per row.
+	cond := "NOT EXISTS (SELECT FROM pg_temp." + pgx.Identifier{f.Except}.Sanitize() + " o_except WHERE o_except.tbl = " + literal(table) +
+		" AND o_except.id = " + ident + "." + pgx.Identifier{s.Columns.ID}.Sanitize() + "::text)"
+	if where == "" {
+		return " WHERE " + cond, nil
+	}
+	return where + " AND " + cond, nil
+}
+
+// literal quotes s as an SQL string (with standard_conforming_strings,
+// on by default since PostgreSQL 9.1).
+func literal(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+
 // orderKeys are the columns, computed per row, that put rows in commit
 // order per aggregate; the query that selects them sorts by them in this
 // order (see Scan). Neither creation time (the start of the inserting
@@ -178,8 +207,12 @@ func (s Source) Count(ctx context.Context, db Querier, f Filter) (int64, error) 
 		if err != nil {
 			return 0, err
 		}
+		tw, err := s.tableWhere(where, f, t)
+		if err != nil {
+			return 0, err
+		}
 		var n int64
-		if err := db.QueryRow(ctx, "SELECT count(*) FROM "+ident+where, args...).Scan(&n); err != nil {
+		if err := db.QueryRow(ctx, "SELECT count(*) FROM "+ident+tw, args...).Scan(&n); err != nil {
 			return 0, fmt.Errorf("count rows of %s: %w", t, err)
 		}
 		total += n
@@ -204,8 +237,12 @@ func (s Source) IDQuery(f Filter) (string, []any, error) {
 		if err != nil {
 			return "", nil, err
 		}
+		tw, err := s.tableWhere(where, f, t)
+		if err != nil {
+			return "", nil, err
+		}
 		parts = append(parts, fmt.Sprintf("SELECT %s::text AS id, %s AS created_at FROM %s%s",
-			pgx.Identifier{s.Columns.ID}.Sanitize(), created, ident, where))
+			pgx.Identifier{s.Columns.ID}.Sanitize(), created, ident, tw))
 	}
 	if len(parts) == 0 {
 		return "", nil, errors.New("no outbox tables configured")
@@ -227,8 +264,12 @@ func (s Source) Routes(ctx context.Context, db Querier, f Filter, fn func(m *rel
 			return err
 		}
 		schema, name, _ := cdc.SplitTable(t)
+		tw, err := s.tableWhere(where, f, t)
+		if err != nil {
+			return err
+		}
 		rows, err := db.Query(ctx, fmt.Sprintf("SELECT DISTINCT %s::text, %s::text FROM %s%s",
-			pgx.Identifier{s.Columns.AggregateType}.Sanitize(), pgx.Identifier{s.Columns.EventType}.Sanitize(), ident, where), args...)
+			pgx.Identifier{s.Columns.AggregateType}.Sanitize(), pgx.Identifier{s.Columns.EventType}.Sanitize(), ident, tw), args...)
 		if err != nil {
 			return fmt.Errorf("read destinations of %s: %w", t, err)
 		}
@@ -394,7 +435,11 @@ func (s Source) scan(ctx context.Context, db Querier, f Filter, fn func(b *relay
 			cols = append(cols, s.newestColumn()+" AS o_newest")
 		}
 		rels = append(rels, rel)
-		parts = append(parts, "SELECT "+strings.Join(cols, ", ")+" FROM "+ident+where)
+		tw, err := s.tableWhere(where, f, t)
+		if err != nil {
+			return err
+		}
+		parts = append(parts, "SELECT "+strings.Join(cols, ", ")+" FROM "+ident+tw)
 	}
 	if len(parts) == 0 {
 		return errors.New("no outbox tables configured")

@@ -298,9 +298,9 @@ func startRelay(env *benchEnv, name, config, slot string) (*relayProc, error) {
 	}
 	cmd := exec.Command(env.relayBin, "run", "--config", cfgPath)
 	// The bench creates every slot before it loads the backlog, so the slot
-	// holds every row. The first relay's first start would also publish the
-	// table's rows (postgres.backfill: auto, on a table migrate created),
-	// and the broker would hold the backlog twice.
+	// holds every row and the tables have none to add. With
+	// postgres.backfill: auto the first relay's first start would still
+	// peek the whole backlog to find that out, and the run would time it.
 	cmd.Env = append(append(relayEnv(), env.relayExtraEnv...), "OUTBOXRELAY_POSTGRES_SLOT="+slot, "OUTBOXRELAY_POSTGRES_BACKFILL=none")
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {

@@ -256,8 +256,7 @@ func migrateSlot(ctx context.Context, conn *pgx.Conn, slot, setting string, fail
 		fmt.Fprintf(stdout, "replication slot %s ready: it already existed\n", slot)
 		return nil
 	}
-	// For a relay's first start: transactions that begin from now on are in
-	// the slot, earlier ones it publishes from the tables.
+	// For an operator reading outboxrelay.checkpoint: when the slot began.
 	if err := (store.Checkpoint{DB: conn, Slot: slot}).SlotCreated(ctx); err != nil {
 		return usageErr("migrate: %v", err)
 	}

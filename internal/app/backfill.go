@@ -71,6 +71,7 @@ func (a *App) ensureSlot(ctx context.Context, conn *pgx.Conn, db store.TxDB, dat
 	var tx pgx.Tx
 	var start cdc.LSN
 	var filter replay.Filter
+	var held int64 // the rows of tables an existing slot holds, left to the stream
 	if !exists {
 		snap, err := replay.CreateSlotWithSnapshot(ctx, pg.URL, pg.Slot, "outboxrelay first start", pg.FailoverSlot)
 		var pgErr *pgconn.PgError
@@ -89,31 +90,27 @@ func (a *App) ensureSlot(ctx context.Context, conn *pgx.Conn, db store.TxDB, dat
 			return created, err
 		}
 	} else {
-		var lsn *string
-		if err := conn.QueryRow(ctx, "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1", pg.Slot).Scan(&lsn); err != nil {
-			return false, fmt.Errorf("read replication slot %s: %w", pg.Slot, err)
+		if start, err = slotStart(ctx, conn, pg.Slot); err != nil {
+			return false, err
 		}
-		if lsn != nil {
-			if start, err = pglogrepl.ParseLSN(*lsn); err != nil {
-				return false, fmt.Errorf("parse confirmed_flush_lsn %q: %w", *lsn, err)
-			}
-		}
-		// Transactions that began after the slot was created are in it.
-		at, ok, err := cp.SlotCreatedAt(ctx)
+		drop, err := createSlotRows(ctx, conn)
 		if err != nil {
 			return false, err
 		}
-		if ok && pg.Columns.CreatedAt != "" {
-			filter.Until = at
-		}
+		defer drop()
 		if tx, err = conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}); err != nil {
 			return false, err
 		}
+		if held, err = a.listSlotRows(ctx, tx, db, tables); err != nil {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+			return false, err
+		}
+		filter.Except = slotRowsTable
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 
-	log.Info("first start: publishing the outbox rows committed before the replication slot existed (postgres.backfill)",
-		zap.String("backfill", pg.Backfill), zap.Strings("tables", tables), zap.Bool("slot_created", created))
+	log.Info("first start: publishing the outbox rows committed before the replication slot's start (postgres.backfill)",
+		zap.String("backfill", pg.Backfill), zap.Strings("tables", tables), zap.Bool("slot_created", created), zap.Int64("left_to_slot", held))
 	res, err := a.backfill(ctx, tx, db, database, tables, filter)
 	if err != nil {
 		_ = tx.Rollback(context.WithoutCancel(ctx))
@@ -132,10 +129,27 @@ func (a *App) ensureSlot(ctx context.Context, conn *pgx.Conn, db store.TxDB, dat
 			return created, err
 		}
 	}
-	log.Info("first start: published the rows committed before the replication slot existed",
+	log.Info("first start: published from the outbox tables the rows committed before the replication slot's start; the slot delivers the later ones",
 		zap.Int64("published", res.Published), zap.Int("dead_lettered", len(res.DeadLettered)), zap.Int64("filtered", res.Filtered),
-		zap.String("slot_start", start.String()))
+		zap.Int64("left_to_slot", held), zap.String("slot_start", start.String()), zap.Bool("slot_created", created))
 	return created, nil
+}
+
+// slotStart returns the confirmed position of the existing slot: where
+// its stream begins.
+func slotStart(ctx context.Context, conn *pgx.Conn, slot string) (cdc.LSN, error) {
+	var lsn *string
+	if err := conn.QueryRow(ctx, "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&lsn); err != nil {
+		return 0, fmt.Errorf("read replication slot %s: %w", slot, err)
+	}
+	if lsn == nil {
+		return 0, nil
+	}
+	start, err := pglogrepl.ParseLSN(*lsn)
+	if err != nil {
+		return 0, fmt.Errorf("parse confirmed_flush_lsn %q: %w", *lsn, err)
+	}
+	return start, nil
 }
 
 // createSlot is cdc.EnsureSlot that records when it created the slot.

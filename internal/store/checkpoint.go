@@ -142,9 +142,10 @@ func (c Checkpoint) Hold(ctx context.Context) error {
 	return nil
 }
 
-// SlotCreated records that the slot was created just now. Whoever creates
-// the slot calls it right after, so that every transaction that began
-// later committed after the slot's start and is in the slot.
+// SlotCreated records that the slot was created just now, for an operator
+// who reads outboxrelay.checkpoint. Whoever creates the slot calls it right
+// after. A first start does not read it: the slot itself says which rows
+// it holds (one made with SQL has no record).
 func (c Checkpoint) SlotCreated(ctx context.Context) error {
 	_, err := c.DB.Exec(ctx, `INSERT INTO outboxrelay.checkpoint AS c (slot, slot_created_at, updated_at) VALUES ($1, now(), now())
 		ON CONFLICT (slot) DO UPDATE SET slot_created_at = now(), updated_at = now()`, c.Slot)
@@ -152,22 +153,6 @@ func (c Checkpoint) SlotCreated(ctx context.Context) error {
 		return fmt.Errorf("record when slot %s was created: %w", c.Slot, err)
 	}
 	return nil
-}
-
-// SlotCreatedAt returns when the slot was last recorded as created; ok is
-// false when it was not.
-func (c Checkpoint) SlotCreatedAt(ctx context.Context) (at time.Time, ok bool, err error) {
-	var t *time.Time
-	err = c.DB.QueryRow(ctx, `SELECT slot_created_at FROM outboxrelay.checkpoint WHERE slot = $1`, c.Slot).Scan(&t)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		return time.Time{}, false, nil
-	case err != nil:
-		return time.Time{}, false, fmt.Errorf("read when slot %s was created: %w", c.Slot, err)
-	case t == nil:
-		return time.Time{}, false, nil
-	}
-	return *t, true, nil
 }
 
 // Consumer returns how the slot was last consumed; ok is false when nothing
