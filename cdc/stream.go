@@ -35,8 +35,10 @@ type Handler interface {
 	// confirmed_flush_lsn, before streaming begins. An error ends the stream.
 	Start(ctx context.Context, slotConfirmed LSN) error
 	// Idle reports that every transaction that committed before walEnd has
-	// been delivered: the stream calls it for keepalives between transactions.
-	Idle(walEnd LSN)
+	// been delivered: the stream calls it for keepalives between
+	// transactions. serverTime is when the server sent the keepalive, by its
+	// clock: the relay was caught up with the walsender then.
+	Idle(walEnd LSN, serverTime time.Time)
 	// Reset is called when a session ends: a transaction that was open is
 	// abandoned, and the next session delivers it again from its beginning.
 	Reset()
@@ -380,7 +382,7 @@ func (s *Stream) read(ctx context.Context, conn *pgconn.PgConn, h Handler, st *s
 					return fmt.Errorf("parse keepalive: %w", err)
 				}
 				if !inTx {
-					h.Idle(ka.ServerWALEnd)
+					h.Idle(ka.ServerWALEnd, ka.ServerTime)
 				}
 				if ka.ReplyRequested {
 					n := h.Unacknowledged()

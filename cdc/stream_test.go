@@ -24,7 +24,7 @@ func (*fixedHandler) Insert(context.Context, *Insert) error          { return ni
 func (*fixedHandler) Message(context.Context, *LogicalMessage) error { return nil }
 func (*fixedHandler) Commit(context.Context, Commit) error           { return nil }
 func (*fixedHandler) Start(context.Context, LSN) error               { return nil }
-func (*fixedHandler) Idle(LSN)                                       {}
+func (*fixedHandler) Idle(LSN, time.Time)                            {}
 func (*fixedHandler) Reset()                                         {}
 func (h *fixedHandler) Confirmed() LSN                               { return LSN(h.pos.Load()) }
 func (*fixedHandler) Drain(context.Context) error                    { return nil }
@@ -243,7 +243,7 @@ type fullHandler struct {
 }
 
 func (h *fullHandler) Room() <-chan struct{} { return h.room }
-func (h *fullHandler) Idle(LSN)              { h.idle.Add(1) }
+func (h *fullHandler) Idle(LSN, time.Time)   { h.idle.Add(1) }
 func (h *fullHandler) wait(ctx context.Context) error {
 	h.changes.Add(1)
 	<-ctx.Done()

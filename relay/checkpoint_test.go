@@ -1,6 +1,8 @@
 package relay
 
 import (
+	"time"
+
 	"context"
 	"fmt"
 	"syscall"
@@ -47,7 +49,7 @@ func TestCheckpointerConfirmsUnrecordedOnlyWhenPostgresStops(t *testing.T) {
 			})}}
 			tr := newTracker()
 			c := newCheckpointer(cfg, zap.NewNop(), tr)
-			tr.idle(100)
+			tr.idle(100, time.Time{})
 			err := c.record(t.Context())
 			if (err == nil) != tc.recorded {
 				t.Fatalf("record: %v, want recorded %v", err, tc.recorded)

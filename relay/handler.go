@@ -84,7 +84,7 @@ func (h *handler) Room() <-chan struct{} {
 }
 
 // Idle implements cdc.Handler.
-func (h *handler) Idle(walEnd cdc.LSN) { h.tracker.idle(walEnd) }
+func (h *handler) Idle(walEnd cdc.LSN, serverTime time.Time) { h.tracker.idle(walEnd, serverTime) }
 
 // Reset implements cdc.Handler.
 func (h *handler) Reset() {

@@ -9,7 +9,7 @@ import (
 
 func TestTrackerWatermarkIsContiguous(t *testing.T) {
 	tr := newTracker()
-	tr.idle(100)
+	tr.idle(100, time.Time{})
 	if got := tr.Confirmed(); got != 100 {
 		t.Fatalf("idle with nothing in flight: confirmed %v, want 100", got)
 	}
@@ -32,7 +32,7 @@ func TestTrackerWatermarkIsContiguous(t *testing.T) {
 	if got := tr.Confirmed(); got != 100 {
 		t.Fatalf("a half acknowledged: confirmed %v, want 100", got)
 	}
-	tr.idle(1000) // inside open transaction c: ignored
+	tr.idle(1000, time.Time{}) // inside open transaction c: ignored
 	tr.ack(a, 0)
 	if got := tr.Confirmed(); got != 300 {
 		t.Fatalf("a and b acknowledged: confirmed %v, want 300", got)
@@ -52,8 +52,8 @@ func TestTrackerKeepaliveWaitsForInFlight(t *testing.T) {
 	a := tr.begin()
 	tr.add(a, 0)
 	tr.commit(200)
-	tr.idle(500) // a keepalive while a is in flight must not be confirmed yet
-	tr.idle(600)
+	tr.idle(500, time.Time{}) // a keepalive while a is in flight must not be confirmed yet
+	tr.idle(600, time.Time{})
 	if got := tr.Confirmed(); got != 0 {
 		t.Fatalf("confirmed %v while a message is in flight", got)
 	}

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -53,6 +54,13 @@ type Progress struct {
 	// record stops moving when the relay stops or is stuck, lag_seconds
 	// goes on growing in PostgreSQL.
 	LagSince func() time.Time
+	// LagEvery is how often, at most, a lag_since that moved is recorded
+	// while nothing is acknowledged (default 10s; the relay sets its
+	// heartbeat interval): an idle relay's moves with every keepalive, and
+	// recording each would write to the database every second. The
+	// database's lag_seconds of an idle relay may be this much older than
+	// the relay's own figure. Set before Run.
+	LagEvery time.Duration
 
 	mu      sync.Mutex
 	changed bool
@@ -66,6 +74,7 @@ type Progress struct {
 	at        time.Time
 	failing   bool      // the last write failed; log recovery once
 	since     time.Time // lag_since recorded by the last successful write
+	sinceAt   time.Time // when it was recorded
 }
 
 // NewProgress returns a Progress for slot that writes through db. It starts nothing.
@@ -124,7 +133,10 @@ func (w *Progress) Save(ctx context.Context) error {
 	}
 	w.mu.Lock()
 	sinceChanged := !since.IsZero() && !since.Equal(w.since)
-	if !w.changed && !sinceChanged {
+	// A lag_since that moved forward alone can wait; one that moved back
+	// (a new backlog) cannot.
+	sinceDue := sinceChanged && (since.Before(w.since) || time.Since(w.sinceAt) >= cmp.Or(w.LagEvery, 10*time.Second))
+	if !w.changed && !sinceDue {
 		w.mu.Unlock()
 		return nil
 	}
@@ -152,7 +164,7 @@ func (w *Progress) Save(ctx context.Context) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if err == nil && sinceArg != nil {
-		w.since = since
+		w.since, w.sinceAt = since, time.Now()
 	}
 	if err != nil && changed {
 		w.changed = true
