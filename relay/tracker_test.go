@@ -152,6 +152,37 @@ func TestTrackerLagSince(t *testing.T) {
 	}
 }
 
+// TestTrackerLagSinceKeepalive: with nothing pending, a keepalive between
+// transactions says the relay was caught up when the server sent it, so
+// lag counts from then, not from the last heartbeat's commit; a keepalive
+// while messages are pending changes nothing until they are acknowledged.
+func TestTrackerLagSinceKeepalive(t *testing.T) {
+	tr := newTracker()
+	t0 := time.Date(2026, 11, 29, 8, 0, 0, 0, time.UTC)
+	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	tr.beginAt(at(0)) // a heartbeat
+	tr.commit(100)
+	tr.idle(100, at(9))
+	if got := tr.lagSince(); !got.Equal(at(9)) {
+		t.Fatalf("idle after a heartbeat: lag since %v, want the keepalive's %v", got, at(9))
+	}
+	a := tr.beginAt(at(10))
+	tr.add(a, 0)
+	tr.commit(200)
+	tr.idle(200, at(15))
+	if got := tr.lagSince(); !got.Equal(at(10)) {
+		t.Fatalf("a pending: lag since %v, want a's commit %v", got, at(10))
+	}
+	tr.ack(a, 0)
+	if got := tr.lagSince(); !got.Equal(at(15)) {
+		t.Fatalf("a acknowledged: lag since %v, want the keepalive's %v", got, at(15))
+	}
+	tr.idle(200, time.Time{}) // a position without a time (the session's start)
+	if got := tr.lagSince(); !got.Equal(at(15)) {
+		t.Fatalf("after a keepalive without a time: lag since %v, want %v", got, at(15))
+	}
+}
+
 // TestTrackerSinkProgress: with two sinks, each sink's own watermark
 // passes the transactions whose messages of that sink are settled, while
 // the confirmed position waits for the slower sink.
