@@ -182,6 +182,12 @@ func MissingSlot(slot string, confirmed LSN, recorded bool, timeline int64) erro
 	}
 }
 
+// LostSlot is the *SetupError the relay refuses to start with, and `status`
+// reports, for a slot whose WAL PostgreSQL removed.
+func LostSlot(slot string) error {
+	return &SetupError{Msg: fmt.Sprintf("replication slot %s has wal_status=lost: PostgreSQL removed WAL it still needed (max_slot_wal_keep_size); run `outboxrelay recover --config FILE` to re-create it and republish what was missed from the outbox table", slot)}
+}
+
 // Mode says who prepares the publication: migrate repairs what it finds,
 // the relay refuses what may already have lost inserts.
 type Mode int
@@ -403,7 +409,7 @@ func CheckSlot(ctx context.Context, conn *pgx.Conn, slot, setting string, failov
 		return true, &SetupError{Msg: fmt.Sprintf("replication slot %s belongs to another database; choose another %s", slot, setting)}
 	}
 	if walStatus == "lost" {
-		return true, &SetupError{Msg: fmt.Sprintf("replication slot %s has wal_status=lost: PostgreSQL removed WAL it still needed (max_slot_wal_keep_size); run `outboxrelay recover --config FILE` to re-create it and republish what was missed from the outbox table", slot)}
+		return true, LostSlot(slot)
 	}
 	return true, nil
 }

@@ -809,7 +809,7 @@ func slotStart(ctx context.Context, conn *pgconn.PgConn, slot string) (LSN, erro
 	}
 	row := res[0].Rows[0]
 	if ws := string(row[1]); ws == "lost" {
-		return 0, &SetupError{Msg: fmt.Sprintf("replication slot %q has wal_status=lost: PostgreSQL removed WAL it still needed (max_slot_wal_keep_size); run `outboxrelay recover --config FILE` to re-create it and republish what was missed from the outbox table", slot)}
+		return 0, LostSlot(slot)
 	}
 	if row[0] == nil {
 		return 0, nil

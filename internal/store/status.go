@@ -224,7 +224,7 @@ func (s Status) Problems(maxLagBytes int64) []string {
 	}
 	switch s.WALStatus {
 	case "lost":
-		p = append(p, fmt.Sprintf("replication slot %q has wal_status=lost: PostgreSQL removed WAL the relay still needed; re-create the slot and republish what was missed", s.Slot))
+		p = append(p, cdc.LostSlot(s.Slot).Error())
 	case "unreserved":
 		p = append(p, fmt.Sprintf("replication slot %q has wal_status=unreserved: PostgreSQL will remove WAL the relay still needs at the next checkpoint (max_slot_wal_keep_size)", s.Slot))
 	}

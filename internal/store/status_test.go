@@ -141,7 +141,7 @@ func TestProblems(t *testing.T) {
 		{"inactive is fine", func(s *Status) { s.Active = false }, 0, nil},
 		{"extended is fine", func(s *Status) { s.WALStatus = "extended" }, 0, nil},
 		{"missing", func(s *Status) { *s = Status{Slot: "outboxrelay"} }, 1, []string{`replication slot "outboxrelay" does not exist`}},
-		{"lost", func(s *Status) { s.WALStatus = "lost" }, 0, []string{"wal_status=lost"}},
+		{"lost", func(s *Status) { s.WALStatus = "lost" }, 0, []string{"wal_status=lost: PostgreSQL removed WAL it still needed (max_slot_wal_keep_size); run `outboxrelay recover --config FILE`"}}, // what run says (cdc.LostSlot)
 		{"unreserved and over", func(s *Status) { s.WALStatus = "unreserved" }, 1, []string{"wal_status=unreserved", "over the limit"}},
 		{"no confirmed position yet", func(s *Status) { s.ConfirmedFlushLSN = 0 }, 1, nil},
 	}
