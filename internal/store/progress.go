@@ -14,11 +14,12 @@ import (
 	"github.com/outboxrelay/outboxrelay/relay"
 )
 
-// published_total is written as the total this Progress read when it first
-// wrote ($5, which runs before it added up to) plus what it has acknowledged
-// since. A write is then the same whether or not an earlier one committed:
-// a write whose reply was lost (a partition, a terminated session) may have
-// committed, and adding its count again would count it twice.
+// published_total ($5) is written whole: what the row held before this
+// Progress first wrote (the earlier runs' total) plus what it has
+// acknowledged since. A write is then right whether or not an earlier one
+// committed: a write whose reply was lost (a partition, a terminated
+// session) may have committed, and adding its count again would count it
+// twice.
 const upsertProgress = `
 INSERT INTO outboxrelay.checkpoint AS c (slot, last_lsn, last_message_id, last_published_at, published_total, lag_since, updated_at)
 VALUES ($1, $2::text::pg_lsn, $3, $4, $5, $6, now())
