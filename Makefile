@@ -179,11 +179,15 @@ test-short:
 	$(GO) test -short -count=1 ./...
 
 # go.mod and go.sum must be what go mod tidy makes of them, in the relay's
-# module, in the outbox library's and in the inbox modules'.
+# module, in the outbox library's, in the inbox modules' and in the chart's
+# test module; and all of them must require one version of each module they
+# share (internal/modules).
 tidy-check:
 	$(GO) mod tidy -diff
 	cd outbox && $(GO) mod tidy -diff
 	@set -e; for m in $(INBOX_MODULES); do (cd $$m && $(GO) mod tidy -diff); done
+	cd deploy/helm && $(GO) mod tidy -diff
+	$(GO) test -count=1 ./internal/modules
 
 # The inbox's bench (inbox/internal/bench, in the inbox's module so the
 # relay's module stays free of it) runs after the relay's: the inbox

@@ -125,12 +125,7 @@ func Prepare(ctx context.Context, conn *pgx.Conn, rec Record, cfg Config, requir
 }
 
 // refuseMissingSlot fails when the slot does not exist although the relay
-// has confirmed positions of it here: it was dropped, or the server was
-// promoted and the slot did not follow (PostgreSQL 14-16, or a slot created
-// without failover). A fresh slot would start at the server's current
-// position, skipping every row committed since the last confirmation. The
-// message says which is likely from the server's timeline: a server that
-// was never promoted or restored is still on timeline 1.
+// has confirmed positions of it here (MissingSlot decides).
 func refuseMissingSlot(ctx context.Context, conn *pgx.Conn, rec Record, slot string) error {
 	var exists bool
 	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1)`, slot).Scan(&exists); err != nil {
@@ -143,19 +138,40 @@ func refuseMissingSlot(ctx context.Context, conn *pgx.Conn, rec Record, slot str
 	if err != nil {
 		return err
 	}
-	if !ok {
+	return MissingSlot(slot, confirmed, ok, ReadTimeline(ctx, conn))
+}
+
+// ReadTimeline returns the server's current timeline, or 0 when it cannot
+// be read (on a standby, pg_walfile_name fails). The WAL file name begins
+// with the timeline, in hex.
+func ReadTimeline(ctx context.Context, q CatalogReader) int64 {
+	var timeline int64
+	if err := q.QueryRow(ctx, `SELECT ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint`).Scan(&timeline); err != nil {
+		return 0
+	}
+	return timeline
+}
+
+// MissingSlot is what the relay decides at start about a slot that does not
+// exist: nil, it creates the slot, when it has confirmed no position of it
+// here (recorded is false); otherwise the *SetupError it refuses to start
+// with, since a fresh slot would start at the server's current position,
+// skipping every row committed since the last confirmation. The slot was
+// dropped, or the server was promoted and the slot did not follow
+// (PostgreSQL 14-16, or a slot created without failover): timeline (0 when
+// unknown) says which is likely, as a server that was never promoted or
+// restored is still on timeline 1. `status` reports the same.
+func MissingSlot(slot string, confirmed LSN, recorded bool, timeline int64) error {
+	if !recorded {
 		return nil
 	}
 	const fix = "run `outboxrelay recover --config FILE` to create the slot and republish them from the outbox table"
-	// The WAL file name begins with the current timeline, in hex.
-	var timeline int64
-	err = conn.QueryRow(ctx, `SELECT ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint`).Scan(&timeline)
 	switch {
-	case err == nil && timeline == 1:
+	case timeline == 1:
 		return &SetupError{Msg: fmt.Sprintf(
 			"replication slot %s does not exist on this server, but the relay confirmed it up to %s here: it was dropped (pg_drop_replication_slot, a tool that removes slots, or a pg_upgrade before PostgreSQL 17, which leaves slots behind), and rows committed since then may never have been relayed; "+fix,
 			slot, confirmed)}
-	case err == nil:
+	case timeline > 1:
 		return &SetupError{Msg: fmt.Sprintf(
 			"replication slot %s does not exist on this server, but the relay confirmed it up to %s here: the server is on timeline %d, so it was promoted from a standby or restored from a backup, and if that happened since, the slot did not follow (PostgreSQL 14-16, or a slot without postgres.failover_slot); otherwise it was dropped; either way rows committed since then may never have been relayed; "+fix,
 			slot, confirmed, timeline)}
@@ -164,6 +180,12 @@ func refuseMissingSlot(ctx context.Context, conn *pgx.Conn, rec Record, slot str
 			"replication slot %s does not exist on this server, but the relay confirmed it up to %s here: it was dropped, or after a failover the slot did not follow (PostgreSQL 14-16, or a slot without postgres.failover_slot), and rows committed since then may never have been relayed; "+fix,
 			slot, confirmed)}
 	}
+}
+
+// LostSlot is the *SetupError the relay refuses to start with, and `status`
+// reports, for a slot whose WAL PostgreSQL removed.
+func LostSlot(slot string) error {
+	return &SetupError{Msg: fmt.Sprintf("replication slot %s has wal_status=lost: PostgreSQL removed WAL it still needed (max_slot_wal_keep_size); run `outboxrelay recover --config FILE` to re-create it and republish what was missed from the outbox table", slot)}
 }
 
 // Mode says who prepares the publication: migrate repairs what it finds,
@@ -387,7 +409,7 @@ func CheckSlot(ctx context.Context, conn *pgx.Conn, slot, setting string, failov
 		return true, &SetupError{Msg: fmt.Sprintf("replication slot %s belongs to another database; choose another %s", slot, setting)}
 	}
 	if walStatus == "lost" {
-		return true, &SetupError{Msg: fmt.Sprintf("replication slot %s has wal_status=lost: PostgreSQL removed WAL it still needed (max_slot_wal_keep_size); run `outboxrelay recover --config FILE` to re-create it and republish what was missed from the outbox table", slot)}
+		return true, LostSlot(slot)
 	}
 	return true, nil
 }

@@ -36,10 +36,12 @@ type Handler interface {
 	Start(ctx context.Context, slotConfirmed LSN) error
 	// Idle reports that every transaction that committed before walEnd has
 	// been delivered: the stream calls it for keepalives between transactions.
-	// waiting says that the walsender asked for a reply: it waits for the
-	// relay's position (a shutdown waits until all it sent is confirmed), so
-	// Confirmed should reach walEnd as soon as it can.
-	Idle(walEnd LSN, waiting bool)
+	// serverTime is when the server sent the keepalive, by its clock: the
+	// relay was caught up with the walsender then. waiting says that the
+	// walsender asked for a reply: it waits for the relay's position (a
+	// shutdown waits until all it sent is confirmed), so Confirmed should
+	// reach walEnd as soon as it can.
+	Idle(walEnd LSN, serverTime time.Time, waiting bool)
 	// Reset is called when a session ends: a transaction that was open is
 	// abandoned, and the next session delivers it again. Reset reports
 	// whether the Handler keeps the changes of it that it was handed (they
@@ -389,7 +391,7 @@ func (s *Stream) read(ctx context.Context, conn *pgconn.PgConn, h Handler, st *s
 					return fmt.Errorf("parse keepalive: %w", err)
 				}
 				if !inTx {
-					h.Idle(ka.ServerWALEnd, ka.ReplyRequested)
+					h.Idle(ka.ServerWALEnd, ka.ServerTime, ka.ReplyRequested)
 				}
 				if ka.ReplyRequested {
 					n := h.Unacknowledged()
@@ -817,7 +819,7 @@ func slotStart(ctx context.Context, conn *pgconn.PgConn, slot string) (LSN, erro
 	}
 	row := res[0].Rows[0]
 	if ws := string(row[1]); ws == "lost" {
-		return 0, &SetupError{Msg: fmt.Sprintf("replication slot %q has wal_status=lost: PostgreSQL removed WAL it still needed (max_slot_wal_keep_size); run `outboxrelay recover --config FILE` to re-create it and republish what was missed from the outbox table", slot)}
+		return 0, LostSlot(slot)
 	}
 	if row[0] == nil {
 		return 0, nil

@@ -24,7 +24,7 @@ func (*fixedHandler) Insert(context.Context, *Insert) error          { return ni
 func (*fixedHandler) Message(context.Context, *LogicalMessage) error { return nil }
 func (*fixedHandler) Commit(context.Context, Commit) error           { return nil }
 func (*fixedHandler) Start(context.Context, LSN) error               { return nil }
-func (*fixedHandler) Idle(LSN, bool)                                 {}
+func (*fixedHandler) Idle(LSN, time.Time, bool)                      {}
 func (*fixedHandler) Reset() bool                                    { return false }
 func (h *fixedHandler) Confirmed() LSN                               { return LSN(h.pos.Load()) }
 func (*fixedHandler) Drain(context.Context) error                    { return nil }
@@ -242,8 +242,8 @@ type fullHandler struct {
 	idle    atomic.Int64
 }
 
-func (h *fullHandler) Room() <-chan struct{} { return h.room }
-func (h *fullHandler) Idle(LSN, bool)        { h.idle.Add(1) }
+func (h *fullHandler) Room() <-chan struct{}     { return h.room }
+func (h *fullHandler) Idle(LSN, time.Time, bool) { h.idle.Add(1) }
 func (h *fullHandler) wait(ctx context.Context) error {
 	h.changes.Add(1)
 	<-ctx.Done()

@@ -123,10 +123,11 @@ func (in *Inbox) tryBatch(ctx context.Context, ms []Message, h Handler) (outs []
 // tryFast runs ms in one transaction with one claim statement; false when
 // a handler failed and the transaction rolled back.
 func (in *Inbox) tryFast(ctx context.Context, ms []Message, h Handler) (outs []Outcome, ok bool, err error) {
-	tx, err := in.db.Begin(ctx)
+	tx, end, err := in.begin(ctx)
 	if err != nil {
 		return nil, false, fmt.Errorf("process a batch of %d messages: begin: %w", len(ms), err)
 	}
+	defer end()
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }() // after Commit: a no-op
 
 	claimed := map[string]bool{}
@@ -192,10 +193,11 @@ func (in *Inbox) claimAll(ctx context.Context, tx pgx.Tx, ms []Message) (map[str
 // (a *pgconn.PgError when PostgreSQL refused it).
 func (in *Inbox) trySavepoints(ctx context.Context, ms []Message, h Handler) (outs []Outcome, later []bool, err error) {
 	outs, later = make([]Outcome, len(ms)), make([]bool, len(ms))
-	tx, err := in.db.Begin(ctx)
+	tx, end, err := in.begin(ctx)
 	if err != nil {
 		return nil, nil, fmt.Errorf("process a batch of %d messages: begin: %w", len(ms), err)
 	}
+	defer end()
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }() // after Commit: a no-op
 
 	failed := map[[2]string]bool{}

@@ -58,11 +58,18 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // DB is the database the inbox writes to: the consumer's own, where the
 // handler's tables live. A *pgxpool.Pool satisfies it and is safe for
 // concurrent use; a *pgx.Conn does too but serves one message at a time.
+//
+// With a pool, the inbox runs at most MaxConns-1 transactions at once, so
+// that a handler that also writes through the pool (not through its tx)
+// always finds a connection: were every connection held by the inbox's
+// transactions, such a handler would wait for one forever. A handler may
+// hold one such connection at a time; a pool of one connection is refused.
 type DB interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
@@ -182,6 +189,9 @@ type Inbox struct {
 	consumer string
 	cfg      Config
 	q        queries
+	// txs, with a pool, holds a token per transaction the inbox runs:
+	// MaxConns-1 (DB). nil: no bound.
+	txs chan struct{}
 	// noDedupe leaves out the dedupe insert, for the test that shows the
 	// tests see a double effect. Never set outside this package's tests.
 	noDedupe bool
@@ -207,7 +217,35 @@ func New(db DB, consumer string, cfg Config) (*Inbox, error) {
 	if cfg.Retention <= 0 {
 		cfg.Retention = 7 * 24 * time.Hour
 	}
-	return &Inbox{db: db, consumer: consumer, cfg: cfg, q: newQueries(quoteSchema(cfg.Schema))}, nil
+	in := &Inbox{db: db, consumer: consumer, cfg: cfg, q: newQueries(quoteSchema(cfg.Schema))}
+	if p, ok := db.(interface{ Stat() *pgxpool.Stat }); ok {
+		n := p.Stat().MaxConns()
+		if n < 2 {
+			return nil, fmt.Errorf("inbox: the pool has max_conns=%d, which the inbox's transaction holds whole, so a handler that writes through the pool would wait forever; raise pool_max_conns to 2 or more", n)
+		}
+		in.txs = make(chan struct{}, n-1)
+	}
+	return in, nil
+}
+
+// begin starts a transaction of the inbox once one of its MaxConns-1
+// tokens is free (DB); end returns the token and must be called after the
+// transaction ended, whatever happened.
+func (in *Inbox) begin(ctx context.Context) (tx pgx.Tx, end func(), err error) {
+	end = func() {}
+	if in.txs != nil {
+		select {
+		case in.txs <- struct{}{}:
+			end = func() { <-in.txs }
+		case <-ctx.Done():
+			return nil, nil, context.Cause(ctx)
+		}
+	}
+	if tx, err = in.db.Begin(ctx); err != nil {
+		end()
+		return nil, nil, err
+	}
+	return tx, end, nil
 }
 
 // Consumer returns the consumer name.
@@ -347,10 +385,11 @@ func sleep(ctx context.Context, d time.Duration) error {
 // duplicate. herr is the handler's error (the attempt rolled back); err is
 // the inbox's own failure.
 func (in *Inbox) try(ctx context.Context, m Message, h Handler, replay bool, then func(pgx.Tx) error) (out Outcome, herr, err error) {
-	tx, err := in.db.Begin(ctx)
+	tx, end, err := in.begin(ctx)
 	if err != nil {
 		return 0, nil, fmt.Errorf("process message %s: begin: %w", m.ID, err)
 	}
+	defer end()
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }() // after Commit: a no-op
 
 	out = Processed

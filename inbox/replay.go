@@ -87,10 +87,11 @@ var errMoreParked = errors.New("more messages parked")
 // FOR SHARE, so once it has the row, each such message is in the parked
 // table, and the check below sees it.
 func (in *Inbox) release(ctx context.Context, id int64, head Message, dead bool) error {
-	tx, err := in.db.Begin(ctx)
+	tx, end, err := in.begin(ctx)
 	if err != nil {
 		return fmt.Errorf("release dead letter %d: %w", id, err)
 	}
+	defer end()
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	if _, err := tx.Exec(ctx, fmt.Sprintf(`UPDATE %s.dead_letters SET state = 'released', released_at = now() WHERE id = $1`, in.q.schema), id); err != nil {
 		return fmt.Errorf("release dead letter %d: %w", id, err)

@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -104,4 +105,41 @@ func (e *env) lagSecondsStopped() float64 {
 		e.t.Errorf("view lag_seconds %.2f, status %.2f", view, st.LagSeconds)
 	}
 	return st.LagSeconds
+}
+
+// TestLagSecondsIdle: an idle relay that is caught up reports lag_seconds
+// near 0 in /metrics and its /status all along, not the time since its
+// last heartbeat (10 s by default), sampled every 500 ms for 25 s.
+func TestLagSecondsIdle(t *testing.T) {
+	e := newEnv(t)
+	p := e.start()
+	base := "http://" + p.httpAddr()
+	p.waitLog(`"streaming"`, 30*time.Second)
+	c := e.consume("outbox.order")
+	c.waitIDs(e.insert("outbox", "order", "1", 5), 30*time.Second)
+	waitFor(t, 15*time.Second, "lag_seconds recorded", func() bool {
+		_, body := get(t, base+"/status")
+		return strings.Contains(body, `"lag_seconds":`) && !strings.Contains(body, `"lag_seconds": null`) && !strings.Contains(body, `"lag_seconds":null`)
+	})
+
+	var metricMax, statusMax float64
+	for end := time.Now().Add(25 * time.Second); time.Now().Before(end); time.Sleep(500 * time.Millisecond) {
+		_, body := get(t, base+"/metrics")
+		m, ok := metricValues(body, "outboxrelay_replication_lag_seconds")[`{slot="outboxrelay"}`]
+		if !ok {
+			t.Fatalf("no outboxrelay_replication_lag_seconds{slot=\"outboxrelay\"} in /metrics")
+		}
+		code, body := get(t, base+"/status")
+		var st struct {
+			LagSeconds *float64 `json:"lag_seconds"`
+		}
+		if err := json.Unmarshal([]byte(body), &st); code != 200 || err != nil || st.LagSeconds == nil {
+			t.Fatalf("GET /status = %d (%v), want lag_seconds:\n%s", code, err, body)
+		}
+		metricMax, statusMax = max(metricMax, m), max(statusMax, *st.LagSeconds)
+	}
+	t.Logf("idle for 25 s: highest lag_seconds %.2f in /metrics, %.2f in /status", metricMax, statusMax)
+	if metricMax >= 2 || statusMax >= 2 {
+		t.Errorf("an idle, caught-up relay reported lag_seconds up to %.2f (/metrics) and %.2f (/status); want under 2", metricMax, statusMax)
+	}
 }

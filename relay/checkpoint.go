@@ -208,7 +208,7 @@ func (c *checkpointer) resume(ctx context.Context, slotConfirmed cdc.LSN) error 
 
 // started records that the session streams from the slot's position.
 func (c *checkpointer) started(slotConfirmed cdc.LSN) {
-	c.tracker.idle(slotConfirmed)
+	c.tracker.idle(slotConfirmed, time.Time{}) // a position, not a time the relay was caught up
 	// The slot's own position needs no recording: it is already confirmed.
 	c.mu.Lock()
 	if uint64(slotConfirmed) > c.recorded.Load() {

@@ -49,7 +49,7 @@ func TestCheckpointerConfirmsUnrecordedOnlyWhenPostgresStops(t *testing.T) {
 			})}}
 			tr := newTracker()
 			c := newCheckpointer(cfg, zap.NewNop(), tr)
-			tr.idle(100)
+			tr.idle(100, time.Time{})
 			err := c.record(t.Context())
 			if (err == nil) != tc.recorded {
 				t.Fatalf("record: %v, want recorded %v", err, tc.recorded)
@@ -95,7 +95,7 @@ func TestCheckpointerIdlePace(t *testing.T) {
 			defer mu.Unlock()
 			records = append(records, lsn)
 			wal += 200 // the record's own WAL, which the next keepalive reports
-			tr.idle(wal)
+			tr.idle(wal, time.Time{})
 			return nil
 		})}}
 	c := newCheckpointer(cfg, zap.NewNop(), tr)
@@ -118,7 +118,7 @@ func TestCheckpointerIdlePace(t *testing.T) {
 
 	mu.Lock()
 	wal += 500 // a heartbeat's transaction, and a keepalive after it
-	tr.idle(wal)
+	tr.idle(wal, time.Time{})
 	mu.Unlock()
 	time.Sleep(200 * time.Millisecond) // 200 ticks
 	if n := count(); n != 0 {
@@ -148,7 +148,7 @@ func TestCheckpointerIdlePace(t *testing.T) {
 	asked := wal
 	mu.Unlock()
 	h := &handler{tracker: tr, cp: c}
-	h.Idle(asked, true)
+	h.Idle(asked, time.Time{}, true)
 	waitUntil(t, "the position the walsender waits for recorded", func() bool { return c.confirmed() >= asked })
 	if n := count(); n != 2 {
 		t.Fatalf("%d records, want 2: %v", n, records)
@@ -165,7 +165,7 @@ func TestCheckpointerDue(t *testing.T) {
 	if c.due(now) {
 		t.Errorf("due with the watermark at the recorded position")
 	}
-	tr.idle(200)
+	tr.idle(200, time.Time{})
 	if c.due(now.Add(9 * time.Second)) {
 		t.Errorf("due 9s after the last record with only a keepalive's position to record")
 	}
@@ -185,7 +185,7 @@ func TestCheckpointerDue(t *testing.T) {
 	if err := c.record(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	tr.idle(400)
+	tr.idle(400, time.Time{})
 	c.unrecorded.Store(true)
 	if !c.due(now) {
 		t.Errorf("not due while confirming unrecorded: the record must catch up at once")

@@ -89,8 +89,8 @@ func (h *handler) Room() <-chan struct{} {
 }
 
 // Idle implements cdc.Handler.
-func (h *handler) Idle(walEnd cdc.LSN, waiting bool) {
-	h.tracker.idle(walEnd)
+func (h *handler) Idle(walEnd cdc.LSN, serverTime time.Time, waiting bool) {
+	h.tracker.idle(walEnd, serverTime)
 	if waiting {
 		h.cp.waiting()
 	}

@@ -50,6 +50,10 @@ type tracker struct {
 	// lastCommit is the newest commit time of the transactions passed by
 	// the watermark: heartbeats keep it close to now on an idle relay.
 	lastCommit time.Time
+	// caughtUp is the server time of the newest keepalive received between
+	// transactions: everything the walsender had sent by then was
+	// received. Once it is all acknowledged there is no lag before it.
+	caughtUp time.Time
 	// sinks is the number of sinks when more than one: their messages are
 	// also counted apart (txn.sinks). The watermark counts them all, so it
 	// is the lowest of the sinks' own watermarks.
@@ -167,11 +171,14 @@ func (t *tracker) ack(tx *txn, sink int) {
 
 // idle records that every transaction committed before walEnd has been
 // received. The position is confirmed once everything before it is acknowledged.
-func (t *tracker) idle(walEnd pglogrepl.LSN) {
+func (t *tracker) idle(walEnd pglogrepl.LSN, serverTime time.Time) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.open != nil {
 		return
+	}
+	if serverTime.After(t.caughtUp) {
+		t.caughtUp = serverTime
 	}
 	if len(t.queue) == 0 {
 		t.raiseLocked(walEnd)
@@ -239,8 +246,10 @@ func (t *tracker) inFlight() (int, <-chan struct{}) {
 
 // lagSince returns the commit time lag counts from: that of the oldest
 // transaction with a message the broker has not acknowledged or that is
-// still being received, or, when none is, the newest commit passed by the
-// watermark. Zero until the first transaction completes.
+// still being received, or, when none is, the newer of the newest commit
+// passed by the watermark and the last keepalive between transactions
+// (caughtUp): an idle relay that is caught up has no lag, whatever the
+// heartbeat interval. Zero until either is known.
 func (t *tracker) lagSince() time.Time {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -249,10 +258,17 @@ func (t *tracker) lagSince() time.Time {
 			if !tx.commitTime.IsZero() {
 				return tx.commitTime
 			}
-			break
+			return t.lastCommit
 		}
 	}
-	return t.lastCommit
+	return latest(t.lastCommit, t.caughtUp)
+}
+
+func latest(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
 
 // sinkProgress returns the own watermark of the sink with index sink (the
@@ -279,5 +295,5 @@ func (t *tracker) sinkProgress(sink int) (pglogrepl.LSN, time.Time) {
 			last = tx.commitTime
 		}
 	}
-	return w, last
+	return w, latest(last, t.caughtUp)
 }

@@ -9,7 +9,7 @@ import (
 
 func TestTrackerWatermarkIsContiguous(t *testing.T) {
 	tr := newTracker()
-	tr.idle(100)
+	tr.idle(100, time.Time{})
 	if got := tr.Confirmed(); got != 100 {
 		t.Fatalf("idle with nothing in flight: confirmed %v, want 100", got)
 	}
@@ -32,7 +32,7 @@ func TestTrackerWatermarkIsContiguous(t *testing.T) {
 	if got := tr.Confirmed(); got != 100 {
 		t.Fatalf("a half acknowledged: confirmed %v, want 100", got)
 	}
-	tr.idle(1000) // inside open transaction c: ignored
+	tr.idle(1000, time.Time{}) // inside open transaction c: ignored
 	tr.ack(a, 0)
 	if got := tr.Confirmed(); got != 300 {
 		t.Fatalf("a and b acknowledged: confirmed %v, want 300", got)
@@ -52,8 +52,8 @@ func TestTrackerKeepaliveWaitsForInFlight(t *testing.T) {
 	a := tr.begin()
 	tr.add(a, 0)
 	tr.commit(200)
-	tr.idle(500) // a keepalive while a is in flight must not be confirmed yet
-	tr.idle(600)
+	tr.idle(500, time.Time{}) // a keepalive while a is in flight must not be confirmed yet
+	tr.idle(600, time.Time{})
 	if got := tr.Confirmed(); got != 0 {
 		t.Fatalf("confirmed %v while a message is in flight", got)
 	}
@@ -185,6 +185,37 @@ func TestTrackerLagSince(t *testing.T) {
 	}
 }
 
+// TestTrackerLagSinceKeepalive: with nothing pending, a keepalive between
+// transactions says the relay was caught up when the server sent it, so
+// lag counts from then, not from the last heartbeat's commit; a keepalive
+// while messages are pending changes nothing until they are acknowledged.
+func TestTrackerLagSinceKeepalive(t *testing.T) {
+	tr := newTracker()
+	t0 := time.Date(2026, 11, 29, 8, 0, 0, 0, time.UTC)
+	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	tr.beginAt(at(0)) // a heartbeat
+	tr.commit(100)
+	tr.idle(100, at(9))
+	if got := tr.lagSince(); !got.Equal(at(9)) {
+		t.Fatalf("idle after a heartbeat: lag since %v, want the keepalive's %v", got, at(9))
+	}
+	a := tr.beginAt(at(10))
+	tr.add(a, 0)
+	tr.commit(200)
+	tr.idle(200, at(15))
+	if got := tr.lagSince(); !got.Equal(at(10)) {
+		t.Fatalf("a pending: lag since %v, want a's commit %v", got, at(10))
+	}
+	tr.ack(a, 0)
+	if got := tr.lagSince(); !got.Equal(at(15)) {
+		t.Fatalf("a acknowledged: lag since %v, want the keepalive's %v", got, at(15))
+	}
+	tr.idle(200, time.Time{}) // a position without a time (the session's start)
+	if got := tr.lagSince(); !got.Equal(at(15)) {
+		t.Fatalf("after a keepalive without a time: lag since %v, want %v", got, at(15))
+	}
+}
+
 // TestTrackerSinkProgress: with two sinks, each sink's own watermark
 // passes the transactions whose messages of that sink are settled, while
 // the confirmed position waits for the slower sink.
@@ -226,7 +257,7 @@ func TestTrackerSinkProgress(t *testing.T) {
 // when empty ones were folded into it.
 func TestTrackerCarried(t *testing.T) {
 	tr := newTracker()
-	tr.idle(100)
+	tr.idle(100, time.Time{})
 	tr.begin()
 	tr.commit(200)
 	if got, d := tr.Confirmed(), tr.Carried(); got != 200 || d != 0 {
@@ -242,7 +273,7 @@ func TestTrackerCarried(t *testing.T) {
 	if d := tr.Carried(); d != 300 {
 		t.Fatalf("carried %v, want 300", d)
 	}
-	tr.idle(400)
+	tr.idle(400, time.Time{})
 	if got, d := tr.Confirmed(), tr.Carried(); got != 400 || d != 300 {
 		t.Fatalf("confirmed %v carried %v, want 400 and 300", got, d)
 	}

@@ -67,8 +67,9 @@ type Config struct {
 	// LagInterval is how often the consumer lag of each assigned
 	// partition, its high watermark minus the group's committed offset
 	// (the log start offset while the group has none), as of the last
-	// fetch, goes to the inbox's Observer.Lag, source topic/partition;
-	// 10s by default.
+	// fetch (asked of the broker for a partition empty since it was
+	// assigned), goes to the inbox's Observer.Lag, source
+	// topic/partition; 10s by default.
 	LagInterval time.Duration
 	// Opts are further franz-go options (TLS, SASL, session timeout,
 	// client id). The Runner sets the seed brokers, the group, the topics,
@@ -208,7 +209,7 @@ func (r *Runner) Run(ctx context.Context) error {
 			case <-t.C:
 				s.commit(ctx, nil)
 			case <-lag.C:
-				s.reportLag()
+				s.reportLag(ctx)
 			}
 		}
 	}()
@@ -348,8 +349,33 @@ func raw(rec *kgo.Record) inbox.Raw {
 
 // reportLag reports each assigned partition's lag to the inbox's
 // Observer: its high watermark minus the group's committed offset, or
-// minus the log start offset while the group has committed none.
-func (s *session) reportLag() {
+// minus the log start offset while the group has committed none. franz-go
+// passes on only fetches with records or errors, so a partition that was
+// empty since it was assigned has no fetch to read its offsets from: they
+// are asked of the broker instead, so that its lag reads 0, not nothing.
+func (s *session) reportLag(ctx context.Context) {
+	s.mu.Lock()
+	var unfetched []tp
+	for k, p := range s.parts {
+		if p.hw < 0 {
+			unfetched = append(unfetched, k)
+		}
+	}
+	s.mu.Unlock()
+	if len(unfetched) > 0 {
+		lctx, cancel := context.WithTimeout(ctx, s.r.cfg.LagInterval)
+		hw, start := s.listOffsets(lctx, unfetched, -1), s.listOffsets(lctx, unfetched, -2)
+		cancel()
+		s.mu.Lock()
+		for k, h := range hw {
+			from, ok := start[k]
+			if p := s.parts[k]; p != nil && p.hw < 0 && ok {
+				p.hw, p.start = h, from
+			}
+		}
+		s.mu.Unlock()
+	}
+
 	committed := s.cl.CommittedOffsets()
 	type reading struct {
 		source string
@@ -359,7 +385,7 @@ func (s *session) reportLag() {
 	s.mu.Lock()
 	for k, p := range s.parts {
 		if p.hw < 0 {
-			continue // not fetched yet: unknown, not 0
+			continue // the broker did not answer: unknown, not 0
 		}
 		from := p.start
 		if eo, ok := committed[k.topic][k.partition]; ok && eo.Offset >= 0 {
@@ -374,6 +400,40 @@ func (s *session) reportLag() {
 	for _, r := range rs {
 		s.r.in.ReportLag(r.source, r.lag)
 	}
+}
+
+// listOffsets asks the partitions' leaders for an offset of each: at -1
+// the high watermark, at -2 the log start offset. A partition that failed
+// is left out.
+func (s *session) listOffsets(ctx context.Context, parts []tp, at int64) map[tp]int64 {
+	req := kmsg.NewPtrListOffsetsRequest()
+	byTopic := map[string]int{}
+	for _, k := range parts {
+		i, ok := byTopic[k.topic]
+		if !ok {
+			i = len(req.Topics)
+			byTopic[k.topic] = i
+			t := kmsg.NewListOffsetsRequestTopic()
+			t.Topic = k.topic
+			req.Topics = append(req.Topics, t)
+		}
+		p := kmsg.NewListOffsetsRequestTopicPartition()
+		p.Partition, p.Timestamp = k.partition, at
+		req.Topics[i].Partitions = append(req.Topics[i].Partitions, p)
+	}
+	out := map[tp]int64{}
+	resp, err := req.RequestWith(ctx, s.cl)
+	if err != nil {
+		return out
+	}
+	for _, t := range resp.Topics {
+		for _, p := range t.Partitions {
+			if p.ErrorCode == 0 && p.Offset >= 0 {
+				out[tp{t.Topic, p.Partition}] = p.Offset
+			}
+		}
+	}
+	return out
 }
 
 func (s *session) assigned(_ context.Context, _ *kgo.Client, assigned map[string][]int32) {

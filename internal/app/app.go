@@ -305,6 +305,12 @@ func (r *run) wire(ctx context.Context) error {
 	slot := cfg.Postgres.Slot
 	readStatus := func(ctx context.Context) (store.Status, error) {
 		st, err := store.ReadStatus(ctx, r.dur.pool, slot)
+		// The running relay knows its lag now; the database has the lag
+		// since it last recorded, which an idle relay does only every
+		// heartbeat interval (Progress.LagEvery).
+		if since := r.relay.LagSince(); err == nil && st.Exists && !since.IsZero() {
+			st.LagSince, st.LagSeconds = since, max(0, time.Since(since).Seconds())
+		}
 		if err == nil && len(cfg.Sinks) > 0 {
 			st.Sinks = sinkStatus(r.relay.Sinks(), st.CurrentWALLSN)
 		}
@@ -338,6 +344,7 @@ func (r *run) wire(ctx context.Context) error {
 	opts.Resolver, opts.Validator, opts.Tracer = r.guard, r.validate, r.traces.Tracer()
 	r.relay = relay.NewSinks(rc, r.sinks, log, opts)
 	r.progress.LagSince = r.relay.LagSince
+	r.progress.LagEvery = cfg.Postgres.HeartbeatInterval
 
 	// relayCtx ends when Run's ctx does, or when the HTTP endpoint fails.
 	// The parts that report on the relay (progress, metrics, HTTP) outlive

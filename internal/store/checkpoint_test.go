@@ -97,3 +97,42 @@ func TestCheckpoint(t *testing.T) {
 		t.Fatalf("Prepare for a slot never confirmed: %v", err)
 	}
 }
+
+// TestStatusMissingSlot: for a slot that does not exist, status advises
+// what run will do: create it when the relay has confirmed nothing of it,
+// refuse and name recover when it has (the slot was dropped).
+func TestStatusMissingSlot(t *testing.T) {
+	ctx := t.Context()
+	conn := connectT(t, "missing_slot")
+	if err := migrations.Apply(ctx, conn, migrations.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := ReadStatus(ctx, conn, "orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cp := Checkpoint{DB: conn, Slot: "orders"}
+	cfg := cdc.Config{Slot: "orders", Publication: "outboxrelay", Tables: []string{"public.outbox"}}
+	if err := cdc.Prepare(ctx, conn, cp, cfg, nil); err != nil {
+		t.Fatalf("run's setup with nothing recorded: %v", err)
+	}
+	if p := st.Problems(0); len(p) != 1 || !strings.Contains(p[0], "start the relay to create it") {
+		t.Errorf("problems with nothing recorded = %q, want the relay to create the slot", p)
+	}
+
+	// The slot was dropped after the relay confirmed a position of it.
+	if err := cp.Confirm(ctx, 0x3000); err != nil {
+		t.Fatal(err)
+	}
+	st, err = ReadStatus(ctx, conn, "orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	refusal := cdc.Prepare(ctx, conn, cp, cfg, nil)
+	if refusal == nil || !strings.Contains(refusal.Error(), "outboxrelay recover") {
+		t.Fatalf("run's setup with a recorded position = %v, want it to refuse and name recover", refusal)
+	}
+	if p := st.Problems(0); len(p) != 1 || p[0] != refusal.Error() {
+		t.Errorf("status problems = %q, want what run refuses with: %q", p, refusal)
+	}
+}

@@ -1,18 +1,25 @@
 package store
 
 import (
+	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 
 	"github.com/outboxrelay/outboxrelay/relay"
 )
 
-// published_total grows by the count since the previous write, so that
-// several runs of the relay (one after another) add up.
+// published_total ($5) is written whole: what the row held before this
+// Progress first wrote (the earlier runs' total) plus what it has
+// acknowledged since. A write is then right whether or not an earlier one
+// committed: a write whose reply was lost (a partition, a terminated
+// session) may have committed, and adding its count again would count it
+// twice.
 const upsertProgress = `
 INSERT INTO outboxrelay.checkpoint AS c (slot, last_lsn, last_message_id, last_published_at, published_total, lag_since, updated_at)
 VALUES ($1, $2::text::pg_lsn, $3, $4, $5, $6, now())
@@ -20,9 +27,11 @@ ON CONFLICT (slot) DO UPDATE SET
     last_lsn          = EXCLUDED.last_lsn,
     last_message_id   = EXCLUDED.last_message_id,
     last_published_at = EXCLUDED.last_published_at,
-    published_total   = c.published_total + EXCLUDED.published_total,
+    published_total   = EXCLUDED.published_total,
     lag_since         = coalesce(EXCLUDED.lag_since, c.lag_since),
     updated_at        = now()`
+
+const readPublishedTotal = `SELECT published_total FROM outboxrelay.checkpoint WHERE slot = $1`
 
 // Only lag_since: a relay that acknowledged nothing yet must not clear the
 // figures an earlier run recorded.
@@ -36,7 +45,7 @@ ON CONFLICT (slot) DO UPDATE SET lag_since = EXCLUDED.lag_since, updated_at = no
 // writes at most once per interval, and only when something changed, so
 // publishing never waits for PostgreSQL.
 type Progress struct {
-	db       Execer
+	db       DB
 	slot     string
 	log      *zap.Logger
 	interval time.Duration
@@ -46,19 +55,31 @@ type Progress struct {
 	// record stops moving when the relay stops or is stuck, lag_seconds
 	// goes on growing in PostgreSQL.
 	LagSince func() time.Time
+	// LagEvery is how often, at most, a lag_since that moved is recorded
+	// while nothing is acknowledged (default 10s; the relay sets its
+	// heartbeat interval): an idle relay's moves with every keepalive, and
+	// recording each would write to the database every second. The
+	// database's lag_seconds of an idle relay may be this much older than
+	// the relay's own figure. Set before Run.
+	LagEvery time.Duration
 
 	mu      sync.Mutex
 	changed bool
-	pending int64 // acknowledged since the last successful write
-	lsn     LSN
-	id      string
-	at      time.Time
-	failing bool      // the last write failed; log recovery once
-	since   time.Time // lag_since recorded by the last successful write
+	// base is published_total as this Progress found it, read before its
+	// first write (baseKnown); total counts what it acknowledged since.
+	base      int64
+	baseKnown bool
+	total     int64
+	lsn       LSN
+	id        string
+	at        time.Time
+	failing   bool      // the last write failed; log recovery once
+	since     time.Time // lag_since recorded by the last successful write
+	sinceAt   time.Time // when it was recorded
 }
 
 // NewProgress returns a Progress for slot that writes through db. It starts nothing.
-func NewProgress(db Execer, slot string, log *zap.Logger) *Progress {
+func NewProgress(db DB, slot string, log *zap.Logger) *Progress {
 	if log == nil {
 		log = zap.NewNop()
 	}
@@ -73,7 +94,7 @@ func NewProgress(db Execer, slot string, log *zap.Logger) *Progress {
 func (w *Progress) Published(m *relay.Message, ackedAt time.Time) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.pending++
+	w.total++
 	w.changed = true
 	if lsn := LSN(m.LSN); lsn >= w.lsn {
 		w.lsn, w.id, w.at = lsn, m.ID, ackedAt
@@ -113,37 +134,40 @@ func (w *Progress) Save(ctx context.Context) error {
 	}
 	w.mu.Lock()
 	sinceChanged := !since.IsZero() && !since.Equal(w.since)
-	if !w.changed && !sinceChanged {
+	// A lag_since that moved forward alone can wait; one that moved back
+	// (a new backlog) cannot.
+	sinceDue := sinceChanged && (since.Before(w.since) || time.Since(w.sinceAt) >= cmp.Or(w.LagEvery, 10*time.Second))
+	if !w.changed && !sinceDue {
 		w.mu.Unlock()
 		return nil
 	}
-	changed, n, lsn, id, at := w.changed, w.pending, w.lsn, w.id, w.at
-	w.pending, w.changed = 0, false
+	changed, total, lsn, id, at := w.changed, w.total, w.lsn, w.id, w.at
+	w.changed = false
 	w.mu.Unlock()
+
+	base, err := w.readBase(ctx, changed)
 
 	var sinceArg *time.Time
 	if !since.IsZero() {
 		sinceArg = &since
 	}
-	var err error
-	if changed {
+	if err == nil && changed {
 		var lsnText *string
 		if lsn != 0 {
 			s := lsn.String()
 			lsnText = &s
 		}
-		_, err = w.db.Exec(ctx, upsertProgress, w.slot, lsnText, id, at, n, sinceArg)
-	} else {
+		_, err = w.db.Exec(ctx, upsertProgress, w.slot, lsnText, id, at, base+total, sinceArg)
+	} else if err == nil {
 		_, err = w.db.Exec(ctx, upsertLagSince, w.slot, sinceArg)
 	}
 
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if err == nil && sinceArg != nil {
-		w.since = since
+		w.since, w.sinceAt = since, time.Now()
 	}
 	if err != nil && changed {
-		w.pending += n
 		w.changed = true
 	}
 	if err != nil {
@@ -158,4 +182,28 @@ func (w *Progress) Save(ctx context.Context) error {
 		w.log.Info("writing outboxrelay.checkpoint again")
 	}
 	return nil
+}
+
+// readBase returns published_total as stored before this Progress's first
+// write, reading it once: runs of the relay one after another add up. A
+// relay that takes over a slot while its predecessor's last write is still
+// in flight may read the total without that write, and overwrite it.
+func (w *Progress) readBase(ctx context.Context, changed bool) (int64, error) {
+	w.mu.Lock()
+	base, known := w.base, w.baseKnown
+	w.mu.Unlock()
+	if known || !changed {
+		return base, nil
+	}
+	err := w.db.QueryRow(ctx, readPublishedTotal, w.slot).Scan(&base)
+	if errors.Is(err, pgx.ErrNoRows) {
+		base, err = 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("read published_total: %w", err)
+	}
+	w.mu.Lock()
+	w.base, w.baseKnown = base, true
+	w.mu.Unlock()
+	return base, nil
 }

@@ -118,6 +118,11 @@ type Status struct {
 	// confirmed position is the lowest of their watermarks. Not a column
 	// of the view.
 	Sinks []SinkStatus `json:"sinks,omitempty"`
+	// MissingSlot is, for a slot that does not exist, what `run` will
+	// do about it (cdc.MissingSlot): nil when it will create the slot,
+	// the error it will refuse to start with otherwise. Problems reports
+	// it. Not in the JSON form nor the view.
+	MissingSlot error `json:"-"`
 }
 
 // SinkStatus is one sink's own progress (Status.Sinks). Figures that are
@@ -218,11 +223,14 @@ func (s Status) MarshalJSON() ([]byte, error) {
 func (s Status) Problems(maxLagBytes int64) []string {
 	var p []string
 	if !s.Exists {
+		if s.MissingSlot != nil {
+			return append(p, s.MissingSlot.Error())
+		}
 		return append(p, fmt.Sprintf("replication slot %q does not exist; start the relay to create it (or check --slot)", s.Slot))
 	}
 	switch s.WALStatus {
 	case "lost":
-		p = append(p, fmt.Sprintf("replication slot %q has wal_status=lost: PostgreSQL removed WAL the relay still needed; re-create the slot and republish what was missed", s.Slot))
+		p = append(p, cdc.LostSlot(s.Slot).Error())
 	case "unreserved":
 		p = append(p, fmt.Sprintf("replication slot %q has wal_status=unreserved: PostgreSQL will remove WAL the relay still needs at the next checkpoint (max_slot_wal_keep_size)", s.Slot))
 	}
@@ -263,6 +271,27 @@ LEFT JOIN pg_replication_slots s ON s.slot_name = $1`
 const progressQuery = `
 SELECT last_lsn::text, last_message_id, last_published_at, published_total
 FROM outboxrelay.checkpoint WHERE slot = $1`
+
+// missingSlot reads what cdc.MissingSlot decides from, as the relay reads
+// it at start: the position recorded as confirmed, and the timeline.
+func missingSlot(ctx context.Context, q Querier, slot string) (refusal, err error) {
+	var text *string
+	err = q.QueryRow(ctx, `SELECT confirmed_lsn::text FROM outboxrelay.checkpoint WHERE slot = $1`, slot).Scan(&text)
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.Is(err, pgx.ErrNoRows), errors.As(err, &pgErr) && pgErr.Code == "42703": // a schema from before confirmed_lsn: nothing recorded
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("read outboxrelay.checkpoint: %w", err)
+	case text == nil:
+		return nil, nil
+	}
+	confirmed, err := pglogrepl.ParseLSN(*text)
+	if err != nil {
+		return nil, fmt.Errorf("parse lsn %q: %w", *text, err)
+	}
+	return cdc.MissingSlot(slot, cdc.LSN(confirmed), true, cdc.ReadTimeline(ctx, q)), nil
+}
 
 const consumerQuery = `
 SELECT publication, coalesce(tables, '{}'), coalesce(error, ''), coalesce(error_at, 'epoch') FROM outboxrelay.checkpoint
@@ -325,6 +354,11 @@ func ReadStatus(ctx context.Context, q Querier, slot string) (Status, error) {
 	if !haveCheckpoint {
 		s.Warnings = append(s.Warnings, "schema outboxrelay is missing, so relay progress is unknown; run `outboxrelay migrate`")
 		return s, nil
+	}
+	if !s.Exists {
+		if s.MissingSlot, err = missingSlot(ctx, q, slot); err != nil {
+			return s, err
+		}
 	}
 	var (
 		lastLSN, lastID *string

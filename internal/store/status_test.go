@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxrelay/outboxrelay/relay"
@@ -140,7 +141,7 @@ func TestProblems(t *testing.T) {
 		{"inactive is fine", func(s *Status) { s.Active = false }, 0, nil},
 		{"extended is fine", func(s *Status) { s.WALStatus = "extended" }, 0, nil},
 		{"missing", func(s *Status) { *s = Status{Slot: "outboxrelay"} }, 1, []string{`replication slot "outboxrelay" does not exist`}},
-		{"lost", func(s *Status) { s.WALStatus = "lost" }, 0, []string{"wal_status=lost"}},
+		{"lost", func(s *Status) { s.WALStatus = "lost" }, 0, []string{"wal_status=lost: PostgreSQL removed WAL it still needed (max_slot_wal_keep_size); run `outboxrelay recover --config FILE`"}}, // what run says (cdc.LostSlot)
 		{"unreserved and over", func(s *Status) { s.WALStatus = "unreserved" }, 1, []string{"wal_status=unreserved", "over the limit"}},
 		{"no confirmed position yet", func(s *Status) { s.ConfirmedFlushLSN = 0 }, 1, nil},
 	}
@@ -162,7 +163,8 @@ func TestProblems(t *testing.T) {
 }
 
 // execRecorder records the progress writes; the writer's batching is
-// what is tested here, the SQL itself end to end in integration.
+// what is tested here, the SQL itself in TestProgressLostReply and end to
+// end in integration. It holds no row: published_total reads as absent.
 type execRecorder struct {
 	mu    sync.Mutex
 	fail  error
@@ -178,6 +180,16 @@ func (e *execRecorder) Exec(_ context.Context, _ string, args ...any) (pgconn.Co
 	e.calls = append(e.calls, args)
 	return pgconn.NewCommandTag("INSERT 0 1"), nil
 }
+
+func (e *execRecorder) QueryRow(context.Context, string, ...any) pgx.Row { return noRow{} }
+
+func (e *execRecorder) Query(context.Context, string, ...any) (pgx.Rows, error) {
+	return nil, errors.New("execRecorder runs no queries")
+}
+
+type noRow struct{}
+
+func (noRow) Scan(...any) error { return pgx.ErrNoRows }
 
 func TestProgressBatches(t *testing.T) {
 	db := &execRecorder{}
@@ -215,8 +227,8 @@ func TestProgressBatches(t *testing.T) {
 	if err := w.Save(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if args := db.calls[1]; len(db.calls) != 2 || args[2] != "e" || args[4] != int64(2) {
-		t.Errorf("write after a failure = %v, want e and 2 published", db.calls[1:])
+	if args := db.calls[1]; len(db.calls) != 2 || args[2] != "e" || args[4] != int64(5) {
+		t.Errorf("write after a failure = %v, want e and 5 published in all", db.calls[1:])
 	}
 }
 
