@@ -1,0 +1,140 @@
+package integration
+
+import (
+	"fmt"
+	"net"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// publicationsOf lists the publications of the test's database.
+func (e *env) publicationsOf() []string {
+	e.t.Helper()
+	var pubs []string
+	if err := e.db.QueryRow(e.t.Context(), `SELECT coalesce(array_agg(pubname::text ORDER BY pubname), '{}') FROM pg_publication`).Scan(&pubs); err != nil {
+		e.t.Fatal(err)
+	}
+	return pubs
+}
+
+// slotPosition is the default slot's restart_lsn and confirmed_flush_lsn.
+func (e *env) slotPosition() string {
+	e.t.Helper()
+	var pos string
+	err := e.db.QueryRow(e.t.Context(), `SELECT restart_lsn::text || ' ' || confirmed_flush_lsn::text
+		FROM pg_replication_slots WHERE slot_name = 'outboxrelay'`).Scan(&pos)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return pos
+}
+
+// TestSlotOlderThanPublication (issue 42, item 3): `migrate` made slot
+// outboxrelay with publication outboxrelay, a row was committed, and the
+// relay's configuration names another publication, late_pub. PostgreSQL
+// decodes a slot's WAL with the catalog as it was when each change was
+// written, so a late_pub created now is missing for that row, and the
+// walsender stopped the relay at every start while the slot kept WAL. The
+// relay must refuse before streaming with one line naming the mismatch
+// and both fixes, create no publication, and leave the slot where it was;
+// each fix it names must then deliver the row.
+func TestSlotOlderThanPublication(t *testing.T) {
+	setup := func(t *testing.T) (*env, []string, func(pub string) string) {
+		e := newEnvWith(t, pg, "") // publication outboxrelay, then slot outboxrelay
+		ids := e.insert("outbox", "order", "1", 1)
+		cfg := func(pub string) string {
+			return fmt.Sprintf("postgres:\n  url: %s\n  publication: %s\nsink:\n  type: kafka\n  kafka:\n    brokers: [%s]\nhttp:\n  listen: 127.0.0.1:0\n",
+				e.dbURL, pub, e.brokers)
+		}
+		pubs, pos := e.publicationsOf(), e.slotPosition()
+		for start := 1; start <= 2; start++ { // a restart refuses the same way
+			out, code := e.cliConfig(cfg("late_pub"))
+			lines := strings.Split(strings.TrimSpace(out), "\n")
+			last := lines[len(lines)-1]
+			t.Logf("start %d: exit %d: %s", start, code, last)
+			for _, want := range []string{"replication slot outboxrelay exists and publication late_pub does not",
+				"set postgres.publication to the publication outboxrelay was made with", "publish public.outbox now: outboxrelay",
+				"SELECT pg_drop_replication_slot('outboxrelay')"} {
+				if code != 2 || !strings.Contains(last, want) {
+					t.Fatalf("start %d: exit %d, last line %q; want exit 2 and %q\n%s", start, code, last, want, out)
+				}
+			}
+			if strings.Contains(out, `"streaming"`) || strings.Contains(out, "created publication") {
+				t.Fatalf("start %d streamed or created a publication:\n%s", start, out)
+			}
+			if got := e.publicationsOf(); !slices.Equal(got, pubs) {
+				t.Fatalf("start %d: publications changed from %v to %v", start, pubs, got)
+			}
+			if got := e.slotPosition(); got != pos {
+				t.Fatalf("start %d: slot moved from %s to %s", start, pos, got)
+			}
+		}
+		return e, ids, cfg
+	}
+
+	t.Run("the slot's publication", func(t *testing.T) {
+		e, ids, cfg := setup(t)
+		c := e.consume("outbox.order")
+		p := e.startConfig(cfg("outboxrelay"))
+		defer p.stop()
+		if recs := c.waitIDs(ids, 30*time.Second); len(recs) != 1 {
+			t.Fatalf("%d records for 1 row", len(recs))
+		}
+	})
+	t.Run("a new slot after the publication", func(t *testing.T) {
+		e, ids, cfg := setup(t)
+		e.exec("SELECT pg_drop_replication_slot('outboxrelay')")
+		c := e.consume("outbox.order")
+		p := e.startConfig(cfg("late_pub"))
+		defer p.stop()
+		p.waitLog(`"streaming"`, 30*time.Second)
+		later := e.insert("outbox", "order", "1", 1)
+		if recs := c.waitIDs(append(ids, later...), 30*time.Second); len(recs) != 2 {
+			t.Fatalf("%d records for 2 rows", len(recs))
+		}
+	})
+}
+
+// TestFailedStartLeavesNoPublication: a first start that fails after the
+// relay created its publication (here the sink cannot be reached) drops
+// it again, as it leaves no slot: the database is as it found it.
+func TestFailedStartLeavesNoPublication(t *testing.T) {
+	e := newEnvWith(t, pg, "", "--slot", "")
+	closed := closedAddr(t)
+	cases := []struct{ name, sink, want string }{
+		{"webhook refuses", fmt.Sprintf("sink:\n  type: webhook\n  webhook:\n    url: http://%s/hooks\n    secret: %s\n", closed, e2eWebhookSecret),
+			"cannot reach the webhook receiver at http://" + closed + "/"},
+		{"kafka unreachable", "sink:\n  type: kafka\n  kafka:\n    brokers: [" + closed + "]\n", "cannot reach Kafka"},
+	}
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			pubs, slots := e.publicationsOf(), e.slotsOf()
+			cfg := fmt.Sprintf("postgres:\n  url: %s\n  slot: fresh_%d\n  publication: fresh_pub_%d\nhttp:\n  listen: 127.0.0.1:0\n%s", e.dbURL, i, i, tc.sink)
+			out, code := e.cliConfig(cfg)
+			if code != 2 || !strings.Contains(out, tc.want) {
+				t.Fatalf("exit %d, want 2 naming %q; output:\n%s", code, tc.want, out)
+			}
+			if got := e.publicationsOf(); !slices.Equal(got, pubs) {
+				t.Fatalf("publications changed from %v to %v; output:\n%s", pubs, got, out)
+			}
+			if got := e.slotsOf(); !slices.Equal(got, slots) {
+				t.Fatalf("slots changed from %v to %v; output:\n%s", slots, got, out)
+			}
+		})
+	}
+}
+
+// closedAddr is a loopback address that refuses connections: it was
+// listened on and closed.
+func closedAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	return addr
+}
