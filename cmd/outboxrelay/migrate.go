@@ -126,7 +126,10 @@ func cmdMigrate(args []string, stdout, stderr io.Writer) error {
 	if _, err := conn.Exec(ctx, "SET outboxrelay.migrating = on"); err != nil {
 		return usageErr("migrate: %v", err)
 	}
-	changed, err := cdc.EnsurePublication(ctx, conn, o.Publication, tables, nil, nil, cdc.ModeMigrate)
+	if err := refuseLatePublication(ctx, conn, *slot, o.Publication, tables, *cfgPath != ""); err != nil {
+		return err
+	}
+	changed, _, err := cdc.EnsurePublication(ctx, conn, o.Publication, tables, nil, nil, cdc.ModeMigrate)
 	if err != nil {
 		return usageErr("migrate: %v", err)
 	}
@@ -152,6 +155,35 @@ func cmdMigrate(args []string, stdout, stderr io.Writer) error {
 		return nil
 	}
 	return migrateSlot(ctx, conn, *slot, slotSetting, *failoverSlot, set["slot"], *cfgPath != "", stdout)
+}
+
+// refuseLatePublication fails when slot exists and the publication does
+// not: migrate creates the publication before the slot, never for a slot
+// that is already there (see cdc.LatePublication).
+func refuseLatePublication(ctx context.Context, conn *pgx.Conn, slot, pub string, tables []string, fromConfig bool) error {
+	if slot == "" {
+		return nil
+	}
+	was, ok, err := (store.Checkpoint{DB: conn, Slot: slot}).Consumer(ctx)
+	if err != nil {
+		return usageErr("migrate: %v", err)
+	}
+	var consumed string
+	if ok {
+		consumed = was.Publication
+	}
+	late, err := cdc.FindLatePublication(ctx, conn, slot, pub, tables, consumed)
+	if err != nil {
+		return usageErr("migrate: %v", err)
+	}
+	if late == nil {
+		return nil
+	}
+	setting := "--publication"
+	if fromConfig {
+		setting = "postgres.publication"
+	}
+	return usageErr("migrate: %v", late.Err(cdc.ModeMigrate, setting))
 }
 
 // migrateInbox creates (or with print prints) the inbox tables in a
