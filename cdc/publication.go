@@ -12,9 +12,10 @@ import (
 // streamed through does not. PostgreSQL decodes a slot's WAL with the
 // catalog as it was when each change was written, and pgoutput looks its
 // publications up in that catalog: a publication created now would be
-// missing for every change the slot holds from before it, and the walsender
-// would end each start at the first of them (publication "P" does not
-// exist) while the slot kept WAL. So a publication must exist before the
+// missing for every change the slot holds from before it: the walsender
+// of PostgreSQL 14-17 would end each start at the first of them
+// (publication "P" does not exist) while the slot kept WAL, and that of
+// PostgreSQL 18 skips them with a warning, so their rows are never sent. So a publication must exist before the
 // slot that streams through it, and neither the relay nor migrate creates
 // one for a slot that is already there.
 type LatePublication struct {
@@ -55,7 +56,7 @@ func FindLatePublication(ctx context.Context, conn *pgx.Conn, slot, pub string, 
 // (setting is --publication or postgres.publication).
 func (l *LatePublication) Err(mode Mode, setting string) error {
 	slot, pub := l.Slot, l.Publication
-	mismatch := fmt.Sprintf("replication slot %s exists and publication %s does not: PostgreSQL decodes a slot's WAL with the catalog as it was when each change was written, so a publication created now would be missing for the changes %s holds from before it, and streaming would stop at the first of them",
+	mismatch := fmt.Sprintf("replication slot %s exists and publication %s does not: PostgreSQL decodes a slot's WAL with the catalog as it was when each change was written, so a publication created now would be missing for the changes %s holds from before it (PostgreSQL 14-17 stop streaming at the first of them, 18 skips them)",
 		slot, pub, slot)
 	drop := fmt.Sprintf("SELECT pg_drop_replication_slot('%s')", strings.ReplaceAll(slot, "'", "''"))
 	if l.Consumed != "" {
@@ -76,8 +77,8 @@ func (l *LatePublication) Err(mode Mode, setting string) error {
 	if mode == ModeMigrate {
 		again = fmt.Sprintf("run migrate again: it creates %s, then the slot, and the relay's first start publishes the outbox rows committed before, as postgres.backfill says", pub)
 	}
-	return &SetupError{Msg: fmt.Sprintf("%s; set %s to the publication %s was made with%s, or drop %s (%s) and %s",
-		mismatch, setting, slot, made, slot, drop, again)}
+	return &SetupError{Msg: fmt.Sprintf("%s; set %s to the publication %s was made with%s, or drop the slot (%s) and %s",
+		mismatch, setting, slot, made, drop, again)}
 }
 
 // DropPublication drops publication pub unless slot exists, and reports

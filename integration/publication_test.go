@@ -97,6 +97,34 @@ func TestSlotOlderThanPublication(t *testing.T) {
 	})
 }
 
+// TestMigrateRefusesLatePublication: migrate, too, creates no publication
+// for a slot that exists, and names the fixes in its flags.
+func TestMigrateRefusesLatePublication(t *testing.T) {
+	e := newEnvWith(t, pg, "") // publication outboxrelay, then slot outboxrelay
+	e.insert("outbox", "order", "1", 1)
+	pubs, pos := e.publicationsOf(), e.slotPosition()
+	out, code := e.cli("migrate", "--database-url", e.dbURL, "--publication", "late_pub")
+	for _, want := range []string{"replication slot outboxrelay exists and publication late_pub does not",
+		"set --publication to the publication outboxrelay was made with", "run migrate again"} {
+		if code != 2 || !strings.Contains(out, want) {
+			t.Fatalf("migrate: exit %d, want 2 and %q:\n%s", code, want, out)
+		}
+	}
+	if got := e.publicationsOf(); !slices.Equal(got, pubs) {
+		t.Fatalf("publications changed from %v to %v", pubs, got)
+	}
+	if got := e.slotPosition(); got != pos {
+		t.Fatalf("slot moved from %s to %s", pos, got)
+	}
+	// With a slot of its own, made after it, the publication is fine.
+	if out, code := e.cli("migrate", "--database-url", e.dbURL, "--publication", "late_pub", "--slot", "late_slot"); code != 0 {
+		t.Fatalf("migrate with a new slot: exit %d:\n%s", code, out)
+	}
+	if got := e.publicationsOf(); !slices.Contains(got, "late_pub") {
+		t.Fatalf("publications %v lack late_pub", got)
+	}
+}
+
 // TestFailedStartLeavesNoPublication: a first start that fails after the
 // relay created its publication (here the sink cannot be reached) drops
 // it again, as it leaves no slot: the database is as it found it.

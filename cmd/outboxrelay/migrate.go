@@ -112,6 +112,10 @@ func cmdMigrate(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
+	// Before Apply, which creates the publication when it is missing.
+	if err := refuseLatePublication(ctx, conn, *slot, o, extraTables, *cfgPath != ""); err != nil {
+		return err
+	}
 	if err := migrations.Apply(ctx, conn, o); err != nil {
 		return usageErr("migrate: %v", err)
 	}
@@ -125,9 +129,6 @@ func cmdMigrate(args []string, stdout, stderr io.Writer) error {
 	tables = distinctTables(tables)
 	if _, err := conn.Exec(ctx, "SET outboxrelay.migrating = on"); err != nil {
 		return usageErr("migrate: %v", err)
-	}
-	if err := refuseLatePublication(ctx, conn, *slot, o.Publication, tables, *cfgPath != ""); err != nil {
-		return err
 	}
 	changed, _, err := cdc.EnsurePublication(ctx, conn, o.Publication, tables, nil, nil, cdc.ModeMigrate)
 	if err != nil {
@@ -160,24 +161,30 @@ func cmdMigrate(args []string, stdout, stderr io.Writer) error {
 // refuseLatePublication fails when slot exists and the publication does
 // not: migrate creates the publication before the slot, never for a slot
 // that is already there (see cdc.LatePublication).
-func refuseLatePublication(ctx context.Context, conn *pgx.Conn, slot, pub string, tables []string, fromConfig bool) error {
+func refuseLatePublication(ctx context.Context, conn *pgx.Conn, slot string, o migrations.Options, extraTables []string, fromConfig bool) error {
 	if slot == "" {
 		return nil
 	}
-	was, ok, err := (store.Checkpoint{DB: conn, Slot: slot}).Consumer(ctx)
-	if err != nil {
-		return usageErr("migrate: %v", err)
-	}
-	var consumed string
-	if ok {
-		consumed = was.Publication
-	}
-	late, err := cdc.FindLatePublication(ctx, conn, slot, pub, tables, consumed)
-	if err != nil {
-		return usageErr("migrate: %v", err)
-	}
-	if late == nil {
+	pub := o.Publication
+	tables := distinctTables(append([]string{o.Table}, extraTables...))
+	late, err := cdc.FindLatePublication(ctx, conn, slot, pub, tables, "")
+	if err != nil || late == nil {
+		if err != nil {
+			return usageErr("migrate: %v", err)
+		}
 		return nil
+	}
+	// The relay's record, when the schema is there, says whether it has
+	// consumed the slot, which changes the fix.
+	cp := store.Checkpoint{DB: conn, Slot: slot}
+	if cp.Ready(ctx) == nil {
+		was, ok, err := cp.Consumer(ctx)
+		if err != nil {
+			return usageErr("migrate: %v", err)
+		}
+		if ok {
+			late.Consumed = was.Publication
+		}
 	}
 	setting := "--publication"
 	if fromConfig {
