@@ -97,6 +97,42 @@ func TestSlotOlderThanPublication(t *testing.T) {
 	})
 }
 
+// TestPublicationMadeAfterSlot: a publication created by hand after the
+// slot exists at start, so setup cannot tell; the walsender's error then
+// says why and names the fixes, and recover --force, the second, delivers
+// the row the slot could not.
+func TestPublicationMadeAfterSlot(t *testing.T) {
+	e := newEnvWith(t, pg, "") // publication outboxrelay, then slot outboxrelay
+	ids := e.insert("outbox", "order", "1", 1)
+	e.exec("CREATE PUBLICATION late_pub FOR TABLE outbox WITH (publish = 'insert', publish_via_partition_root = true)")
+	cfg := strings.Replace(e.configText(), "postgres:\n", "postgres:\n  publication: late_pub\n", 1)
+	pos := e.slotPosition()
+	out, code := e.cliConfig(cfg)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	last := lines[len(lines)-1]
+	t.Logf("exit %d: %s", code, last)
+	for _, want := range []string{`publication "late_pub" does not exist`, "it was created after the slot",
+		"set postgres.publication to the publication outboxrelay was made with", "outboxrelay recover --config FILE --force"} {
+		if code != 2 || !strings.Contains(last, want) {
+			t.Fatalf("exit %d, last line %q; want exit 2 and %q\n%s", code, last, want, out)
+		}
+	}
+	if got := e.slotPosition(); got != pos {
+		t.Fatalf("slot moved from %s to %s", pos, got)
+	}
+	path := e.writeConfig(cfg)
+	if out, code := e.cli("recover", "--config", path, "--force"); code != 0 {
+		t.Fatalf("recover --force: exit %d:\n%s", code, out)
+	}
+	c := e.consume("outbox.order")
+	p := e.startConfig(cfg)
+	defer p.stop()
+	p.waitLog(`"streaming"`, 30*time.Second)
+	later := e.insert("outbox", "order", "1", 1)
+	recs := c.waitIDs(append(ids, later...), 30*time.Second)
+	t.Logf("after recover: %d records for 2 rows, %d duplicates", len(recs), duplicates(recs))
+}
+
 // TestMigrateRefusesLatePublication: migrate, too, creates no publication
 // for a slot that exists, and names the fixes in its flags.
 func TestMigrateRefusesLatePublication(t *testing.T) {
