@@ -81,24 +81,6 @@ func (l *LatePublication) Err(mode Mode, setting string) error {
 		mismatch, setting, slot, made, drop, again)}
 }
 
-// DropPublication drops publication pub unless slot exists, and reports
-// whether it did: a failed start drops the publication it created, so that
-// the database is as it found it, but a slot made since (by a relay that
-// started meanwhile) streams through it.
-func DropPublication(ctx context.Context, conn *pgx.Conn, pub, slot string) (dropped bool, err error) {
-	var slotExists bool
-	if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT FROM pg_replication_slots WHERE slot_name = $1)", slot).Scan(&slotExists); err != nil {
-		return false, fmt.Errorf("look for slot %s: %w", slot, err)
-	}
-	if slotExists {
-		return false, nil
-	}
-	if _, err := conn.Exec(ctx, "DROP PUBLICATION IF EXISTS "+pgx.Identifier{pub}.Sanitize()); err != nil {
-		return false, fmt.Errorf("drop publication %s: %w", pub, err)
-	}
-	return true, nil
-}
-
 // sanitizeTables writes schema.name tables as SQL identifiers, comma-separated.
 func sanitizeTables(tables []string) string {
 	out := make([]string, 0, len(tables))

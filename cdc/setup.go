@@ -38,7 +38,7 @@ func Setup(ctx context.Context, conn *pgx.Conn, rec Record, cfg Config, required
 // It creates no publication for a slot that already exists (see
 // [LatePublication]). createdPublication reports whether it created the
 // publication, even when it then fails: a start that fails later drops it
-// again with [DropPublication].
+// again (internal/store's DropPublication).
 func Prepare(ctx context.Context, conn *pgx.Conn, rec Record, cfg Config, requiredColumns []string) (createdPublication bool, err error) {
 	var walLevel string
 	if err := conn.QueryRow(ctx, "SHOW wal_level").Scan(&walLevel); err != nil {

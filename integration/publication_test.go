@@ -167,15 +167,24 @@ func TestMigrateRefusesLatePublication(t *testing.T) {
 func TestFailedStartLeavesNoPublication(t *testing.T) {
 	e := newEnvWith(t, pg, "", "--slot", "")
 	closed := closedAddr(t)
-	cases := []struct{ name, sink, want string }{
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	kafka := "sink:\n  type: kafka\n  kafka:\n    brokers: [" + e.brokers + "]\n"
+	cases := []struct{ name, sink, listen, want string }{
 		{"webhook refuses", fmt.Sprintf("sink:\n  type: webhook\n  webhook:\n    url: http://%s/hooks\n    secret: %s\n", closed, e2eWebhookSecret),
-			"cannot reach the webhook receiver at http://" + closed + "/"},
-		{"kafka unreachable", "sink:\n  type: kafka\n  kafka:\n    brokers: [" + closed + "]\n", "cannot reach Kafka"},
+			"127.0.0.1:0", "cannot reach the webhook receiver at http://" + closed + "/"},
+		{"kafka unreachable", "sink:\n  type: kafka\n  kafka:\n    brokers: [" + closed + "]\n", "127.0.0.1:0", "cannot reach Kafka"},
+		// After the relay registered the publication's tables with the
+		// coverage trigger, which refuses to drop a guarded publication.
+		{"http address taken", kafka, taken.Addr().String(), "choose a free address for http.listen"},
 	}
 	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			pubs, slots := e.publicationsOf(), e.slotsOf()
-			cfg := fmt.Sprintf("postgres:\n  url: %s\n  slot: fresh_%d\n  publication: fresh_pub_%d\nhttp:\n  listen: 127.0.0.1:0\n%s", e.dbURL, i, i, tc.sink)
+			cfg := fmt.Sprintf("postgres:\n  url: %s\n  slot: fresh_%d\n  publication: fresh_pub_%d\nhttp:\n  listen: %s\n%s", e.dbURL, i, i, tc.listen, tc.sink)
 			out, code := e.cliConfig(cfg)
 			if code != 2 || !strings.Contains(out, tc.want) {
 				t.Fatalf("exit %d, want 2 naming %q; output:\n%s", code, tc.want, out)
@@ -186,7 +195,25 @@ func TestFailedStartLeavesNoPublication(t *testing.T) {
 			if got := e.slotsOf(); !slices.Equal(got, slots) {
 				t.Fatalf("slots changed from %v to %v; output:\n%s", slots, got, out)
 			}
+			// Nor a record that the slot is consumed through it, which
+			// would refuse the next start with another publication.
+			var guarded, recorded int
+			err := e.db.QueryRow(t.Context(), `SELECT (SELECT count(*) FROM outboxrelay.coverage WHERE publication = $1),
+				(SELECT count(*) FROM outboxrelay.checkpoint WHERE slot = $2 AND publication IS NOT NULL)`,
+				fmt.Sprintf("fresh_pub_%d", i), fmt.Sprintf("fresh_%d", i)).Scan(&guarded, &recorded)
+			if err != nil || guarded != 0 || recorded != 0 {
+				t.Fatalf("%d coverage rows and %d consumer records left (%v); output:\n%s", guarded, recorded, err, out)
+			}
 		})
+	}
+	// The same configuration, fixed, creates the publication, then the
+	// slot, and streams.
+	cfg := fmt.Sprintf("postgres:\n  url: %s\n  slot: fresh_2\n  publication: fresh_pub_2\nhttp:\n  listen: 127.0.0.1:0\n%s", e.dbURL, kafka)
+	p := e.startConfig(cfg)
+	p.waitLog(`"streaming"`, 30*time.Second)
+	p.stop()
+	if got := e.publicationsOf(); !slices.Contains(got, "fresh_pub_2") {
+		t.Fatalf("publications after a good start: %v, want fresh_pub_2 among them", got)
 	}
 }
 

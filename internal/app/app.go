@@ -257,7 +257,7 @@ func (r *run) dropPublication(ctx context.Context) {
 	pub := r.cfg.Postgres.Publication
 	dropCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	dropped, err := cdc.DropPublication(dropCtx, r.conn, pub, r.cfg.Postgres.Slot)
+	dropped, err := store.DropPublication(dropCtx, r.conn, pub, r.cfg.Postgres.Slot)
 	if err != nil {
 		r.log.Warn("could not drop the publication this failed start created; drop it with DROP PUBLICATION "+pgx.Identifier{pub}.Sanitize(),
 			zap.String("publication", pub), zap.Error(err))
