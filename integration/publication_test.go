@@ -103,6 +103,15 @@ func TestSlotOlderThanPublication(t *testing.T) {
 // the row the slot could not.
 func TestPublicationMadeAfterSlot(t *testing.T) {
 	e := newEnvWith(t, pg, "") // publication outboxrelay, then slot outboxrelay
+	var version int
+	if err := e.db.QueryRow(t.Context(), "SELECT current_setting('server_version_num')::int").Scan(&version); err != nil {
+		t.Fatal(err)
+	}
+	if version >= 180000 {
+		// PostgreSQL 18's walsender skips the changes with a warning in the
+		// server's log instead of failing (docs/operations.md says so).
+		t.Skipf("PostgreSQL %d does not fail on a publication made after the slot", version)
+	}
 	ids := e.insert("outbox", "order", "1", 1)
 	e.exec("CREATE PUBLICATION late_pub FOR TABLE outbox WITH (publish = 'insert', publish_via_partition_root = true)")
 	cfg := strings.Replace(e.configText(), "postgres:\n", "postgres:\n  publication: late_pub\n", 1)
