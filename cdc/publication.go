@@ -11,13 +11,13 @@ import (
 // LatePublication is a slot that exists while the publication it would be
 // streamed through does not. PostgreSQL decodes a slot's WAL with the
 // catalog as it was when each change was written, and pgoutput looks its
-// publications up in that catalog: a publication created now would be
-// missing for every change the slot holds from before it: the walsender
-// of PostgreSQL 14-17 would end each start at the first of them
-// (publication "P" does not exist) while the slot kept WAL, and that of
-// PostgreSQL 18 skips them with a warning, so their rows are never sent. So a publication must exist before the
-// slot that streams through it, and neither the relay nor migrate creates
-// one for a slot that is already there.
+// publications up in that catalog, so a publication created now would be
+// missing for every change the slot holds from before it. The walsender of
+// PostgreSQL 14-17 ends each start at the first of them (publication "P"
+// does not exist) while the slot keeps WAL; that of PostgreSQL 18 skips
+// them with a warning, so their rows are never sent. A publication must
+// therefore exist before the slot that streams through it, and neither the
+// relay nor migrate creates one for a slot that is already there.
 type LatePublication struct {
 	Slot, Publication string
 	// Tables are the outbox tables, as schema.name.

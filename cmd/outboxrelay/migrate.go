@@ -168,10 +168,10 @@ func refuseLatePublication(ctx context.Context, conn *pgx.Conn, slot string, o m
 	pub := o.Publication
 	tables := distinctTables(append([]string{o.Table}, extraTables...))
 	late, err := cdc.FindLatePublication(ctx, conn, slot, pub, tables, "")
-	if err != nil || late == nil {
-		if err != nil {
-			return usageErr("migrate: %v", err)
-		}
+	if err != nil {
+		return usageErr("migrate: %v", err)
+	}
+	if late == nil {
 		return nil
 	}
 	// The relay's record, when the schema is there, says whether it has

@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -259,7 +260,8 @@ func (r *run) dropPublication(ctx context.Context) {
 	defer cancel()
 	dropped, err := store.DropPublication(dropCtx, r.conn, pub, r.cfg.Postgres.Slot)
 	if err != nil {
-		r.log.Warn("could not drop the publication this failed start created; drop it with DROP PUBLICATION "+pgx.Identifier{pub}.Sanitize(),
+		r.log.Warn("could not drop the publication this failed start created; if no relay uses it, drop it as the schema owner: DELETE FROM outboxrelay.coverage WHERE publication = '"+
+			strings.ReplaceAll(pub, "'", "''")+"'; DROP PUBLICATION "+pgx.Identifier{pub}.Sanitize(),
 			zap.String("publication", pub), zap.Error(err))
 		return
 	}
