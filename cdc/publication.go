@@ -60,14 +60,14 @@ func (l *LatePublication) Err(mode Mode, setting string) error {
 		slot, pub, slot)
 	drop := fmt.Sprintf("SELECT pg_drop_replication_slot('%s')", strings.ReplaceAll(slot, "'", "''"))
 	if l.Consumed != "" {
-		// The relay has confirmed positions of the slot: a slot made anew
-		// starts later, so what it skipped must be republished.
+		// A relay has consumed the slot: one made anew starts later, and
+		// recover republishes what lies between.
 		keep := ""
 		if l.Consumed != pub {
 			keep = fmt.Sprintf("set %s back to %s, through which the relay consumed %s, or ", setting, l.Consumed, slot)
 		}
 		return &SetupError{Msg: fmt.Sprintf("%s; %sstop every relay on %s, create %s (CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert', publish_via_partition_root = true)), then run `outboxrelay recover --config FILE --force`, which makes %s anew after it and republishes the outbox rows since the relay's last recorded position",
-			mismatch, keep, slot, pub, pgx.Identifier{pub}.Sanitize(), sanitizeTables(l.Tables), slot)}
+			mismatch, keep, slot, pub, displayIdent(pub), displayTables(l.Tables), slot)}
 	}
 	made := ""
 	if len(l.Others) > 0 {
@@ -81,11 +81,16 @@ func (l *LatePublication) Err(mode Mode, setting string) error {
 		mismatch, setting, slot, made, drop, again)}
 }
 
-// sanitizeTables writes schema.name tables as SQL identifiers, comma-separated.
-func sanitizeTables(tables []string) string {
+// displayTables writes schema.name tables for SQL in a hint,
+// comma-separated, quoting only the names that need it.
+func displayTables(tables []string) string {
 	out := make([]string, 0, len(tables))
 	for _, t := range tables {
-		out = append(out, sanitizeTable(t))
+		schema, name, err := SplitTable(t)
+		if err != nil {
+			continue // qualify made them; a name it could not split is not there
+		}
+		out = append(out, displayIdent(schema)+"."+displayIdent(name))
 	}
 	return strings.Join(out, ", ")
 }

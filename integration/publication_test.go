@@ -97,6 +97,52 @@ func TestSlotOlderThanPublication(t *testing.T) {
 	})
 }
 
+// TestConsumedSlotLatePublication: a slot a relay has consumed through
+// outboxrelay, taken over with --accept-config-change for a publication
+// that does not exist, is refused the same way, with the fixes for a slot
+// whose position is recorded; the second, followed as written, delivers
+// every row.
+func TestConsumedSlotLatePublication(t *testing.T) {
+	e := newEnv(t)
+	c := e.consume("outbox.order")
+	p := e.start()
+	p.waitLog(`"streaming"`, 30*time.Second)
+	first := e.insert("outbox", "order", "1", 3)
+	c.waitIDs(first, 30*time.Second)
+	p.stop()
+	pending := e.insert("outbox", "order", "1", 2) // in the slot, not relayed
+	cfg := strings.Replace(e.configText(), "postgres:\n", "postgres:\n  publication: late_pub\n", 1)
+	pubs, pos := e.publicationsOf(), e.slotPosition()
+	out, code := e.cliConfig(cfg, "--accept-config-change")
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	last := lines[len(lines)-1]
+	t.Logf("exit %d: %s", code, last)
+	for _, want := range []string{"replication slot outboxrelay exists and publication late_pub does not",
+		"set postgres.publication back to outboxrelay", "CREATE PUBLICATION late_pub FOR TABLE public.outbox", "outboxrelay recover --config FILE --force"} {
+		if code != 2 || !strings.Contains(last, want) {
+			t.Fatalf("exit %d, last line %q; want exit 2 and %q\n%s", code, last, want, out)
+		}
+	}
+	if got := e.publicationsOf(); !slices.Equal(got, pubs) {
+		t.Fatalf("publications changed from %v to %v", pubs, got)
+	}
+	if got := e.slotPosition(); got != pos {
+		t.Fatalf("slot moved from %s to %s", pos, got)
+	}
+	// The second fix as the line says it.
+	e.exec("CREATE PUBLICATION late_pub FOR TABLE public.outbox WITH (publish = 'insert', publish_via_partition_root = true)")
+	path := e.writeConfig(cfg)
+	if out, code := e.cli("recover", "--config", path, "--force"); code != 0 {
+		t.Fatalf("recover --force: exit %d:\n%s", code, out)
+	}
+	p = e.startConfig(cfg, "--accept-config-change")
+	defer p.stop()
+	p.waitLog(`"streaming"`, 30*time.Second)
+	later := e.insert("outbox", "order", "1", 1)
+	recs := c.waitIDs(append(append(first, pending...), later...), 30*time.Second)
+	t.Logf("%d records for 6 rows, %d duplicates (recover republishes from before the last record)", len(recs), duplicates(recs))
+}
+
 // TestPublicationMadeAfterSlot: a publication created by hand after the
 // slot exists at start, so setup cannot tell; the walsender's error then
 // says why and names the fixes, and recover --force, the second, delivers
