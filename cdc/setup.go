@@ -18,7 +18,7 @@ import (
 // logical replication slot. It is idempotent and safe to run from several
 // relays at once.
 func Setup(ctx context.Context, conn *pgx.Conn, rec Record, cfg Config, requiredColumns []string) error {
-	if err := Prepare(ctx, conn, rec, cfg, requiredColumns); err != nil {
+	if _, err := Prepare(ctx, conn, rec, cfg, requiredColumns); err != nil {
 		return err
 	}
 	_, err := EnsureSlot(ctx, conn, cfg.Slot, "postgres.slot", cfg.FailoverSlot)
@@ -34,20 +34,25 @@ func Setup(ctx context.Context, conn *pgx.Conn, rec Record, cfg Config, required
 // it needs has been checked. Problems an operator must fix come back as
 // *SetupError with one sentence naming the fix. rec is the relay's record of
 // cfg.Slot, read for how the slot was consumed and how far it was confirmed.
-func Prepare(ctx context.Context, conn *pgx.Conn, rec Record, cfg Config, requiredColumns []string) error {
+//
+// It creates no publication for a slot that already exists (see
+// [LatePublication]). createdPublication reports whether it created the
+// publication, even when it then fails: a start that fails later drops it
+// again (internal/store's DropPublication).
+func Prepare(ctx context.Context, conn *pgx.Conn, rec Record, cfg Config, requiredColumns []string) (createdPublication bool, err error) {
 	var walLevel string
 	if err := conn.QueryRow(ctx, "SHOW wal_level").Scan(&walLevel); err != nil {
-		return fmt.Errorf("read wal_level: %w", err)
+		return false, fmt.Errorf("read wal_level: %w", err)
 	}
 	if walLevel != "logical" {
-		return &SetupError{Msg: fmt.Sprintf("wal_level is %s; set wal_level=logical and restart PostgreSQL", walLevel)}
+		return false, &SetupError{Msg: fmt.Sprintf("wal_level is %s; set wal_level=logical and restart PostgreSQL", walLevel)}
 	}
 	version, err := ServerVersion(ctx, conn)
 	if err != nil {
-		return err
+		return false, err
 	}
 	if version < 140000 {
-		return &SetupError{Msg: fmt.Sprintf("PostgreSQL %s is too old; outboxrelay needs PostgreSQL 14 or later", conn.PgConn().ParameterStatus("server_version"))}
+		return false, &SetupError{Msg: fmt.Sprintf("PostgreSQL %s is too old; outboxrelay needs PostgreSQL 14 or later", conn.PgConn().ParameterStatus("server_version"))}
 	}
 
 	var role string
@@ -55,16 +60,16 @@ func Prepare(ctx context.Context, conn *pgx.Conn, rec Record, cfg Config, requir
 	if err := conn.QueryRow(ctx, `SELECT rolname, rolreplication OR rolsuper OR EXISTS (
 			SELECT 1 FROM pg_roles g WHERE g.rolname = 'rds_replication' AND pg_has_role(current_user, g.oid, 'member'))
 		FROM pg_roles WHERE rolname = current_user`).Scan(&role, &canReplicate); err != nil {
-		return fmt.Errorf("read role attributes: %w", err)
+		return false, fmt.Errorf("read role attributes: %w", err)
 	}
 	if !canReplicate {
-		return &SetupError{Msg: fmt.Sprintf("role %s lacks the REPLICATION privilege; run: ALTER ROLE %s REPLICATION", role, displayIdent(role))}
+		return false, &SetupError{Msg: fmt.Sprintf("role %s lacks the REPLICATION privilege; run: ALTER ROLE %s REPLICATION", role, displayIdent(role))}
 	}
 
 	for _, t := range cfg.Tables {
 		schema, name, err := SplitTable(t)
 		if err != nil {
-			return &SetupError{Msg: err.Error()}
+			return false, &SetupError{Msg: err.Error()}
 		}
 		var cols []string
 		err = conn.QueryRow(ctx, `
@@ -74,54 +79,63 @@ func Prepare(ctx context.Context, conn *pgx.Conn, rec Record, cfg Config, requir
 			WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p')
 			GROUP BY c.oid`, schema, name).Scan(&cols)
 		if errors.Is(err, pgx.ErrNoRows) {
-			return &SetupError{Msg: fmt.Sprintf("outbox table %s.%s does not exist; run `outboxrelay migrate` or fix postgres.tables", schema, name)}
+			return false, &SetupError{Msg: fmt.Sprintf("outbox table %s.%s does not exist; run `outboxrelay migrate` or fix postgres.tables", schema, name)}
 		}
 		if err != nil {
-			return fmt.Errorf("inspect table %s.%s: %w", schema, name, err)
+			return false, fmt.Errorf("inspect table %s.%s: %w", schema, name, err)
 		}
 		for _, want := range requiredColumns {
 			if !contains(cols, want) {
-				return &SetupError{Msg: fmt.Sprintf("outbox table %s.%s has no column %q; add it or map it in postgres.columns", schema, name, want)}
+				return false, &SetupError{Msg: fmt.Sprintf("outbox table %s.%s has no column %q; add it or map it in postgres.columns", schema, name, want)}
 			}
 		}
 	}
 
 	if err := rec.Ready(ctx); err != nil {
-		return err
+		return false, err
 	}
 	was, ok, err := rec.Consumer(ctx)
 	if err != nil {
-		return err
+		return false, err
 	}
 	if _, err := CheckSlot(ctx, conn, cfg.Slot, "postgres.slot", cfg.FailoverSlot); err != nil {
-		return err
+		return false, err
 	}
+	var consumed string
 	var recorded []string
 	if ok {
+		consumed = was.Publication
 		// Before anything changes: a relay with another configuration (a
 		// standby, say) must not take the slot over.
 		state, err := ReadCoverage(ctx, conn, cfg.Publication, qualify(cfg.Tables))
 		if err != nil {
-			return err
+			return false, err
 		}
 		cur := Consumer{Publication: cfg.Publication, Tables: qualify(cfg.Tables), Relations: state.Tables}
 		if err := CompareConsumer(cfg.Slot, was, cur); err != nil {
 			if !cfg.AcceptConfigChange {
-				return err
+				return false, err
 			}
 			cfg.logger().Warn("taking the slot over with a new configuration (--accept-config-change)", zap.String("was", err.Error()))
 		} else if was.Publication == cfg.Publication {
 			recorded = was.Tables
 		}
 	}
-	changed, err := EnsurePublication(ctx, conn, cfg.Publication, qualify(cfg.Tables), recorded, qualify(cfg.IgnoreTables), ModeRun)
+	late, err := FindLatePublication(ctx, conn, cfg.Slot, cfg.Publication, qualify(cfg.Tables), consumed)
 	if err != nil {
-		return err
+		return false, err
+	}
+	if late != nil {
+		return false, late.Err(ModeRun, "postgres.publication")
+	}
+	changed, created, err := EnsurePublication(ctx, conn, cfg.Publication, qualify(cfg.Tables), recorded, qualify(cfg.IgnoreTables), ModeRun)
+	if err != nil {
+		return created, err
 	}
 	for _, c := range changed {
 		cfg.logger().Warn(c)
 	}
-	return refuseMissingSlot(ctx, conn, rec, cfg.Slot)
+	return created, refuseMissingSlot(ctx, conn, rec, cfg.Slot)
 }
 
 // refuseMissingSlot fails when the slot does not exist although the relay
@@ -207,40 +221,46 @@ const (
 // quietly: a table that slot consumers (recorded) relayed before and that
 // left the publication, a publication without inserts, a partitioned table
 // published without its root. ignored tables may be in the publication. It
-// returns what it changed, one line each.
-func EnsurePublication(ctx context.Context, conn *pgx.Conn, pub string, tables, recorded, ignored []string, mode Mode) ([]string, error) {
+// returns what it changed, one line each, and whether it created the
+// publication (not when another relay created it meanwhile). The caller
+// checks first that no slot is older than the publication (see
+// [FindLatePublication]).
+func EnsurePublication(ctx context.Context, conn *pgx.Conn, pub string, tables, recorded, ignored []string, mode Mode) (changed []string, created bool, err error) {
 	ident := pgx.Identifier{pub}.Sanitize()
 	var idents []string
 	for _, t := range tables {
 		schema, name, err := SplitTable(t)
 		if err != nil {
-			return nil, &SetupError{Msg: err.Error()}
+			return nil, false, &SetupError{Msg: err.Error()}
 		}
 		idents = append(idents, pgx.Identifier{schema, name}.Sanitize())
 	}
 	s, err := ReadCoverage(ctx, conn, pub, tables)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	for _, t := range tables {
 		if u := s.Unlogged[t]; len(u) > 0 {
-			return nil, &SetupError{Msg: fmt.Sprintf("%s; run ALTER TABLE %s SET LOGGED, then republish the rows inserted into it from the outbox table",
+			return nil, false, &SetupError{Msg: fmt.Sprintf("%s; run ALTER TABLE %s SET LOGGED, then republish the rows inserted into it from the outbox table",
 				unlogged(t, u[0]), sanitizeTable(u[0]))}
 		}
 		if f := s.Foreign[t]; len(f) > 0 {
-			return nil, &SetupError{Msg: fmt.Sprintf("%s; run ALTER TABLE %s DETACH PARTITION %s, then republish the rows inserted into it from the outbox table",
+			return nil, false, &SetupError{Msg: fmt.Sprintf("%s; run ALTER TABLE %s DETACH PARTITION %s, then republish the rows inserted into it from the outbox table",
 				foreign(t, f[0]), sanitizeTable(t), sanitizeTable(f[0]))}
 		}
 	}
 	if !s.Exists {
 		_, err := conn.Exec(ctx, fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert', publish_via_partition_root = true)",
 			ident, strings.Join(idents, ", ")))
-		if err != nil && !isCode(err, "42710") { // duplicate_object: another relay won the race
-			return nil, privilegeHint(fmt.Errorf("create publication %s: %w", pub, err), "CREATE on the database, and ownership of the outbox tables")
+		if isCode(err, "42710") { // duplicate_object: another relay won the race
+			return nil, false, nil
 		}
-		return []string{"created publication " + pub}, nil
+		if err != nil {
+			return nil, false, privilegeHint(fmt.Errorf("create publication %s: %w", pub, err), "CREATE on the database, and ownership of the outbox tables")
+		}
+		return []string{"created publication " + pub}, true, nil
 	}
-	var changed, others []string
+	var others []string
 	for _, t := range s.Others {
 		if !slices.Contains(ignored, t) {
 			others = append(others, t)
@@ -259,24 +279,24 @@ func EnsurePublication(ctx context.Context, conn *pgx.Conn, pub string, tables, 
 			if s.AllTables {
 				what = "all tables"
 			}
-			return nil, &SetupError{Msg: fmt.Sprintf("publication %s lacks publish = insert or publish_via_partition_root, and it also publishes %s: changing its options would change what it sends for them; give the relay a publication of its own (postgres.publication) or remove those tables from %s", pub, what, pub)}
+			return nil, false, &SetupError{Msg: fmt.Sprintf("publication %s lacks publish = insert or publish_via_partition_root, and it also publishes %s: changing its options would change what it sends for them; give the relay a publication of its own (postgres.publication) or remove those tables from %s", pub, what, pub)}
 		}
 		if mode == ModeRun && !s.Insert {
-			return nil, &SetupError{Msg: fmt.Sprintf("publication %s does not publish inserts, so inserts into %s are not relayed; run `outboxrelay migrate` to repair it, then republish the rows inserted while it did not from the outbox table", pub, strings.Join(tables, ", "))}
+			return nil, false, &SetupError{Msg: fmt.Sprintf("publication %s does not publish inserts, so inserts into %s are not relayed; run `outboxrelay migrate` to repair it, then republish the rows inserted while it did not from the outbox table", pub, strings.Join(tables, ", "))}
 		}
 		if mode == ModeRun && len(s.Partitioned) > 0 {
-			return nil, &SetupError{Msg: fmt.Sprintf("publication %s lacks publish_via_partition_root, so inserts into partitioned %s come under partition names; run `outboxrelay migrate` to repair it, then republish the rows inserted meanwhile from the outbox table", pub, strings.Join(s.Partitioned, ", "))}
+			return nil, false, &SetupError{Msg: fmt.Sprintf("publication %s lacks publish_via_partition_root, so inserts into partitioned %s come under partition names; run `outboxrelay migrate` to repair it, then republish the rows inserted meanwhile from the outbox table", pub, strings.Join(s.Partitioned, ", "))}
 		}
 		var actions []string
 		err := conn.QueryRow(ctx, `SELECT array_remove(ARRAY['insert',
 				CASE WHEN pubupdate THEN 'update' END, CASE WHEN pubdelete THEN 'delete' END, CASE WHEN pubtruncate THEN 'truncate' END], NULL)
 			FROM pg_publication WHERE pubname = $1`, pub).Scan(&actions)
 		if err != nil {
-			return nil, fmt.Errorf("read publication %s: %w", pub, err)
+			return nil, false, fmt.Errorf("read publication %s: %w", pub, err)
 		}
 		_, err = conn.Exec(ctx, fmt.Sprintf("ALTER PUBLICATION %s SET (publish = '%s', publish_via_partition_root = true)", ident, strings.Join(actions, ", ")))
 		if err != nil {
-			return nil, privilegeHint(fmt.Errorf("repair publication %s: %w", pub, err), "ownership of the publication")
+			return nil, false, privilegeHint(fmt.Errorf("repair publication %s: %w", pub, err), "ownership of the publication")
 		}
 		if !s.Insert {
 			changed = append(changed, fmt.Sprintf("publication %s did not publish inserts: set publish = '%s'; inserts committed before this were not relayed and must be republished from the outbox table", pub, strings.Join(actions, ", ")))
@@ -290,11 +310,11 @@ func EnsurePublication(ctx context.Context, conn *pgx.Conn, pub string, tables, 
 			continue
 		}
 		if mode == ModeRun {
-			return nil, &SetupError{Msg: fmt.Sprintf("outbox table %s is in publication %s with a %s, so the rows or columns it leaves out are not relayed; run `outboxrelay migrate` to publish it whole, republish the rows it left out from the outbox table, then start the relay with --accept-config-change",
+			return nil, false, &SetupError{Msg: fmt.Sprintf("outbox table %s is in publication %s with a %s, so the rows or columns it leaves out are not relayed; run `outboxrelay migrate` to publish it whole, republish the rows it left out from the outbox table, then start the relay with --accept-config-change",
 				t, pub, filter)}
 		}
 		if err := republishWhole(ctx, conn, ident, idents[i]); err != nil {
-			return nil, privilegeHint(fmt.Errorf("publish %s whole in publication %s: %w", t, pub, err), "ownership of the publication and of the table")
+			return nil, false, privilegeHint(fmt.Errorf("publish %s whole in publication %s: %w", t, pub, err), "ownership of the publication and of the table")
 		}
 		changed = append(changed, fmt.Sprintf("publication %s had %s with a %s: re-added it whole; rows it left out before this were not relayed and must be republished from the outbox table", pub, t, filter))
 	}
@@ -303,7 +323,7 @@ func EnsurePublication(ctx context.Context, conn *pgx.Conn, pub string, tables, 
 			continue
 		}
 		if mode == ModeRun && slices.Contains(recorded, t) {
-			return nil, &SetupError{Msg: fmt.Sprintf("outbox table %s is no longer in publication %s, though the relay consumed it through it: inserts since it left were not relayed; add it back (`outboxrelay migrate` or ALTER PUBLICATION %s ADD TABLE %s), republish the rows inserted meanwhile from the outbox table, then start the relay with --accept-config-change",
+			return nil, false, &SetupError{Msg: fmt.Sprintf("outbox table %s is no longer in publication %s, though the relay consumed it through it: inserts since it left were not relayed; add it back (`outboxrelay migrate` or ALTER PUBLICATION %s ADD TABLE %s), republish the rows inserted meanwhile from the outbox table, then start the relay with --accept-config-change",
 				t, pub, ident, idents[i])}
 		}
 		if s.AllTables {
@@ -311,11 +331,11 @@ func EnsurePublication(ctx context.Context, conn *pgx.Conn, pub string, tables, 
 		}
 		_, err := conn.Exec(ctx, fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE %s", ident, idents[i]))
 		if err != nil && !isCode(err, "42710") {
-			return nil, privilegeHint(fmt.Errorf("add %s to publication %s: %w", t, pub, err), "ownership of the publication and of the table")
+			return nil, false, privilegeHint(fmt.Errorf("add %s to publication %s: %w", t, pub, err), "ownership of the publication and of the table")
 		}
 		changed = append(changed, fmt.Sprintf("added %s to publication %s", t, pub))
 	}
-	return changed, nil
+	return changed, false, nil
 }
 
 // republishWhole replaces table's membership in publication pub (both

@@ -112,6 +112,10 @@ func cmdMigrate(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
+	// Before Apply, which creates the publication when it is missing.
+	if err := refuseLatePublication(ctx, conn, *slot, o, extraTables, *cfgPath != ""); err != nil {
+		return err
+	}
 	if err := migrations.Apply(ctx, conn, o); err != nil {
 		return usageErr("migrate: %v", err)
 	}
@@ -126,7 +130,7 @@ func cmdMigrate(args []string, stdout, stderr io.Writer) error {
 	if _, err := conn.Exec(ctx, "SET outboxrelay.migrating = on"); err != nil {
 		return usageErr("migrate: %v", err)
 	}
-	changed, err := cdc.EnsurePublication(ctx, conn, o.Publication, tables, nil, nil, cdc.ModeMigrate)
+	changed, _, err := cdc.EnsurePublication(ctx, conn, o.Publication, tables, nil, nil, cdc.ModeMigrate)
 	if err != nil {
 		return usageErr("migrate: %v", err)
 	}
@@ -152,6 +156,41 @@ func cmdMigrate(args []string, stdout, stderr io.Writer) error {
 		return nil
 	}
 	return migrateSlot(ctx, conn, *slot, slotSetting, *failoverSlot, set["slot"], *cfgPath != "", stdout)
+}
+
+// refuseLatePublication fails when slot exists and the publication does
+// not: migrate creates the publication before the slot, never for a slot
+// that is already there (see cdc.LatePublication).
+func refuseLatePublication(ctx context.Context, conn *pgx.Conn, slot string, o migrations.Options, extraTables []string, fromConfig bool) error {
+	if slot == "" {
+		return nil
+	}
+	pub := o.Publication
+	tables := distinctTables(append([]string{o.Table}, extraTables...))
+	late, err := cdc.FindLatePublication(ctx, conn, slot, pub, tables, "")
+	if err != nil {
+		return usageErr("migrate: %v", err)
+	}
+	if late == nil {
+		return nil
+	}
+	// The relay's record, when the schema is there, says whether it has
+	// consumed the slot, which changes the fix.
+	cp := store.Checkpoint{DB: conn, Slot: slot}
+	if cp.Ready(ctx) == nil {
+		was, ok, err := cp.Consumer(ctx)
+		if err != nil {
+			return usageErr("migrate: %v", err)
+		}
+		if ok {
+			late.Consumed = was.Publication
+		}
+	}
+	setting := "--publication"
+	if fromConfig {
+		setting = "postgres.publication"
+	}
+	return usageErr("migrate: %v", late.Err(cdc.ModeMigrate, setting))
 }
 
 // migrateInbox creates (or with print prints) the inbox tables in a

@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -226,7 +227,10 @@ func (r *run) prepare(ctx context.Context) error {
 	cdcCfg := cfg.CDC()
 	cdcCfg.Log = r.log
 	cdcCfg.AcceptConfigChange = r.opts.AcceptConfigChange
-	err = cdc.Prepare(ctx, conn, store.Checkpoint{DB: conn, Slot: cfg.Postgres.Slot}, cdcCfg, cfg.Postgres.Columns.Required())
+	created, err := cdc.Prepare(ctx, conn, store.Checkpoint{DB: conn, Slot: cfg.Postgres.Slot}, cdcCfg, cfg.Postgres.Columns.Required())
+	if created {
+		r.push(func() { r.dropPublication(ctx) })
+	}
 	if err == nil {
 		p := cdc.Privileges{
 			DeadLetters: cfg.Relay.DeadLetters, Heartbeat: cfg.Postgres.HeartbeatInterval > 0,
@@ -241,6 +245,29 @@ func (r *run) prepare(ctx context.Context) error {
 		return fmt.Errorf("prepare PostgreSQL: %w", err)
 	}
 	return nil
+}
+
+// dropPublication drops the publication prepare created when the start
+// fails before the relay streams, so that a failed start leaves the
+// database as it found it. After a start, the publication stays with the
+// slot made after it.
+func (r *run) dropPublication(ctx context.Context) {
+	if r.relaying {
+		return
+	}
+	pub := r.cfg.Postgres.Publication
+	dropCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	dropped, err := store.DropPublication(dropCtx, r.conn, pub, r.cfg.Postgres.Slot)
+	if err != nil {
+		r.log.Warn("could not drop the publication this failed start created; if no relay uses it, drop it as the schema owner: DELETE FROM outboxrelay.coverage WHERE publication = '"+
+			strings.ReplaceAll(pub, "'", "''")+"'; DROP PUBLICATION "+pgx.Identifier{pub}.Sanitize(),
+			zap.String("publication", pub), zap.Error(err))
+		return
+	}
+	if dropped {
+		r.log.Info("dropped the publication this failed start created", zap.String("publication", pub))
+	}
 }
 
 // open opens what the relay talks to: the span exporter, the sink, the

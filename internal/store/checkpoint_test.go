@@ -88,12 +88,12 @@ func TestCheckpoint(t *testing.T) {
 	// The slot does not exist although the checkpoint has a confirmed
 	// position (a failover the slot did not follow): setup refuses rather
 	// than create a slot that would skip what was not confirmed.
-	err = cdc.Prepare(ctx, conn, cp, cdc.Config{Slot: "orders", Publication: "outboxrelay", Tables: []string{"public.outbox"}}, nil)
+	_, err = cdc.Prepare(ctx, conn, cp, cdc.Config{Slot: "orders", Publication: "outboxrelay", Tables: []string{"public.outbox"}}, nil)
 	if !errors.As(err, &setupErr) || !strings.Contains(err.Error(), "does not exist on this server") {
 		t.Fatalf("Prepare with a confirmed position and no slot = %v, want the missing-slot SetupError", err)
 	}
 	other := Checkpoint{DB: conn, Slot: "billing"}
-	if err := cdc.Prepare(ctx, conn, other, cdc.Config{Slot: "billing", Publication: "outboxrelay", Tables: []string{"public.outbox"}}, nil); err != nil {
+	if _, err := cdc.Prepare(ctx, conn, other, cdc.Config{Slot: "billing", Publication: "outboxrelay", Tables: []string{"public.outbox"}}, nil); err != nil {
 		t.Fatalf("Prepare for a slot never confirmed: %v", err)
 	}
 }
@@ -113,7 +113,7 @@ func TestStatusMissingSlot(t *testing.T) {
 	}
 	cp := Checkpoint{DB: conn, Slot: "orders"}
 	cfg := cdc.Config{Slot: "orders", Publication: "outboxrelay", Tables: []string{"public.outbox"}}
-	if err := cdc.Prepare(ctx, conn, cp, cfg, nil); err != nil {
+	if _, err := cdc.Prepare(ctx, conn, cp, cfg, nil); err != nil {
 		t.Fatalf("run's setup with nothing recorded: %v", err)
 	}
 	if p := st.Problems(0); len(p) != 1 || !strings.Contains(p[0], "start the relay to create it") {
@@ -128,7 +128,7 @@ func TestStatusMissingSlot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	refusal := cdc.Prepare(ctx, conn, cp, cfg, nil)
+	_, refusal := cdc.Prepare(ctx, conn, cp, cfg, nil)
 	if refusal == nil || !strings.Contains(refusal.Error(), "outboxrelay recover") {
 		t.Fatalf("run's setup with a recorded position = %v, want it to refuse and name recover", refusal)
 	}
