@@ -64,9 +64,10 @@ type Config struct {
 	// and not yet acknowledged (defaults 10000 and 64 MiB).
 	MaxInFlight      int   `yaml:"max_inflight"`
 	MaxInFlightBytes int64 `yaml:"max_inflight_bytes"`
-	// MaxAttempts is how often a message the broker rejects permanently is
-	// tried before it is dead-lettered (default 5). Retryable failures are
-	// retried without limit.
+	// MaxAttempts is how often the broker may refuse a message for good
+	// (Permanent) before it is dead-lettered (default 5). Retryable
+	// failures are retried without limit and do not count
+	// (Message.Refusals).
 	MaxAttempts int `yaml:"max_attempts"`
 	// DeadLetterOrder is DeadLetterPark (default) or DeadLetterPass. It
 	// applies to messages the broker refused, when Options.Parking is set.
@@ -239,7 +240,7 @@ func (Config) Docs() map[string]string {
 	return map[string]string{
 		"max_inflight":       "messages handed to the broker and not yet acknowledged (backpressure)",
 		"max_inflight_bytes": "bytes of such messages",
-		"max_attempts":       "attempts for a message the broker rejects permanently, before it is dead-lettered",
+		"max_attempts":       "refusals (permanent rejections) of a message by the broker before it is dead-lettered; retryable failures are retried without limit and do not count",
 		"order":              "`aggregate`: first deliveries of an aggregate in commit order through retries and dead letters (one message per aggregate at the broker at a time; Kafka pipelines and holds an aggregate while a failure is handled); `none`: no gate, an aggregate's messages are in flight together up to the window, a retry or a dead letter can reorder them, and it requires `dead_letter_order: pass`",
 		"dead_letter_order":  "`park`: the later messages of a dead letter's aggregate wait behind it in `outboxrelay.parked` until `dlq replay` publishes the chain in order; `pass`: they are published, leaving a gap",
 	}
