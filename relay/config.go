@@ -50,6 +50,23 @@ func (c Columns) Required() []string {
 	return []string{c.ID, c.AggregateType, c.AggregateID, c.EventType, c.Payload}
 }
 
+// Missing reports each routing field em lacks (message id, aggregate
+// type, aggregate id, event type), named by its column: a message without
+// one is invalid. It is the one check of them: the Builder dead-letters a
+// row that fails it, and a dead letter's replay refuses a letter that
+// fails it (store.DeadLetters.Replay), so no path publishes such a message
+// unless an operator forces it.
+func (c Columns) Missing(em *envelope.Message) error {
+	var errs []error
+	for _, f := range [...]struct{ column, value string }{{c.ID, em.MessageID}, {c.AggregateType, em.AggregateType},
+		{c.AggregateID, em.AggregateID}, {c.EventType, em.EventType}} {
+		if f.value == "" {
+			errs = append(errs, fmt.Errorf("column %s is null or empty", f.column))
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // Config configures the pipeline. It is plain data: what the relay calls
 // out to is in Options. The zero value of every field means its default
 // (WithDefaults); New applies them.
