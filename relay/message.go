@@ -108,6 +108,13 @@ type Message struct {
 // the rules say unmatched: drop.
 const FilteredUnmatched = "unmatched"
 
+// ErrInvalid marks the error of a message the relay could not build from
+// its row (a required column empty, headers that are not an object, a
+// payload the schema folder refuses): it is dead-lettered without being
+// published, and a replay of the dead letter refuses it unless an operator
+// forces it (store.DeadLetters.Replay).
+var ErrInvalid = errors.New("invalid outbox message")
+
 // PermanentError marks a publish failure that retrying will not fix: the
 // broker will never take this message as it is (too large, unroutable, an
 // invalid destination). The relay retries it a configured number of times

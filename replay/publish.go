@@ -165,7 +165,7 @@ func (p *Publisher) Invalid(ctx context.Context, m *relay.Message, err error) {
 		return
 	}
 	if p.cfg.DeadLetter != nil {
-		m.LastError = err
+		m.LastError = fmt.Errorf("%w: %w", relay.ErrInvalid, err) // as the relay records it
 		p.deadLetter(ctx, m)
 		return
 	}

@@ -104,9 +104,7 @@ func (s *DeadLetters) add(ctx context.Context, m *relay.Message, parks bool) err
 		last = first
 	}
 	rec := recordOf(m)
-	// A message no broker refused is one the relay could not build (as
-	// the metrics' reason label counts it).
-	invalid := !errors.As(m.LastError, new(*relay.PermanentError))
+	invalid := errors.Is(m.LastError, relay.ErrInvalid)
 	_, err = s.DB.Exec(ctx, `INSERT INTO outboxrelay.dead_letters
 		(slot, message_id, destination, aggregate_type, aggregate_id, event_type, source_table, traceparent, headers, envelope, error, attempts, first_failed_at, last_failed_at,
 		 body, content_type, attributes, parks, commit_lsn, lsn, record_key, record_timestamp, tombstone, sink, invalid)
