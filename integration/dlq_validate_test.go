@@ -68,8 +68,8 @@ func published(c *consumer, id string) []record {
 	return out
 }
 
-// TestDeadLetterReplayRefusesInvalidCLI: dlq replay --id and --all refuse
-// the invalid letter (exit 1, the reason, the way to force it), publish
+// TestDeadLetterReplayRefusesInvalidCLI: dlq replay --dry-run says it
+// would refuse the invalid letter; dlq replay --id and --all refuse it (exit 1, the reason, the way to force it), publish
 // nothing of it and leave it pending, while --all still replays a valid
 // letter; --force publishes it and records who forced it.
 func TestDeadLetterReplayRefusesInvalidCLI(t *testing.T) {
@@ -90,7 +90,12 @@ func TestDeadLetterReplayRefusesInvalidCLI(t *testing.T) {
 		refused.ID, string(refused.Envelope), refused.Envelope)
 	cfg := e.config()
 
-	out, code := e.cli("dlq", "replay", "--config", cfg, "--id", fmt.Sprint(id))
+	out, code := e.cli("dlq", "replay", "--config", cfg, "--all", "--dry-run")
+	t.Logf("dlq replay --all --dry-run: exit %d\n%s", code, out)
+	if want := fmt.Sprintf("dead letter %d is not a valid outbox message (column event_type is null or empty): refused without --force", id); code != 0 || !strings.Contains(out, want) {
+		t.Errorf("dlq replay --dry-run: exit %d; want exit 0 and %q", code, want)
+	}
+	out, code = e.cli("dlq", "replay", "--config", cfg, "--id", fmt.Sprint(id))
 	t.Logf("dlq replay --id %d: exit %d\n%s", id, code, out)
 	if code != 1 || !strings.Contains(out, "column event_type is null or empty") || !strings.Contains(out, "--force") ||
 		!strings.Contains(out, "replayed 0 dead letter(s)") {

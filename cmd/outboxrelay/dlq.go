@@ -153,7 +153,7 @@ func cmdDeadLetters(args []string, stdout, stderr io.Writer) error {
 		return showLetter(stdout, &letters[0], *asJSON)
 	case "replay":
 		f := store.DeadLetterFilter{ID: *id}
-		steps, err := dead.Plan(ctx, f)
+		steps, err := dead.Plan(ctx, f, cfg.Postgres.Columns)
 		if err != nil {
 			return err
 		}
@@ -430,5 +430,13 @@ func printPlan(w io.Writer, steps []store.ReplayStep, asJSON bool) error {
 		fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\t%s/%s\t%s\t%s\n", i+1, s.Slot, s.Head, pos, s.MessageID,
 			s.AggregateType, s.AggregateID, s.EventType, orDefault(s.Destination, "-"))
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, s := range steps {
+		if s.Refused != "" {
+			fmt.Fprintf(w, "dead letter %d is not a valid outbox message (%s): refused without --force\n", s.Head, s.Refused)
+		}
+	}
+	return nil
 }

@@ -365,12 +365,19 @@ type ReplayStep struct {
 	// Destination is where the message went when it failed (dead letters
 	// only; a parked message is routed when it is published).
 	Destination string `json:"destination,omitempty"`
+	// Refused is why Replay refuses this dead letter unless forced (it is
+	// not a valid outbox message); "" when it would publish it.
+	Refused string `json:"refused,omitempty"`
 }
 
 // Plan returns what Replay with f would publish now, in the order it would
-// publish it, and changes nothing. A relay that is running may park more
-// behind a head before Replay releases it; Replay publishes those too.
-func (s *DeadLetters) Plan(ctx context.Context, f DeadLetterFilter) ([]ReplayStep, error) {
+// publish it, and changes nothing; cols are ReplayOptions.Columns. A relay
+// that is running may park more behind a head before Replay releases it;
+// Replay publishes those too.
+func (s *DeadLetters) Plan(ctx context.Context, f DeadLetterFilter, cols relay.Columns) ([]ReplayStep, error) {
+	if cols == (relay.Columns{}) {
+		cols = relay.DefaultColumns()
+	}
 	letters, err := s.List(ctx, f)
 	if err != nil {
 		return nil, err
@@ -381,8 +388,12 @@ func (s *DeadLetters) Plan(ctx context.Context, f DeadLetterFilter) ([]ReplaySte
 	var steps []ReplayStep
 	for _, l := range letters {
 		if l.ReplayedAt == nil {
-			steps = append(steps, ReplayStep{Head: l.ID, Slot: l.Slot, MessageID: l.MessageID, AggregateType: l.AggregateType,
-				AggregateID: l.AggregateID, EventType: l.EventType, Destination: l.Destination})
+			step := ReplayStep{Head: l.ID, Slot: l.Slot, MessageID: l.MessageID, AggregateType: l.AggregateType,
+				AggregateID: l.AggregateID, EventType: l.EventType, Destination: l.Destination}
+			if why := l.refusal(cols); why != nil {
+				step.Refused = strings.ReplaceAll(why.Error(), "\n", "; ")
+			}
+			steps = append(steps, step)
 		}
 		if !l.Parks {
 			continue
