@@ -275,7 +275,7 @@ func (l *DeadLetter) refusal(cols relay.Columns) error {
 		return err
 	}
 	if l.Invalid {
-		return errors.New(l.Error)
+		return errors.New(strings.TrimPrefix(l.Error, relay.ErrInvalid.Error()+": "))
 	}
 	return nil
 }
