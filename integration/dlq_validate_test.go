@@ -79,8 +79,16 @@ func TestDeadLetterReplayRefusesInvalidCLI(t *testing.T) {
 	p.waitLog(`"streaming"`, 30*time.Second)
 	valid := e.insert("public.outbox", "order", "1", 5)
 	invalid := e.insertEmptyEventType()
+	// A row the relay refuses for what the letter does not show: its
+	// routing fields are all there, its headers are not an object.
+	var badHeaders string
+	if err := e.db.QueryRow(t.Context(), `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, headers)
+		VALUES ('order', '8', 'order.created', '{"n": 2}', '[1, 2]') RETURNING id::text`).Scan(&badHeaders); err != nil {
+		t.Fatal(err)
+	}
 	c.waitIDs(valid, 30*time.Second)
 	id := e.deadLetterID(invalid, 30*time.Second)
+	badID := e.deadLetterID(badHeaders, 30*time.Second)
 	p.stop()
 	// A letter the broker refused, for --all to replay beside the invalid one.
 	refused := deadMessage("2", "order.created", 0x100)
@@ -103,11 +111,15 @@ func TestDeadLetterReplayRefusesInvalidCLI(t *testing.T) {
 	}
 	out, code = e.cli("dlq", "replay", "--config", cfg, "--all")
 	t.Logf("dlq replay --all: exit %d\n%s", code, out)
-	if code != 1 || !strings.Contains(out, "replayed 1 dead letter(s)") || !strings.Contains(out, "column event_type is null or empty") {
-		t.Errorf("dlq replay --all: exit %d; want exit 1, the valid letter replayed and the invalid one refused", code)
+	if code != 1 || !strings.Contains(out, "replayed 1 dead letter(s)") || !strings.Contains(out, "column event_type is null or empty") ||
+		!strings.Contains(out, fmt.Sprintf("dead letter %d", badID)) || !strings.Contains(out, "headers must be a JSON object") {
+		t.Errorf("dlq replay --all: exit %d; want exit 1, the valid letter replayed and both invalid ones refused with their reasons", code)
 	}
 	if got := published(c, invalid); len(got) != 0 {
 		t.Fatalf("the invalid letter was published %d times without --force: event_type %q", len(got), got[0].Env["event_type"])
+	}
+	if got := published(c, badHeaders); len(got) != 0 {
+		t.Fatalf("the letter with headers that are not an object was published %d times without --force", len(got))
 	}
 	if replayed, _ := e.replayRecord(id); replayed {
 		t.Fatal("the refused letter is marked replayed")
@@ -129,7 +141,10 @@ func TestDeadLetterReplayRefusesInvalidCLI(t *testing.T) {
 	if out, _ := e.cli("dlq", "show", "--database-url", e.dbURL, "--id", fmt.Sprint(id)); !strings.Contains(out, "forced by "+forcedBy) {
 		t.Errorf("dlq show does not say who forced the replay:\n%s", out)
 	}
-	t.Logf("ledger: 5 valid rows delivered, 1 invalid row dead-lettered; replays without --force published it 0 times, --force once (forced by %s)", forcedBy)
+	if replayed, _ := e.replayRecord(badID); replayed {
+		t.Error("the letter with bad headers, not forced, is marked replayed")
+	}
+	t.Logf("ledger: 5 valid rows delivered, 2 invalid rows dead-lettered; replays without --force published them 0 times, --force --id the empty event_type once (forced by %s)", forcedBy)
 }
 
 // TestDeadLetterReplayRefusesInvalidAPI: the management API's replay (the

@@ -238,7 +238,11 @@ func replay(ctx context.Context, cfg config.Config, dead *store.DeadLetters, f s
 		return n, usageErr("%v", se.Err)
 	}
 	if refused := (*store.RefusedError)(nil); errors.As(err, &refused) {
-		return n, &exitError{code: exitUnhealthy, err: err}
+		problems := []error{err}
+		if joined, ok := err.(interface{ Unwrap() []error }); ok { // --all: one line per letter refused
+			problems = joined.Unwrap()
+		}
+		return n, &exitError{code: exitUnhealthy, err: &problemList{what: "dlq replay", problems: problems}}
 	}
 	return n, err
 }
