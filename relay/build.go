@@ -252,14 +252,17 @@ func (b *Builder) fields(mp *mapping, ins *cdc.Insert) rowFields {
 	}
 	c := b.cfg.Columns
 	em := envelope.Message{
-		MessageID:     req(mp.id, c.ID, newString),
-		AggregateType: req(mp.aggType, c.AggregateType, b.intern),
-		AggregateID:   req(mp.aggID, c.AggregateID, newString),
-		EventType:     req(mp.eventType, c.EventType, b.intern),
+		MessageID:     newString(col(v, mp.id)),
+		AggregateType: b.intern(col(v, mp.aggType)),
+		AggregateID:   newString(col(v, mp.aggID)),
+		EventType:     b.intern(col(v, mp.eventType)),
 		SchemaVersion: 1,
 		Headers:       col(v, mp.headers),
 		Payload:       col(v, mp.payload),
 		PayloadFormat: mp.payloadFormat,
+	}
+	if err := c.Missing(&em); err != nil {
+		errs = append(errs, err)
 	}
 	if len(mp.envelopeColumns) > 0 {
 		em.Fields = make([]envelope.Field, len(mp.envelopeColumns))
