@@ -524,15 +524,17 @@ func (b *Builder) finishAs(em *envelope.Message, table string, format Format, tr
 // dead-lettered with the reason rather than repaired (docs/sinks.md). A
 // table-less message (table "") names its fields, not columns.
 func (b *Builder) checkUTF8(em *envelope.Message, table string) []error {
-	var errs []error
+	payloadOK := em.PayloadFormat != envelope.PayloadJSON || utf8.Valid(em.Payload)
+	if payloadOK && utf8.Valid(em.Headers) {
+		return nil // the common case: no name formatted, nothing allocated
+	}
 	payload, headers := "column "+b.cfg.Columns.Payload, "column "+b.cfg.Columns.Headers
 	if table == "" {
 		payload, headers = "the payload", "the headers"
 	}
-	if em.PayloadFormat == envelope.PayloadJSON {
-		if err := invalidUTF8(payload, em.Payload); err != nil {
-			errs = append(errs, err)
-		}
+	var errs []error
+	if !payloadOK {
+		errs = append(errs, invalidUTF8(payload, em.Payload))
 	}
 	if err := invalidUTF8(headers, em.Headers); err != nil {
 		errs = append(errs, err)
