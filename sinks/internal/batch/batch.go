@@ -68,7 +68,8 @@ type Queue struct {
 	// sending counts the batches being sent; answered wakes the gatherer
 	// when one is answered. A batch lingers only while another is being
 	// sent, since only an answer releases the next messages of its
-	// aggregates (see take).
+	// aggregates (see take). Only the gatherer starts a batch, so sending
+	// only falls while it fills one.
 	sending  atomic.Int32
 	answered chan struct{}
 	// answeredAt is when the last batch was answered (Unix nanoseconds).
@@ -172,9 +173,8 @@ func (q *Queue) Run(ctx context.Context) error {
 // ready messages go into one batch instead of one each. It waits for more,
 // at most Linger, only while another batch is being sent or one was just
 // answered (fill): otherwise no answer can release more, and the batch goes
-// at once. It returns false
-// when ctx is done or the Queue is stopped, with the messages it held back
-// in the ready channel for Close to report.
+// at once. It returns false when ctx is done or the Queue is stopped, with
+// the messages it held back in the ready channel for Close to report.
 func (q *Queue) take(ctx context.Context) ([]*item, bool) {
 	if q.run.Stopped() {
 		return nil, false
