@@ -310,40 +310,25 @@ func startKinesalite(t *testing.T) string {
 	}
 }
 
-func TestKinesisEndToEnd(t *testing.T) {
-	e := newEnv(t)
-	addr := startKinesalite(t)
-	target, _ := url.Parse("http://" + addr)
-	faults := &kinesisFaults{proxy: httputil.NewSingleHostReverseProxy(target), quit: make(chan struct{})}
-	front := httptest.NewServer(faults)
-	t.Cleanup(func() { close(faults.quit); front.Close() })
-
-	awsCfg, err := awsconfig.LoadDefaultConfig(t.Context(), awsconfig.WithRegion("us-east-1"),
-		awsconfig.WithCredentialsProvider(credentials.NewStaticCredentialsProvider("test", "test", "")))
-	if err != nil {
-		t.Fatal(err)
-	}
-	kc := kinesis.NewFromConfig(awsCfg, func(o *kinesis.Options) { o.BaseEndpoint = aws.String("http://" + addr) })
-	if _, err := kc.CreateStream(t.Context(), &kinesis.CreateStreamInput{StreamName: aws.String("e2e-order"), ShardCount: aws.Int32(2)}); err != nil {
-		t.Fatal(err)
-	}
-	if err := kinesis.NewStreamExistsWaiter(kc).Wait(t.Context(), &kinesis.DescribeStreamInput{StreamName: aws.String("e2e-order")}, 10*time.Second); err != nil {
-		t.Fatal(err)
-	}
-	shards, err := kc.ListShards(t.Context(), &kinesis.ListShardsInput{StreamName: aws.String("e2e-order")})
+// kinesisReader returns a function that reads what every shard of stream
+// holds beyond what it read before, and returns all it has read, in
+// order per shard.
+func kinesisReader(t *testing.T, kc *kinesis.Client, stream string) func() []delivered {
+	t.Helper()
+	shards, err := kc.ListShards(t.Context(), &kinesis.ListShardsInput{StreamName: aws.String(stream)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var mu sync.Mutex
 	var got []delivered
 	iters := map[string]*string{}
-	read := func() []delivered {
+	return func() []delivered {
 		mu.Lock()
 		defer mu.Unlock()
 		for _, sh := range shards.Shards {
 			id := aws.ToString(sh.ShardId)
 			if iters[id] == nil {
-				it, err := kc.GetShardIterator(context.Background(), &kinesis.GetShardIteratorInput{StreamName: aws.String("e2e-order"), ShardId: sh.ShardId, ShardIteratorType: types.ShardIteratorTypeTrimHorizon})
+				it, err := kc.GetShardIterator(context.Background(), &kinesis.GetShardIteratorInput{StreamName: aws.String(stream), ShardId: sh.ShardId, ShardIteratorType: types.ShardIteratorTypeTrimHorizon})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -366,6 +351,29 @@ func TestKinesisEndToEnd(t *testing.T) {
 		}
 		return append([]delivered(nil), got...)
 	}
+}
+
+func TestKinesisEndToEnd(t *testing.T) {
+	e := newEnv(t)
+	addr := startKinesalite(t)
+	target, _ := url.Parse("http://" + addr)
+	faults := &kinesisFaults{proxy: httputil.NewSingleHostReverseProxy(target), quit: make(chan struct{})}
+	front := httptest.NewServer(faults)
+	t.Cleanup(func() { close(faults.quit); front.Close() })
+
+	awsCfg, err := awsconfig.LoadDefaultConfig(t.Context(), awsconfig.WithRegion("us-east-1"),
+		awsconfig.WithCredentialsProvider(credentials.NewStaticCredentialsProvider("test", "test", "")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kc := kinesis.NewFromConfig(awsCfg, func(o *kinesis.Options) { o.BaseEndpoint = aws.String("http://" + addr) })
+	if _, err := kc.CreateStream(t.Context(), &kinesis.CreateStreamInput{StreamName: aws.String("e2e-order"), ShardCount: aws.Int32(2)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := kinesis.NewStreamExistsWaiter(kc).Wait(t.Context(), &kinesis.DescribeStreamInput{StreamName: aws.String("e2e-order")}, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	read := kinesisReader(t, kc, "e2e-order")
 	sinkYAML := fmt.Sprintf("  kinesis:\n    stream: \"e2e-{aggregate_type}\"\n    region: us-east-1\n    endpoint: %s\n    access_key_id: test\n    secret_access_key: test\n    timeout: 500ms\n", front.URL)
 	// The refused aggregate's id is longer than a partition key may be.
 	p, ids, refused, _ := cloudLedger(t, e, "kinesis", sinkYAML, strings.Repeat("k", 300), read)
@@ -469,4 +477,89 @@ func TestCloudSinksBadInput(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestKinesisMissingStream: with the stream template e2e-{aggregate_type},
+// rows whose stream does not exist are dead-lettered with the reason after
+// relay.max_attempts refusals (or parked behind their aggregate's dead
+// letter), while the rows of a stream that exists all arrive, once, in
+// order. Before, the relay retried them forever, with no dead letter. A
+// stream name without a placeholder that does not exist is one error at
+// start, exit 2, and no slot.
+func TestKinesisMissingStream(t *testing.T) {
+	e := newEnv(t)
+	addr := startKinesalite(t)
+	awsCfg, err := awsconfig.LoadDefaultConfig(t.Context(), awsconfig.WithRegion("us-east-1"),
+		awsconfig.WithCredentialsProvider(credentials.NewStaticCredentialsProvider("test", "test", "")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kc := kinesis.NewFromConfig(awsCfg, func(o *kinesis.Options) { o.BaseEndpoint = aws.String("http://" + addr) })
+	if _, err := kc.CreateStream(t.Context(), &kinesis.CreateStreamInput{StreamName: aws.String("e2e-order"), ShardCount: aws.Int32(2)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := kinesis.NewStreamExistsWaiter(kc).Wait(t.Context(), &kinesis.DescribeStreamInput{StreamName: aws.String("e2e-order")}, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	read := kinesisReader(t, kc, "e2e-order")
+	sinkYAML := func(stream string) string {
+		return fmt.Sprintf("  kinesis:\n    stream: %q\n    region: us-east-1\n    endpoint: http://%s\n    access_key_id: test\n    secret_access_key: test\n    timeout: 2s\nrelay:\n  max_attempts: 3", stream, addr)
+	}
+
+	t.Run("static stream", func(t *testing.T) {
+		slot := "kinesis_absent"
+		cfg := fmt.Sprintf("postgres:\n  url: %s\n  slot: %s\nsink:\n  type: kinesis\n%s\nhttp:\n  listen: 127.0.0.1:0\n", e.dbURL, slot, sinkYAML("e2e-absent"))
+		out, code := e.cliConfig(cfg)
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		last := lines[len(lines)-1]
+		t.Logf("exit %d: %s", code, last)
+		if code != 2 || !strings.Contains(last, "kinesis stream e2e-absent does not exist in us-east-1; create it, or check sink.kinesis.stream") {
+			t.Errorf("exit %d, last line %q; want exit 2 and the missing stream named\n%s", code, last, out)
+		}
+		var exists bool
+		if err := e.db.QueryRow(t.Context(), "SELECT EXISTS (SELECT FROM pg_replication_slots WHERE slot_name = $1)", slot).Scan(&exists); err != nil {
+			t.Fatal(err)
+		}
+		if exists {
+			t.Errorf("slot %s was created by a start that failed", slot)
+		}
+	})
+
+	p := e.startSinkRelay("kinesis", sinkYAML("e2e-{aggregate_type}"))
+	ids := map[string][]string{}
+	var ghosts []string
+	for range 3 {
+		for _, agg := range []string{"1", "2", "3"} {
+			ids[agg] = append(ids[agg], e.insert("public.outbox", "order", agg, 10)...)
+		}
+		ghosts = append(ghosts, e.insert("public.outbox", "ghost", "g", 2)...)
+	}
+	want := 0
+	for _, list := range ids {
+		want += len(list)
+	}
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(100 * time.Millisecond) {
+		seen := map[string]bool{}
+		for _, d := range read() {
+			seen[d.id] = true
+		}
+		if len(seen) >= want {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d rows of stream e2e-order delivered within 2m\n%s", len(seen), want, tail(p.out.String(), 30))
+		}
+	}
+	letters, withReason, parked := checkRefused(t, e, ghosts, "kinesis stream e2e-ghost does not exist in us-east-1")
+	rows, lost, dups := ledgerFigures(t, ids, read())
+	view := e.operatorView(p)
+	t.Logf("ledger: %d rows to e2e-order, %d to the missing e2e-ghost; %d lost, %d duplicates, per-aggregate order checked; %d dead letters (%d with the reason), %d parked; %s",
+		rows, len(ghosts), lost, dups, letters, withReason, parked, view)
+	if dups != 0 {
+		t.Errorf("%d duplicates", dups)
+	}
+	if !strings.Contains(view, "/readyz 200") {
+		t.Errorf("after the refusals: %s, want the relay ready", view)
+	}
+	p.stop()
 }

@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	natsgo "github.com/nats-io/nats.go"
@@ -198,6 +200,18 @@ func (e *env) insertInvalidUTF8() string {
 // is ready, and every good row (got: the ids the broker holds) arrived once.
 func checkContainedUTF8(t *testing.T, e *env, p *proc, bad string, good, got []string) {
 	t.Helper()
+	reason := checkContained(t, e, p, bad, good, got)
+	if !strings.Contains(reason, `is not valid UTF-8 (byte 0xE9 at offset`) {
+		t.Errorf("dead letter of the bad row: %q, want the reason that its destination or key is not valid UTF-8", reason)
+	}
+}
+
+// checkContained checks that the bad row is dead-lettered and never
+// delivered, that the relay still runs and is ready, and that every good
+// row (got: the ids the broker holds) arrived once. It returns the bad
+// row's dead letter error.
+func checkContained(t *testing.T, e *env, p *proc, bad string, good, got []string) string {
+	t.Helper()
 	seen := map[string]int{}
 	for _, id := range got {
 		seen[id]++
@@ -224,12 +238,10 @@ func checkContainedUTF8(t *testing.T, e *env, p *proc, bad string, good, got []s
 	if lost != 0 || dup != 0 || seen[bad] != 0 || len(got) != len(good) {
 		t.Errorf("the broker holds %d messages for %d good rows: %d lost, %d repeated, bad row delivered %d times", len(got), len(good), lost, dup, seen[bad])
 	}
-	if !strings.Contains(reason, `is not valid UTF-8 (byte 0xE9 at offset`) {
-		t.Errorf("dead letter of the bad row: %q, want the reason that its destination or key is not valid UTF-8", reason)
-	}
 	if !strings.Contains(view, "/readyz 200") || code != 200 {
 		t.Errorf("after the dead letter: %s, /metrics %d; want the relay ready and its metrics served", view, code)
 	}
+	return reason
 }
 
 // TestInvalidUTF8DestinationNATS: in a SQL_ASCII database, a row whose
@@ -361,4 +373,171 @@ func TestInvalidUTF8KeyKafka(t *testing.T) {
 	}
 	checkContainedUTF8(t, e, p, bad, good, got)
 	p.stop()
+}
+
+// insertInvalidBody commits, in a SQL_ASCII database, a row of aggregate
+// aggID whose payload holds the bytes FF FE inside a JSON string, and one
+// of aggID+"h" whose row header tenant is the byte FF, and returns their
+// ids: a jsonb column there stores them as they came.
+func (e *env) insertInvalidBody(aggID string) (payload, header string) {
+	e.t.Helper()
+	if err := e.db.QueryRow(e.t.Context(), `INSERT INTO public.outbox (aggregate_type, aggregate_id, event_type, payload)
+		VALUES ('order', $1, 'order.created', E'{"note":"\xff\xfe"}') RETURNING id::text`, aggID).Scan(&payload); err != nil {
+		e.t.Fatal(err)
+	}
+	if err := e.db.QueryRow(e.t.Context(), `INSERT INTO public.outbox (aggregate_type, aggregate_id, event_type, payload, headers)
+		VALUES ('order', $1, 'order.created', '{}', E'{"tenant":"\xff"}') RETURNING id::text`, aggID+"h").Scan(&header); err != nil {
+		e.t.Fatal(err)
+	}
+	return payload, header
+}
+
+// brokerMessage is one message as a broker holds it: its id, its aggregate,
+// its body and its header values.
+type brokerMessage struct {
+	id, aggregate string
+	body          []byte
+	headers       []string
+}
+
+// checkContainedBody is the end of the invalid body scenario on any sink:
+// the rows whose payload or row header is not UTF-8 are dead-lettered with
+// the reason and never delivered; every good row arrived once, in order
+// per aggregate; every body and header delivered is UTF-8; the relay runs.
+func checkContainedBody(t *testing.T, e *env, p *proc, badPayload, badHeader string, good map[string][]string, got []brokerMessage) {
+	t.Helper()
+	var goodIDs, gotIDs []string
+	for _, ids := range good {
+		goodIDs = append(goodIDs, ids...)
+	}
+	perAggregate := map[string][]string{}
+	invalid := 0
+	for _, d := range got {
+		gotIDs = append(gotIDs, d.id)
+		perAggregate[d.aggregate] = append(perAggregate[d.aggregate], d.id)
+		ok := utf8.Valid(d.body)
+		for _, h := range d.headers {
+			ok = ok && utf8.ValidString(h) && !strings.ContainsRune(h, utf8.RuneError)
+		}
+		if !ok {
+			invalid++
+			t.Errorf("message %s was delivered with a body or header that is not UTF-8 or holds U+FFFD: body %q, headers %q", d.id, d.body, d.headers)
+		}
+	}
+	outOfOrder := 0
+	for agg, ids := range good {
+		if !slices.Equal(perAggregate[agg], ids) {
+			outOfOrder++
+			t.Errorf("aggregate %s arrived as %v, want %v", agg, perAggregate[agg], ids)
+		}
+	}
+	payloadReason := e.deadLetterError(badPayload, 30*time.Second)
+	headerReason := e.deadLetterError(badHeader, 30*time.Second)
+	t.Logf("invalid bodies delivered %d, aggregates out of order %d; payload row's dead letter %q; header row's dead letter %q",
+		invalid, outOfOrder, payloadReason, headerReason)
+	if !strings.Contains(payloadReason, "column payload is not valid UTF-8 (byte 0xFF at offset 10)") {
+		t.Errorf("dead letter of the row whose payload is not UTF-8: %q, want the reason naming the column and the byte", payloadReason)
+	}
+	if !strings.Contains(headerReason, "column headers is not valid UTF-8 (byte 0xFF at offset 12)") {
+		t.Errorf("dead letter of the row whose header is not UTF-8: %q, want the reason naming the column and the byte", headerReason)
+	}
+	for _, bad := range []string{badPayload, badHeader} {
+		checkContained(t, e, p, bad, goodIDs, gotIDs)
+	}
+}
+
+// TestInvalidUTF8BodyKafka: in a SQL_ASCII database, a row whose payload
+// holds FF FE, and one whose row header is FF, are dead-lettered with the
+// reason, and the rows around them arrive once and in order. Before, the
+// first was produced with the raw bytes in its envelope (not UTF-8), and
+// the second with U+FFFD in its Kafka header while its envelope kept FF.
+func TestInvalidUTF8BodyKafka(t *testing.T) {
+	e := newSQLASCIIEnv(t)
+	c := e.consume("outbox.order")
+	p := e.start("OUTBOXRELAY_RELAY_MAX_ATTEMPTS=2")
+	p.waitLog(`"streaming"`, 30*time.Second)
+	good, all := insertAround(e, func() (string, string) { return e.insertInvalidBody("bad") })
+	c.waitIDs(all, 60*time.Second)
+	var got []brokerMessage
+	for _, r := range c.records() {
+		d := brokerMessage{id: r.Headers["message_id"], aggregate: r.Key, body: r.Value}
+		for _, v := range r.Headers {
+			d.headers = append(d.headers, v)
+		}
+		got = append(got, d)
+	}
+	checkContainedBody(t, e, p, good.badPayload, good.badHeader, good.ids, got)
+	p.stop()
+}
+
+// TestInvalidUTF8BodyNATS is TestInvalidUTF8BodyKafka on NATS JetStream.
+func TestInvalidUTF8BodyNATS(t *testing.T) {
+	pgservertest.RequireTCP(t, "127.0.0.1:4222", "nats-server with JetStream (nats-server -js)")
+	e := newSQLASCIIEnv(t)
+	id := extraID()
+	stream, prefix := "ASCIIBODY_"+strings.ToUpper(id), "asciibody"+id
+	nc, err := natsgo.Connect("nats://127.0.0.1:4222")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = js.DeleteStream(context.Background(), stream) })
+	p := e.startSinkRelay("nats", fmt.Sprintf(`  nats:
+    url: nats://127.0.0.1:4222
+    subject: "%s.{aggregate_type}"
+    stream: %s
+    create_stream: true
+relay:
+  max_attempts: 2`, prefix, stream))
+	good, all := insertAround(e, func() (string, string) { return e.insertInvalidBody("bad") })
+	waitNATS(t, js, stream, uint64(len(all)))
+	c, err := js.OrderedConsumer(t.Context(), stream, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, err := c.FetchNoWait(len(all) + 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []brokerMessage
+	for m := range batch.Messages() {
+		d := brokerMessage{id: m.Headers().Get("message_id"), aggregate: m.Headers().Get("aggregate_id"), body: m.Data()}
+		for _, vs := range m.Headers() {
+			d.headers = append(d.headers, vs...)
+		}
+		got = append(got, d)
+	}
+	checkContainedBody(t, e, p, good.badPayload, good.badHeader, good.ids, got)
+	p.stop()
+}
+
+// aroundRows are the rows insertAround committed: the good ones by
+// aggregate, in commit order, and the two bad ones.
+type aroundRows struct {
+	ids                   map[string][]string
+	badPayload, badHeader string
+}
+
+// insertAround commits good rows of aggregates 1, 2 and 3, then the bad
+// rows bad commits, then more good rows, and returns them with every good
+// id in one list.
+func insertAround(e *env, bad func() (string, string)) (aroundRows, []string) {
+	r := aroundRows{ids: map[string][]string{}}
+	add := func() {
+		for _, agg := range []string{"1", "2", "3"} {
+			r.ids[agg] = append(r.ids[agg], e.insert("public.outbox", "order", agg, 5)...)
+		}
+	}
+	add()
+	r.badPayload, r.badHeader = bad()
+	add()
+	var all []string
+	for _, ids := range r.ids {
+		all = append(all, ids...)
+	}
+	return r, all
 }

@@ -84,14 +84,43 @@ type outageSink struct {
 	lag time.Duration
 }
 
+// outage is a switch between up and down. Safe for concurrent use.
+type outage struct {
+	mu sync.Mutex
+	up chan struct{} // closed when the outage ends; nil while up
+}
+
+func newOutage() *outage { return &outage{} }
+
+// set starts (true) or ends (false) the outage.
+func (o *outage) set(down bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	switch {
+	case down && o.up == nil:
+		o.up = make(chan struct{})
+	case !down && o.up != nil:
+		close(o.up)
+		o.up = nil
+	}
+}
+
+// over returns nil while up, else a channel closed when the outage ends.
+func (o *outage) over() <-chan struct{} {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.up == nil {
+		return nil
+	}
+	return o.up
+}
+
 // webhookOutageSink is a receiver whose requests hang while it is down,
 // until the sink's timeout gives up on them.
 func webhookOutageSink(t *testing.T) outageSink {
 	l := newSinkLedger()
-	var down atomic.Bool
+	down := newOutage()
 	var delay atomic.Int64
-	up := make(chan struct{})
-	var upMu sync.Mutex
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		if req.Method != http.MethodPost {
 			w.WriteHeader(http.StatusNoContent)
@@ -102,10 +131,7 @@ func webhookOutageSink(t *testing.T) outageSink {
 		if err != nil {
 			return
 		}
-		if down.Load() {
-			upMu.Lock()
-			wait := up
-			upMu.Unlock()
+		if wait := down.over(); wait != nil {
 			select {
 			case <-wait:
 			case <-req.Context().Done():
@@ -125,15 +151,7 @@ func webhookOutageSink(t *testing.T) outageSink {
       url: "%s/hooks/{aggregate_type}"
       secret: %s
       timeout: 2s`, srv.URL, e2eWebhookSecret),
-		hang: func(on bool) {
-			upMu.Lock()
-			defer upMu.Unlock()
-			down.Store(on)
-			if !on {
-				close(up)
-				up = make(chan struct{})
-			}
-		},
+		hang: down.set,
 	}
 }
 
@@ -198,15 +216,10 @@ func kafkaOutageSink(t *testing.T) outageSink {
 		t.Fatal(err)
 	}
 	t.Cleanup(c.Close)
-	var down atomic.Bool
-	var upMu sync.Mutex
-	up := make(chan struct{})
+	down := newOutage()
 	c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
 		c.KeepControl()
-		if down.Load() {
-			upMu.Lock()
-			wait := up
-			upMu.Unlock()
+		if wait := down.over(); wait != nil {
 			c.SleepControl(func() { <-wait })
 		}
 		return nil, nil, false
@@ -237,15 +250,7 @@ func kafkaOutageSink(t *testing.T) outageSink {
     kafka:
       brokers: [%s]
       topic: "so.{aggregate_type}"`, addr),
-		hang: func(on bool) {
-			upMu.Lock()
-			defer upMu.Unlock()
-			down.Store(on)
-			if !on {
-				close(up)
-				up = make(chan struct{})
-			}
-		},
+		hang: down.set,
 	}
 }
 
@@ -370,8 +375,8 @@ log:
 		oAgg, iAgg := fmt.Sprint("o", i%7), fmt.Sprint("i", i%5)
 		var oid, iid, olsn string
 		err := pgx.BeginFunc(ctx, e.db, func(tx pgx.Tx) error {
-			if err := tx.QueryRow(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ('order', $1, 'order.created', $2::jsonb) RETURNING id::text, pg_current_wal_insert_lsn()::text`,
-				oAgg, fmt.Sprintf(`{"n":%d}`, i)).Scan(&oid, &olsn); err != nil {
+			if err := tx.QueryRow(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ('order', $1, 'order.created', $2::jsonb) RETURNING id::text`,
+				oAgg, fmt.Sprintf(`{"n":%d}`, i)).Scan(&oid); err != nil {
 				return err
 			}
 			return tx.QueryRow(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ('invoice', $1, 'invoice.issued', $2::jsonb) RETURNING id::text`,
@@ -381,8 +386,12 @@ log:
 			t.Fatal(err)
 		}
 		now := time.Now()
-		// The insert's WAL position is at most the position read just
-		// after it: a confirmed position above it has passed the row.
+		// The slot delivers a transaction again unless it is confirmed to
+		// its commit's end, which is at most the position read just after
+		// the commit: a confirmed position above that has passed the row.
+		if err := e.db.QueryRow(ctx, `SELECT pg_current_wal_insert_lsn()::text`).Scan(&olsn); err != nil {
+			t.Fatal(err)
+		}
 		lsnOf[oid], _ = pglogrepl.ParseLSN(olsn)
 		committedAt[oid], committedAt[iid] = now, now
 		orders[oAgg] = append(orders[oAgg], oid)

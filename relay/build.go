@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"go.uber.org/zap"
 
@@ -252,14 +253,17 @@ func (b *Builder) fields(mp *mapping, ins *cdc.Insert) rowFields {
 	}
 	c := b.cfg.Columns
 	em := envelope.Message{
-		MessageID:     req(mp.id, c.ID, newString),
-		AggregateType: req(mp.aggType, c.AggregateType, b.intern),
-		AggregateID:   req(mp.aggID, c.AggregateID, newString),
-		EventType:     req(mp.eventType, c.EventType, b.intern),
+		MessageID:     newString(col(v, mp.id)),
+		AggregateType: b.intern(col(v, mp.aggType)),
+		AggregateID:   newString(col(v, mp.aggID)),
+		EventType:     b.intern(col(v, mp.eventType)),
 		SchemaVersion: 1,
 		Headers:       col(v, mp.headers),
 		Payload:       col(v, mp.payload),
 		PayloadFormat: mp.payloadFormat,
+	}
+	if err := c.Missing(&em); err != nil {
+		errs = append(errs, err)
 	}
 	if len(mp.envelopeColumns) > 0 {
 		em.Fields = make([]envelope.Field, len(mp.envelopeColumns))
@@ -464,6 +468,7 @@ func (b *Builder) finish(em *envelope.Message, table string, format Format, trac
 // error says the transform made it.
 func (b *Builder) finishAs(em *envelope.Message, table string, format Format, traceparent string, lsn cdc.LSN, errs []error, transformed bool) (*Message, error) {
 	tombstone := format == FormatDebezium && em.Payload == nil
+	errs = append(errs, b.checkUTF8(em, table)...)
 	if len(errs) == 0 && b.cfg.Validator != nil && !tombstone {
 		if err := b.cfg.Validator.Validate(em); err != nil {
 			if transformed {
@@ -512,6 +517,50 @@ func (b *Builder) finishAs(em *envelope.Message, table string, format Format, tr
 		m.Envelope = em.AppendJSON(*m.buf)
 	}
 	return m, errors.Join(errs...)
+}
+
+// checkUTF8 returns why em's body would not be UTF-8: its JSON payload or
+// its headers object holds bytes that are not, which a SQL_ASCII database
+// stores as they came. The body embeds both verbatim, and ParseHeaders
+// reads such a header as U+FFFD, so the message would carry one value in
+// its broker header and another in its body. Such a message is
+// dead-lettered with the reason rather than repaired (docs/sinks.md). A
+// table-less message (table "") names its fields, not columns.
+func (b *Builder) checkUTF8(em *envelope.Message, table string) []error {
+	payloadOK := em.PayloadFormat != envelope.PayloadJSON || utf8.Valid(em.Payload)
+	if payloadOK && utf8.Valid(em.Headers) {
+		return nil // the common case: no name formatted, nothing allocated
+	}
+	payload, headers := "column "+b.cfg.Columns.Payload, "column "+b.cfg.Columns.Headers
+	if table == "" {
+		payload, headers = "the payload", "the headers"
+	}
+	var errs []error
+	if !payloadOK {
+		errs = append(errs, invalidUTF8(payload, em.Payload))
+	}
+	if err := invalidUTF8(headers, em.Headers); err != nil {
+		errs = append(errs, err)
+	}
+	return errs
+}
+
+// invalidUTF8 returns an error naming what and the first byte of v that is
+// not UTF-8, or nil when v is UTF-8. It does not quote v, which may be a
+// whole payload.
+func invalidUTF8(what string, v []byte) error {
+	if utf8.Valid(v) {
+		return nil
+	}
+	i := 0
+	for i < len(v) {
+		r, n := utf8.DecodeRune(v[i:])
+		if r == utf8.RuneError && n == 1 {
+			break
+		}
+		i += n
+	}
+	return fmt.Errorf("%s is not valid UTF-8 (byte 0x%02X at offset %d); write the row's values as UTF-8 (a SQL_ASCII database stores any bytes)", what, v[i], i)
 }
 
 func newString(b []byte) string { return string(b) }

@@ -50,6 +50,23 @@ func (c Columns) Required() []string {
 	return []string{c.ID, c.AggregateType, c.AggregateID, c.EventType, c.Payload}
 }
 
+// Missing reports each routing field em lacks (message id, aggregate
+// type, aggregate id, event type), named by its column: a message without
+// one is invalid. It is the one check of them: the Builder dead-letters a
+// row that fails it, and a dead letter's replay refuses a letter that
+// fails it (store.DeadLetters.Replay), so no path publishes such a message
+// unless an operator forces it.
+func (c Columns) Missing(em *envelope.Message) error {
+	var errs []error
+	for _, f := range [...]struct{ column, value string }{{c.ID, em.MessageID}, {c.AggregateType, em.AggregateType},
+		{c.AggregateID, em.AggregateID}, {c.EventType, em.EventType}} {
+		if f.value == "" {
+			errs = append(errs, fmt.Errorf("column %s is null or empty", f.column))
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // Config configures the pipeline. It is plain data: what the relay calls
 // out to is in Options. The zero value of every field means its default
 // (WithDefaults); New applies them.
@@ -64,9 +81,10 @@ type Config struct {
 	// and not yet acknowledged (defaults 10000 and 64 MiB).
 	MaxInFlight      int   `yaml:"max_inflight"`
 	MaxInFlightBytes int64 `yaml:"max_inflight_bytes"`
-	// MaxAttempts is how often a message the broker rejects permanently is
-	// tried before it is dead-lettered (default 5). Retryable failures are
-	// retried without limit.
+	// MaxAttempts is how often the broker may refuse a message for good
+	// (Permanent) before it is dead-lettered (default 5). Retryable
+	// failures are retried without limit and do not count
+	// (Message.Refusals).
 	MaxAttempts int `yaml:"max_attempts"`
 	// DeadLetterOrder is DeadLetterPark (default) or DeadLetterPass. It
 	// applies to messages the broker refused, when Options.Parking is set.
@@ -274,7 +292,7 @@ func (Config) Docs() map[string]string {
 	return map[string]string{
 		"max_inflight":       "messages handed to the broker and not yet acknowledged (backpressure)",
 		"max_inflight_bytes": "bytes of such messages",
-		"max_attempts":       "attempts for a message the broker rejects permanently, before it is dead-lettered",
+		"max_attempts":       "refusals (permanent rejections) of a message by the broker before it is dead-lettered; retryable failures are retried without limit and do not count",
 		"order":              "`aggregate`: first deliveries of an aggregate in commit order through retries and dead letters (one message per aggregate at the broker at a time; Kafka pipelines and holds an aggregate while a failure is handled); `none`: no gate, an aggregate's messages are in flight together up to the window, a retry or a dead letter can reorder them, and it requires `dead_letter_order: pass`",
 		"behind":             "with several sinks, what a sink that falls behind does once it holds its share of the in-flight bound: `spill`: its further messages are stored in `outboxrelay.spilled` and delivered from there in order when it catches up, so the other sinks and the slot go on; `hold`: the stream waits for it, and every sink and the slot with it",
 		"dead_letter_order":  "`park`: the later messages of a dead letter's aggregate wait behind it in `outboxrelay.parked` until `dlq replay` publishes the chain in order; `pass`: they are published, leaving a gap",

@@ -263,7 +263,7 @@ func (h *handler) dispatch(ctx context.Context, m *Message, buildErr error) erro
 		m.Attempts = 1
 		m.FirstFailure = time.Now()
 		m.LastFailure = m.FirstFailure
-		m.LastError = fmt.Errorf("invalid outbox message: %w", buildErr)
+		m.LastError = fmt.Errorf("%w: %w", ErrInvalid, buildErr)
 		pub.deadLetter(m, false)
 		return nil
 	}

@@ -84,8 +84,15 @@ type Message struct {
 	// Destination is set by the sink to the rendered topic, routing key,
 	// subject or stream, for metrics and dead letters.
 	Destination string
-	// Attempts counts the publish attempts that failed so far.
+	// Attempts counts the publish attempts that failed so far, retryable
+	// ones included: it sets the retry backoff, and a dead letter records
+	// it.
 	Attempts int
+	// Refusals counts those of Attempts the broker refused for good
+	// (Permanent). Config.MaxAttempts is compared with it, not with
+	// Attempts: the failures of an outage are retried without limit and use
+	// up none of a message's attempts.
+	Refusals int
 	// FirstFailure and LastFailure are the times of the first and latest failed attempt.
 	FirstFailure, LastFailure time.Time
 	// LastError is the error of the latest failed attempt.
@@ -104,6 +111,13 @@ type Message struct {
 // the rules say unmatched: drop.
 const FilteredUnmatched = "unmatched"
 
+// ErrInvalid marks the error of a message the relay could not build from
+// its row (a required column empty, headers that are not an object, a
+// payload the schema folder refuses): it is dead-lettered without being
+// published, and a replay of the dead letter refuses it unless an operator
+// forces it (store.DeadLetters.Replay).
+var ErrInvalid = errors.New("invalid outbox message")
+
 // PermanentError marks a publish failure that retrying will not fix: the
 // broker will never take this message as it is (too large, unroutable, an
 // invalid destination). The relay retries it a configured number of times
@@ -121,6 +135,20 @@ func Permanent(err error) error {
 		return nil
 	}
 	return &PermanentError{Err: err}
+}
+
+// countRefusal counts err, the error of m's latest failed attempt, in
+// m.Refusals when the broker refused m for good.
+func (m *Message) countRefusal(err error) {
+	if !Retryable(err) {
+		m.Refusals++
+	}
+}
+
+// refusedEnough reports whether m's latest failure is a refusal and the
+// broker has refused m maxAttempts times: then m is dead-lettered.
+func (m *Message) refusedEnough(maxAttempts int) bool {
+	return !Retryable(m.LastError) && m.Refusals >= maxAttempts
 }
 
 // Retryable reports whether a publish error is worth retrying indefinitely.

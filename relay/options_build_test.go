@@ -183,3 +183,20 @@ func TestEnvelopeColumns(t *testing.T) {
 		t.Errorf("tenant_id in the envelope format: %v", err)
 	}
 }
+
+// A JSON payload that is not UTF-8, which a SQL_ASCII database stores,
+// fails its row in every format, naming the column and the byte: the
+// body would embed it as stored. A text payload is not refused: it is
+// sent as payload_base64 when it is not UTF-8 JSON.
+func TestPayloadNotUTF8(t *testing.T) {
+	for _, f := range []relay.Format{relay.FormatEnvelope, relay.FormatCloudEvents, relay.FormatCloudEventsBinary, relay.FormatDebezium} {
+		cfg := relay.Config{Envelope: relay.Envelope{Format: f}}
+		_, err := buildOptions(t, cfg, optionsRow([]byte("{\"note\": \"\xff\xfe\"}"), nil, nil))
+		if err == nil || !strings.Contains(err.Error(), "column payload is not valid UTF-8 (byte 0xFF at offset 10)") {
+			t.Errorf("format %s, payload with FF FE: %v, want the column and the byte named", f, err)
+		}
+	}
+	if _, err := buildOptions(t, relay.Config{}, optionsRow([]byte(`{"note": "é"}`), nil, nil)); err != nil {
+		t.Errorf("a UTF-8 payload: %v", err)
+	}
+}

@@ -190,7 +190,7 @@ func (p *publisher) onDone(m *Message, err error) {
 			p.failure.fail(fmt.Errorf("exactly-once publish of message %s: %w", m.ID, err))
 			return
 		}
-		m.Attempts, m.FirstFailure, m.LastFailure, m.LastError = 1, time.Now(), time.Now(), err
+		m.Attempts, m.Refusals, m.FirstFailure, m.LastFailure, m.LastError = 1, 1, time.Now(), time.Now(), err
 		p.deadLetter(m, false)
 		return
 	}
@@ -198,6 +198,7 @@ func (p *publisher) onDone(m *Message, err error) {
 		m.FirstFailure = now
 	}
 	m.Attempts++
+	m.countRefusal(err)
 	m.LastFailure = now
 	m.LastError = err
 	if h := p.cfg.Hooks.PublishFailed; h != nil {
@@ -216,12 +217,12 @@ func (p *publisher) onDone(m *Message, err error) {
 	p.recover(m)
 }
 
-// recover retries m, failed, or dead-letters it when its error is
-// permanent and its attempts are used up. The aggregate's later messages
+// recover retries m, failed, or dead-letters it when the broker has
+// refused it MaxAttempts times (Message.Refusals). The aggregate's later messages
 // stay held until m is settled: none of them is at the sink, so none can
 // arrive before m's retry.
 func (p *publisher) recover(m *Message) {
-	if !Retryable(m.LastError) && m.Attempts >= p.cfg.MaxAttempts {
+	if m.refusedEnough(p.cfg.MaxAttempts) {
 		p.deadLetter(m, true)
 		return
 	}
@@ -337,7 +338,7 @@ func (p *publisher) deadLetter(m *Message, gated bool) {
 			return
 		}
 		p.log.Warn("dead-lettered", zap.String("message_id", m.ID), zap.String("destination", m.Destination),
-			zap.Int("attempts", m.Attempts), zap.Bool("parks_aggregate", head), zap.Error(m.LastError))
+			zap.Int("attempts", m.Attempts), zap.Int("refusals", m.Refusals), zap.Bool("parks_aggregate", head), zap.Error(m.LastError))
 		if h := p.cfg.Hooks.DeadLettered; h != nil {
 			h(m)
 		}

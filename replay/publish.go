@@ -41,9 +41,9 @@ type PublisherConfig struct {
 	Rate float64
 	// MaxInFlight bounds the unacknowledged messages (default 1000).
 	MaxInFlight int
-	// MaxAttempts is how often a message the broker rejects permanently is
-	// tried before it counts as failed (default 5). Retryable failures are
-	// retried until ctx ends.
+	// MaxAttempts is how often the broker may refuse a message for good
+	// before it counts as failed (default 5). Retryable failures are
+	// retried until ctx ends and do not count (relay.Message.Refusals).
 	MaxAttempts int
 	// Published, when set, is called for every acknowledged message, from
 	// sink goroutines.
@@ -165,7 +165,7 @@ func (p *Publisher) Invalid(ctx context.Context, m *relay.Message, err error) {
 		return
 	}
 	if p.cfg.DeadLetter != nil {
-		m.LastError = err
+		m.LastError = fmt.Errorf("%w: %w", relay.ErrInvalid, err) // as the relay records it
 		p.deadLetter(ctx, m)
 		return
 	}
@@ -209,14 +209,17 @@ func (p *Publisher) doneFunc(ctx context.Context) func(*relay.Message, error) {
 			return
 		}
 		m.Attempts++
+		if !relay.Retryable(err) {
+			m.Refusals++ // MaxAttempts counts refusals only, as in the relay
+		}
 		m.LastError = err
 		now := time.Now()
 		if m.FirstFailure.IsZero() {
 			m.FirstFailure = now
 		}
 		m.LastFailure = now
-		if !relay.Retryable(err) && m.Attempts >= p.cfg.MaxAttempts {
-			p.log.Error("broker refused the message", zap.String("message_id", m.ID), zap.Int("attempts", m.Attempts), zap.Error(err))
+		if !relay.Retryable(err) && m.Refusals >= p.cfg.MaxAttempts {
+			p.log.Error("broker refused the message", zap.String("message_id", m.ID), zap.Int("attempts", m.Attempts), zap.Int("refusals", m.Refusals), zap.Error(err))
 			if p.cfg.DeadLetter != nil {
 				// Not on the sink's goroutine, which may be needed to
 				// answer other publishes.

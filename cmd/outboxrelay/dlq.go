@@ -11,6 +11,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"os/user"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -30,7 +31,7 @@ import (
 const dlqUsage = `usage:
   outboxrelay dlq list   (--config FILE | --database-url URL) [--slot NAME] [--json] [--all]
   outboxrelay dlq show   (--config FILE | --database-url URL) --id ID [--json]   the envelope and the chain parked behind it
-  outboxrelay dlq replay --config FILE (--id ID | --all) [--dry-run [--json]]   a head is replayed with its parked chain, in order
+  outboxrelay dlq replay --config FILE (--id ID | --all) [--force] [--dry-run [--json]]   a head is replayed with its parked chain, in order
   outboxrelay dlq purge  (--config FILE | --database-url URL) [--slot NAME] --before TIME|AGE   a head goes with its chain
 
 With --database-url and no --slot, list, show and purge cover every slot; with --config, the config's slot.`
@@ -58,6 +59,8 @@ func cmdDeadLetters(args []string, stdout, stderr io.Writer) error {
 		"show": "Print one dead letter: its fields, its envelope pretty-printed, and the messages parked behind it " +
 			"in the order dlq replay publishes them.",
 		"replay": "Publish dead letters again through the configured sink, and mark them replayed. " +
+			"A letter that is not a valid outbox message (an empty event_type, say) is refused with the reason; " +
+			"--force publishes it anyway and records who forced it in the letter. " +
 			"--dry-run prints what would be published, in order, and changes nothing.",
 		"purge": "Delete dead letters created before a time or older than an age. Without --slot or --config, " +
 			"those of every slot.",
@@ -65,7 +68,7 @@ func cmdDeadLetters(args []string, stdout, stderr io.Writer) error {
 	synopsis := map[string]string{
 		"list":   "dlq list (--config FILE | --database-url URL) [--slot NAME] [--json] [--all]",
 		"show":   "dlq show (--config FILE | --database-url URL) [--slot NAME] --id ID [--json]",
-		"replay": "dlq replay (--config FILE) (--id ID | --all) [--dry-run [--json]]",
+		"replay": "dlq replay (--config FILE) (--id ID | --all) [--force] [--dry-run [--json]]",
 		"purge":  "dlq purge (--config FILE | --database-url URL) [--slot NAME] --before TIME|AGE",
 	}[sub]
 	fs := newFlags("dlq "+sub, synopsis, about)
@@ -73,7 +76,7 @@ func cmdDeadLetters(args []string, stdout, stderr io.Writer) error {
 	dbURL := fs.String("database-url", "", "PostgreSQL URL (list, show, purge and replay --dry-run)")
 	slot := fs.String("slot", "", "only the dead letters of this replication slot (default: the config's slot, or every slot)")
 	asJSON := fs.Bool("json", false, "print JSON")
-	var all, dryRun *bool
+	var all, dryRun, force *bool
 	var id *int64
 	var before *string
 	switch sub {
@@ -82,6 +85,7 @@ func cmdDeadLetters(args []string, stdout, stderr io.Writer) error {
 	case "replay":
 		all = fs.Bool("all", false, "replay every pending letter (a progress bar on a terminal)")
 		dryRun = fs.Bool("dry-run", false, "print what would be published, in order, and change nothing")
+		force = fs.Bool("force", false, "also publish letters that are not valid outbox messages, as they are; the letter records who forced it")
 	case "purge":
 		before = fs.String("before", "", "purge letters created before this RFC 3339 time, or older than this age (e.g. 168h)")
 	}
@@ -149,7 +153,7 @@ func cmdDeadLetters(args []string, stdout, stderr io.Writer) error {
 		return showLetter(stdout, &letters[0], *asJSON)
 	case "replay":
 		f := store.DeadLetterFilter{ID: *id}
-		steps, err := dead.Plan(ctx, f)
+		steps, err := dead.Plan(ctx, f, cfg.Postgres.Columns)
 		if err != nil {
 			return err
 		}
@@ -164,8 +168,15 @@ func cmdDeadLetters(args []string, stdout, stderr io.Writer) error {
 		if *all {
 			bar = newProgress(stderr, "replaying", int64(len(steps)))
 		}
-		n, err := replay(ctx, cfg, dead, f, bar, log)
+		forcedBy := ""
+		if *force {
+			forcedBy = operator()
+		}
+		n, err := replay(ctx, cfg, dead, f, forcedBy, bar, log)
 		fmt.Fprintf(stdout, "replayed %d dead letter(s) and %d parked message(s)\n", n.Letters, n.Parked)
+		if len(n.Forced) > 0 {
+			fmt.Fprintf(stdout, "forced %d letter(s) that are not valid outbox messages (ids %v), recorded as forced by %s\n", len(n.Forced), n.Forced, forcedBy)
+		}
 		return err
 	case "purge":
 		t, err := parseBefore(*before, time.Now())
@@ -201,19 +212,37 @@ func parseBefore(s string, now time.Time) (time.Time, error) {
 	return time.Time{}, usageErr("--before %q is neither an RFC 3339 time nor an age such as 168h", s)
 }
 
-func replay(ctx context.Context, cfg config.Config, dead *store.DeadLetters, f store.DeadLetterFilter, bar *progress, log *zap.Logger) (store.Replayed, error) {
+// operator names who runs `dlq replay --force`, for the letters it forces:
+// the OS user and host, as far as they are known.
+func operator() string {
+	who := "unknown user"
+	if u, err := user.Current(); err == nil {
+		who = u.Username
+	}
+	host, _ := os.Hostname() // "" is said as such below
+	return fmt.Sprintf("cli: %s on host %q", who, host)
+}
+
+func replay(ctx context.Context, cfg config.Config, dead *store.DeadLetters, f store.DeadLetterFilter, forcedBy string, bar *progress, log *zap.Logger) (store.Replayed, error) {
 	var wrap func(relay.Sink) relay.Sink
 	if bar != nil {
 		wrap = func(sink relay.Sink) relay.Sink {
 			return &countingSink{Sink: sink, acked: func(n int64) { bar.set(n) }}
 		}
 	}
-	n, err := app.ReplayDeadLetters(ctx, cfg, dead, f, wrap, log)
+	n, err := app.ReplayDeadLetters(ctx, cfg, dead, f, forcedBy, wrap, log)
 	if bar != nil {
 		bar.done()
 	}
 	if se := (*app.SinkError)(nil); errors.As(err, &se) {
 		return n, usageErr("%v", se.Err)
+	}
+	if refused := (*store.RefusedError)(nil); errors.As(err, &refused) {
+		problems := []error{err}
+		if joined, ok := err.(interface{ Unwrap() []error }); ok { // --all: one line per letter refused
+			problems = joined.Unwrap()
+		}
+		return n, &exitError{code: exitUnhealthy, err: &problemList{what: "dlq replay", problems: problems}}
 	}
 	return n, err
 }
@@ -312,6 +341,9 @@ func showLetter(w io.Writer, l *store.DeadLetter, asJSON bool) error {
 	if l.ReplayedAt != nil {
 		replayed = l.ReplayedAt.UTC().Format(time.RFC3339)
 	}
+	if l.ReplayForcedBy != "" {
+		replayed += ", forced by " + l.ReplayForcedBy
+	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "dead letter\t%d\n", l.ID)
 	fmt.Fprintf(tw, "slot\t%s\n", l.Slot)
@@ -320,7 +352,10 @@ func showLetter(w io.Writer, l *store.DeadLetter, asJSON bool) error {
 	fmt.Fprintf(tw, "event type\t%s\n", l.EventType)
 	fmt.Fprintf(tw, "destination\t%s\n", l.Destination)
 	fmt.Fprintf(tw, "source table\t%s\n", l.Table)
-	fmt.Fprintf(tw, "attempts\t%d (first failed %s, last %s)\n", l.Attempts,
+	if l.Invalid {
+		fmt.Fprintf(tw, "invalid\tthe relay refused to build it; dlq replay refuses it too, unless --force\n")
+	}
+	fmt.Fprintf(tw, "attempts\t%d failed (first %s, last %s)\n", l.Attempts,
 		l.FirstFailedAt.UTC().Format(time.RFC3339), l.LastFailedAt.UTC().Format(time.RFC3339))
 	fmt.Fprintf(tw, "replayed\t%s\n", replayed)
 	fmt.Fprintf(tw, "error\t%s\n", strings.Join(strings.Fields(l.Error), " "))
@@ -399,5 +434,13 @@ func printPlan(w io.Writer, steps []store.ReplayStep, asJSON bool) error {
 		fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\t%s/%s\t%s\t%s\n", i+1, s.Slot, s.Head, pos, s.MessageID,
 			s.AggregateType, s.AggregateID, s.EventType, orDefault(s.Destination, "-"))
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, s := range steps {
+		if s.Refused != "" {
+			fmt.Fprintf(w, "dead letter %d is not a valid outbox message (%s): refused without --force\n", s.Head, s.Refused)
+		}
+	}
+	return nil
 }

@@ -185,8 +185,13 @@ func (p *Process) audited(rt apiRoute) http.Handler {
 		at := time.Now()
 		code, body := rt.handle(p, w, r)
 		result := "ok"
-		if e, isErr := body.(map[string]string); isErr && code >= 300 {
-			result = e["error"]
+		if code >= 300 {
+			switch e := body.(type) {
+			case map[string]string:
+				result = e["error"]
+			case map[string]any: // an error with counts (replay)
+				result = fmt.Sprint(e["error"])
+			}
 		}
 		via := "none"
 		switch {
@@ -202,7 +207,7 @@ func (p *Process) audited(rt apiRoute) http.Handler {
 		}
 		audit.Info("audit",
 			zap.String("who", r.RemoteAddr), zap.String("actor", r.Header.Get("X-Actor")), zap.String("via", via),
-			zap.String("what", rt.method+" "+rt.path), zap.String("pipeline", r.PathValue("name")),
+			zap.String("what", rt.method+" "+rt.path), zap.String("query", r.URL.RawQuery), zap.String("pipeline", r.PathValue("name")),
 			zap.Time("when", at), zap.Int("status", code), zap.String("result", result),
 			zap.Duration("took", time.Since(at)))
 		admin.WriteJSON(w, code, body)
@@ -348,11 +353,19 @@ func (p *Process) replayDeadLetter(_ http.ResponseWriter, r *http.Request) (int,
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), time.Minute)
 	defer cancel()
-	n, err := ReplayDeadLetters(ctx, u.Config, dead, store.DeadLetterFilter{ID: id}, nil, p.log.With(zap.String("pipeline", u.Name)).Named("replay"))
+	var forcedBy string
+	if r.URL.Query().Get("force") == "true" {
+		// The audit line's who and actor, kept in the letter itself.
+		forcedBy = fmt.Sprintf("api: actor %q from %s", r.Header.Get("X-Actor"), r.RemoteAddr)
+	}
+	n, err := ReplayDeadLetters(ctx, u.Config, dead, store.DeadLetterFilter{ID: id}, forcedBy, nil, p.log.With(zap.String("pipeline", u.Name)).Named("replay"))
+	if refused := (*store.RefusedError)(nil); errors.As(err, &refused) {
+		return http.StatusUnprocessableEntity, map[string]any{"error": redact.Text(err.Error()), "letters": n.Letters, "parked": n.Parked}
+	}
 	if err != nil {
 		return http.StatusBadGateway, map[string]any{"error": redact.Text(err.Error()), "letters": n.Letters, "parked": n.Parked}
 	}
-	return http.StatusOK, map[string]any{"letters": n.Letters, "parked": n.Parked}
+	return http.StatusOK, map[string]any{"letters": n.Letters, "parked": n.Parked, "forced": len(n.Forced) > 0}
 }
 
 // purgeDeadLetters deletes the pipeline's dead letters created before

@@ -21,8 +21,11 @@ func (e *SinkError) Unwrap() error { return e.Err }
 // ReplayDeadLetters publishes the dead letters f selects again, with
 // their parked chains, through a sink of its own opened from cfg
 // (OpenSink), run and closed here; wrap, when set, wraps that sink (a
-// progress counter). It is `dlq replay` and the management API's replay.
-func ReplayDeadLetters(ctx context.Context, cfg config.Config, dead *store.DeadLetters, f store.DeadLetterFilter, wrap func(relay.Sink) relay.Sink, log *zap.Logger) (store.Replayed, error) {
+// progress counter). It is `dlq replay` and the management API's replay
+// (and so the console's). A letter that is not a valid outbox message is
+// refused (store.RefusedError) unless forcedBy names who forces it; each
+// forced letter is logged with forcedBy, and recorded in the letter.
+func ReplayDeadLetters(ctx context.Context, cfg config.Config, dead *store.DeadLetters, f store.DeadLetterFilter, forcedBy string, wrap func(relay.Sink) relay.Sink, log *zap.Logger) (store.Replayed, error) {
 	sink, err := OpenSink(ctx, cfg, log)
 	if err != nil {
 		return store.Replayed{}, &SinkError{Err: err}
@@ -39,7 +42,10 @@ func ReplayDeadLetters(ctx context.Context, cfg config.Config, dead *store.DeadL
 	if wrap != nil {
 		publish = wrap(sink)
 	}
-	n, err := dead.Replay(ctx, publish, f)
+	n, err := dead.Replay(ctx, publish, f, store.ReplayOptions{Columns: cfg.Postgres.Columns, ForcedBy: forcedBy})
+	for _, id := range n.Forced {
+		log.Warn("dead letter published by force, though it is not a valid outbox message", zap.Int64("dead_letter", id), zap.String("forced_by", forcedBy))
+	}
 	cancel()
 	<-done
 	if cerr := sink.Close(); cerr != nil && err == nil {

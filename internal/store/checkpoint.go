@@ -210,7 +210,9 @@ func (c Checkpoint) RecordError(ctx context.Context, stopErr error) error {
 
 // Ready fails with a *cdc.SetupError naming the fix when the checkpoint
 // cannot be kept: the outboxrelay schema is missing, or from a version
-// without the consumer columns (cdc.Record).
+// without the consumer columns (cdc.Record) or the dead letters' invalid
+// column, which every dead letter writes: without it the first one would
+// stop the relay.
 func (c Checkpoint) Ready(ctx context.Context) error {
 	var schema bool
 	if err := c.DB.QueryRow(ctx, "SELECT to_regclass('outboxrelay.checkpoint') IS NOT NULL").Scan(&schema); err != nil {
@@ -220,8 +222,9 @@ func (c Checkpoint) Ready(ctx context.Context) error {
 		return &cdc.SetupError{Msg: "schema outboxrelay is missing; run `outboxrelay migrate --database-url URL` first"}
 	}
 	var haveColumns bool
-	if err := c.DB.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = 'outboxrelay.checkpoint'::regclass AND attname = 'relations' AND NOT attisdropped)`).Scan(&haveColumns); err != nil {
-		return fmt.Errorf("inspect outboxrelay.checkpoint: %w", err)
+	if err := c.DB.QueryRow(ctx, `SELECT count(*) = 2 FROM pg_attribute WHERE NOT attisdropped AND
+		(attrelid = 'outboxrelay.checkpoint'::regclass AND attname = 'relations' OR attrelid = 'outboxrelay.dead_letters'::regclass AND attname = 'invalid')`).Scan(&haveColumns); err != nil {
+		return fmt.Errorf("inspect the outboxrelay schema: %w", err)
 	}
 	if !haveColumns {
 		return &cdc.SetupError{Msg: "schema outboxrelay is from an older version; run `outboxrelay migrate` to update it"}

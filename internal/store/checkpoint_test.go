@@ -27,6 +27,20 @@ func TestCheckpoint(t *testing.T) {
 	if err := cp.Ready(ctx); err != nil {
 		t.Fatalf("Ready after migrate: %v", err)
 	}
+	// A schema from before the dead letters' invalid column is refused
+	// with the fix, and migrate brings it back.
+	if _, err := conn.Exec(ctx, "ALTER TABLE outboxrelay.dead_letters DROP COLUMN invalid"); err != nil {
+		t.Fatal(err)
+	}
+	if err := cp.Ready(ctx); !errors.As(err, &setupErr) || !strings.Contains(err.Error(), "run `outboxrelay migrate`") {
+		t.Fatalf("Ready without dead_letters.invalid = %v, want the older-version SetupError", err)
+	}
+	if err := migrations.Apply(ctx, conn, migrations.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := cp.Ready(ctx); err != nil {
+		t.Fatalf("Ready after migrating again: %v", err)
+	}
 
 	if lsn, ok, err := cp.Confirmed(ctx); err != nil || ok {
 		t.Fatalf("Confirmed with no row = %s, %t, %v; want nothing", lsn, ok, err)

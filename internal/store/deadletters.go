@@ -64,6 +64,13 @@ type DeadLetter struct {
 	// head stays listed, replayed or not, until its whole chain is.
 	Parks  bool            `json:"parks"`
 	Parked []ParkedMessage `json:"parked,omitempty"`
+	// Invalid says the relay refused to build the message (Error says
+	// why): no broker ever refused it. Replay refuses such a letter unless
+	// forced (ReplayOptions.ForcedBy).
+	Invalid bool `json:"invalid"`
+	// ReplayForcedBy is who published the letter by force although the
+	// replay's check refused it (ReplayOptions.ForcedBy), ReplayedAt when.
+	ReplayForcedBy string `json:"replay_forced_by,omitempty"`
 	// rec is what the outbox router's options made of the row.
 	rec record
 }
@@ -97,13 +104,14 @@ func (s *DeadLetters) add(ctx context.Context, m *relay.Message, parks bool) err
 		last = first
 	}
 	rec := recordOf(m)
+	invalid := errors.Is(m.LastError, relay.ErrInvalid)
 	_, err = s.DB.Exec(ctx, `INSERT INTO outboxrelay.dead_letters
 		(slot, message_id, destination, aggregate_type, aggregate_id, event_type, source_table, traceparent, headers, envelope, error, attempts, first_failed_at, last_failed_at,
-		 body, content_type, attributes, parks, commit_lsn, lsn, record_key, record_timestamp, tombstone, sink)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19::pg_lsn, $20::pg_lsn, $21, $22, $23, $24)`,
+		 body, content_type, attributes, parks, commit_lsn, lsn, record_key, record_timestamp, tombstone, sink, invalid)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19::pg_lsn, $20::pg_lsn, $21, $22, $23, $24, $25)`,
 		s.Slot, clean(m.ID), clean(m.Destination), clean(m.AggregateType), clean(m.AggregateID), clean(m.EventType), m.Table,
 		m.Traceparent, string(hj), clean(string(m.Envelope)), clean(errText), m.Attempts, first, last,
-		bodyOf(m), m.ContentType, nullJSON(attrs), parks, m.CommitLSN.String(), m.LSN.String(), rec.Key, rec.Timestamp, rec.Tombstone, m.Sink)
+		bodyOf(m), m.ContentType, nullJSON(attrs), parks, m.CommitLSN.String(), m.LSN.String(), rec.Key, rec.Timestamp, rec.Tombstone, m.Sink, invalid)
 	if err != nil {
 		return fmt.Errorf("store dead letter %s: %w", m.ID, err)
 	}
@@ -172,7 +180,8 @@ type DeadLetterFilter struct {
 func (s *DeadLetters) List(ctx context.Context, f DeadLetterFilter) ([]DeadLetter, error) {
 	q := `SELECT id, slot, message_id, destination, aggregate_type, aggregate_id, event_type, source_table, traceparent, headers,
 		envelope, error, attempts, first_failed_at, last_failed_at, created_at, replayed_at,
-		body, coalesce(content_type, ''), attributes, coalesce(parks, false), record_key, record_timestamp, tombstone, sink
+		body, coalesce(content_type, ''), attributes, coalesce(parks, false), record_key, record_timestamp, tombstone, sink,
+		invalid, coalesce(replay_forced_by, '')
 		FROM outboxrelay.dead_letters WHERE ($1 = '' OR slot = $1) AND ($2 = 0 OR id = $2) AND ($3 OR replayed_at IS NULL OR parks) ORDER BY id`
 	rows, err := s.DB.Query(ctx, q, s.Slot, f.ID, f.IncludeReplayed)
 	if err != nil {
@@ -183,7 +192,8 @@ func (s *DeadLetters) List(ctx context.Context, f DeadLetterFilter) ([]DeadLette
 		var headers, attrs []byte
 		err := row.Scan(&l.ID, &l.Slot, &l.MessageID, &l.Destination, &l.AggregateType, &l.AggregateID, &l.EventType, &l.Table,
 			&l.Traceparent, &headers, &l.Envelope, &l.Error, &l.Attempts, &l.FirstFailedAt, &l.LastFailedAt, &l.CreatedAt, &l.ReplayedAt,
-			&l.Body, &l.ContentType, &attrs, &l.Parks, &l.rec.Key, &l.rec.Timestamp, &l.rec.Tombstone, &l.Sink)
+			&l.Body, &l.ContentType, &attrs, &l.Parks, &l.rec.Key, &l.rec.Timestamp, &l.rec.Tombstone, &l.Sink,
+			&l.Invalid, &l.ReplayForcedBy)
 		l.Headers = headers
 		l.Attributes = attrs
 		return l, err
@@ -225,6 +235,49 @@ type Replayed struct {
 	// Letters are the dead letters published again, Parked the messages
 	// published from behind them.
 	Letters, Parked int
+	// Forced are the ids of the letters published although the check
+	// refused them (ReplayOptions.ForcedBy).
+	Forced []int64
+}
+
+// ReplayOptions say how Replay checks the letters it publishes.
+type ReplayOptions struct {
+	// Columns name the routing fields in a refusal
+	// (relay.Columns.Missing); zero means relay.DefaultColumns.
+	Columns relay.Columns
+	// ForcedBy, when not empty, publishes the letters the check refuses
+	// too: the operator's decision, recorded in each such letter's
+	// replay_forced_by (who, and through what) next to its replayed_at.
+	ForcedBy string
+}
+
+// RefusedError is Replay's refusal of a dead letter that is not a valid
+// outbox message: the relay's own check refuses it, so it was not
+// published.
+type RefusedError struct {
+	ID        int64
+	MessageID string
+	Reason    error
+}
+
+func (e *RefusedError) Error() string {
+	return fmt.Sprintf("dead letter %d (message %s) was not published: it is not a valid outbox message (%s); write a corrected row to the outbox and purge this letter, or send it as it is with dlq replay --id %d --force (API: ?force=true), which records who forced it",
+		e.ID, e.MessageID, strings.ReplaceAll(e.Reason.Error(), "\n", "; "), e.ID)
+}
+
+// refusal is why Replay refuses l unless forced: a routing field it lacks,
+// by the relay's own check (relay.Columns.Missing), or else, for a letter
+// the relay refused to build, the reason it recorded then (its body is the
+// one the relay refused). nil: l may be published.
+func (l *DeadLetter) refusal(cols relay.Columns) error {
+	em := envelope.Message{MessageID: l.MessageID, AggregateType: l.AggregateType, AggregateID: l.AggregateID, EventType: l.EventType}
+	if err := cols.Missing(&em); err != nil {
+		return err
+	}
+	if l.Invalid {
+		return errors.New(strings.TrimPrefix(l.Error, relay.ErrInvalid.Error()+": "))
+	}
+	return nil
 }
 
 // Replay publishes each selected dead letter again through sink, one at a
@@ -235,7 +288,12 @@ type Replayed struct {
 // was; then the aggregate is released (see release). Replay stops at the
 // first failure: what was published stays marked, and replaying the same
 // letter again goes on from the first message not acknowledged.
-func (s *DeadLetters) Replay(ctx context.Context, sink relay.Sink, f DeadLetterFilter) (Replayed, error) {
+//
+// A letter that is not a valid outbox message, as the relay checks one
+// (refusal), is not published unless opts.ForcedBy is set: Replay goes on
+// with the other letters and returns a RefusedError for each one it
+// refused.
+func (s *DeadLetters) Replay(ctx context.Context, sink relay.Sink, f DeadLetterFilter, opts ReplayOptions) (Replayed, error) {
 	var n Replayed
 	letters, err := s.List(ctx, f)
 	if err != nil {
@@ -244,9 +302,21 @@ func (s *DeadLetters) Replay(ctx context.Context, sink relay.Sink, f DeadLetterF
 	if f.ID != 0 && len(letters) == 0 {
 		return n, s.notFound(f.ID)
 	}
+	if opts.Columns == (relay.Columns{}) {
+		opts.Columns = relay.DefaultColumns()
+	}
+	var refused []error
 	for i := range letters {
 		l := &letters[i]
 		if l.ReplayedAt == nil {
+			var forcedBy *string // NULL unless the check refused l
+			if why := l.refusal(opts.Columns); why != nil {
+				if opts.ForcedBy == "" {
+					refused = append(refused, &RefusedError{ID: l.ID, MessageID: l.MessageID, Reason: why})
+					continue // its chain, if any, stays parked behind it
+				}
+				forcedBy = &opts.ForcedBy
+			}
 			m, err := l.Message()
 			if err != nil {
 				return n, err
@@ -254,10 +324,13 @@ func (s *DeadLetters) Replay(ctx context.Context, sink relay.Sink, f DeadLetterF
 			if err := publish(ctx, sink, m); err != nil {
 				return n, fmt.Errorf("replay dead letter %d (message %s): %w", l.ID, l.MessageID, err)
 			}
-			if _, err := s.DB.Exec(ctx, "UPDATE outboxrelay.dead_letters SET replayed_at = now() WHERE id = $1", l.ID); err != nil {
+			if _, err := s.DB.Exec(ctx, "UPDATE outboxrelay.dead_letters SET replayed_at = now(), replay_forced_by = $2 WHERE id = $1", l.ID, forcedBy); err != nil {
 				return n, fmt.Errorf("mark dead letter %d replayed (it was published): %w", l.ID, err)
 			}
 			n.Letters++
+			if forcedBy != nil {
+				n.Forced = append(n.Forced, l.ID)
+			}
 		}
 		if l.Parks {
 			parked, err := s.replayChain(ctx, sink, l.ID, l.Sink)
@@ -267,7 +340,7 @@ func (s *DeadLetters) Replay(ctx context.Context, sink relay.Sink, f DeadLetterF
 			}
 		}
 	}
-	return n, nil
+	return n, errors.Join(refused...)
 }
 
 func (s *DeadLetters) notFound(id int64) error {
@@ -292,12 +365,19 @@ type ReplayStep struct {
 	// Destination is where the message went when it failed (dead letters
 	// only; a parked message is routed when it is published).
 	Destination string `json:"destination,omitempty"`
+	// Refused is why Replay refuses this dead letter unless forced (it is
+	// not a valid outbox message); "" when it would publish it.
+	Refused string `json:"refused,omitempty"`
 }
 
 // Plan returns what Replay with f would publish now, in the order it would
-// publish it, and changes nothing. A relay that is running may park more
-// behind a head before Replay releases it; Replay publishes those too.
-func (s *DeadLetters) Plan(ctx context.Context, f DeadLetterFilter) ([]ReplayStep, error) {
+// publish it, and changes nothing; cols are ReplayOptions.Columns. A relay
+// that is running may park more behind a head before Replay releases it;
+// Replay publishes those too.
+func (s *DeadLetters) Plan(ctx context.Context, f DeadLetterFilter, cols relay.Columns) ([]ReplayStep, error) {
+	if cols == (relay.Columns{}) {
+		cols = relay.DefaultColumns()
+	}
 	letters, err := s.List(ctx, f)
 	if err != nil {
 		return nil, err
@@ -308,8 +388,12 @@ func (s *DeadLetters) Plan(ctx context.Context, f DeadLetterFilter) ([]ReplaySte
 	var steps []ReplayStep
 	for _, l := range letters {
 		if l.ReplayedAt == nil {
-			steps = append(steps, ReplayStep{Head: l.ID, Slot: l.Slot, MessageID: l.MessageID, AggregateType: l.AggregateType,
-				AggregateID: l.AggregateID, EventType: l.EventType, Destination: l.Destination})
+			step := ReplayStep{Head: l.ID, Slot: l.Slot, MessageID: l.MessageID, AggregateType: l.AggregateType,
+				AggregateID: l.AggregateID, EventType: l.EventType, Destination: l.Destination}
+			if why := l.refusal(cols); why != nil {
+				step.Refused = strings.ReplaceAll(why.Error(), "\n", "; ")
+			}
+			steps = append(steps, step)
 		}
 		if !l.Parks {
 			continue

@@ -301,12 +301,7 @@ func (s *Sink) put(ctx context.Context, batch []*item) {
 		err = fmt.Errorf("kinesis answered %d records for the %d put", len(out.Records), len(batch))
 	}
 	if err != nil {
-		s.ready.Store(false)
-		if ctx.Err() != nil {
-			err = ctx.Err()
-		} else {
-			err = fmt.Errorf("put records to kinesis stream %s: %w", batch[0].key.stream, err)
-		}
+		err = s.putError(ctx, batch[0].key.stream, err)
 		for _, it := range batch {
 			s.settle(it, err)
 		}
@@ -325,6 +320,28 @@ func (s *Sink) put(ctx context.Context, batch []*item) {
 			continue
 		}
 		s.settle(it, err)
+	}
+}
+
+// putError is the outcome of a PutRecords call to stream that failed
+// with err. A stream that does not exist refuses the messages
+// (relay.Permanent), so the relay dead-letters them after
+// relay.max_attempts refusals instead of retrying them forever: a stream
+// template can render a name for which no stream was made, which the start
+// check cannot know. Kinesis answered, so the sink stays ready. Anything
+// else is retried.
+func (s *Sink) putError(ctx context.Context, stream string, err error) error {
+	var nf *types.ResourceNotFoundException
+	switch {
+	case ctx.Err() != nil:
+		s.ready.Store(false)
+		return ctx.Err()
+	case errors.As(err, &nf):
+		s.ready.Store(!s.run.Stopped())
+		return relay.Permanent(fmt.Errorf("kinesis stream %s does not exist in %s; create it, or check sink.kinesis.stream, which rendered this name from the row, and sink.kinesis.region", stream, s.cfg.Region))
+	default:
+		s.ready.Store(false)
+		return fmt.Errorf("put records to kinesis stream %s: %w", stream, err)
 	}
 }
 

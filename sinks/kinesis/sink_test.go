@@ -284,3 +284,48 @@ func TestStaticCredentials(t *testing.T) {
 		t.Errorf("credentials %+v, %v; want test, test and the session token", creds, err)
 	}
 }
+
+// TestMissingStreamRefused: with a stream template, a message whose
+// stream does not exist is refused (relay.Permanent, with the stream and
+// the settings to check), so the relay dead-letters it after
+// relay.max_attempts; the messages of a stream that exists are put, and
+// the sink stays ready. Before, the refusal was retryable, and the relay
+// retried such a message forever.
+func TestMissingStreamRefused(t *testing.T) {
+	srv := startKinesalite(t)
+	c := testClient(t, srv.Addr())
+	createStream(t, c, "orders", 1)
+	s := startSink(t, testConfig(srv.Addr(), "{aggregate_type}"))
+	good := sinktest.Messages("orders", 20, 2)
+	ghost := sinktest.Messages("ghosts", 6, 2)
+	msgs := append(append([]*relay.Message(nil), good...), ghost...)
+	tr := sinktest.NewTracker(msgs)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, m := range msgs {
+		s.Publish(ctx, m, tr.Done)
+	}
+	tr.Wait(ctx, t)
+	refused := 0
+	for i, m := range msgs {
+		err := tr.Err(i)
+		if m.AggregateType == "orders" {
+			if err != nil {
+				t.Errorf("message %s of stream orders: %v", m.ID, err)
+			}
+			continue
+		}
+		if err == nil || relay.Retryable(err) || !strings.Contains(err.Error(), "kinesis stream ghosts does not exist in us-east-1") ||
+			!strings.Contains(err.Error(), "sink.kinesis.stream") {
+			t.Errorf("message %s of the missing stream ghosts: %v (retryable %v), want a refusal naming the stream and sink.kinesis.stream", m.ID, err, err != nil && relay.Retryable(err))
+			continue
+		}
+		refused++
+	}
+	got := sinktest.ReceiveAll(ctx, t, newConsumer(t, c, "orders"), good)
+	sinktest.CheckOrder(t, good, got)
+	t.Logf("%d messages of stream orders put, %d of the missing stream ghosts refused; ready %v", len(got), refused, s.Ready())
+	if !s.Ready() {
+		t.Error("Ready() = false after Kinesis answered that a stream does not exist")
+	}
+}

@@ -124,8 +124,10 @@ type Batch struct {
 	// MaxMessages is the most messages in one request; 0 or 1 (the
 	// default) sends every message in a request of its own.
 	MaxMessages int `yaml:"max_messages"`
-	// Linger is how long a request of fewer than MaxMessages waits for
-	// more messages before it is sent; 0 sends what is ready.
+	// Linger is the longest a request of fewer than MaxMessages waits for
+	// more messages, default [DefaultBatchLinger]. It waits only while
+	// another request is in flight or was just answered: otherwise no
+	// answer can release more messages, and it is sent at once.
 	Linger time.Duration `yaml:"linger"`
 }
 

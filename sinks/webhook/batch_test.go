@@ -177,3 +177,115 @@ func TestBatchFormatRefused(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// TestBatchFormsWithDefaultConns: with max_conns_per_host at its default
+// (16) and fewer aggregates than that, batches still form, and no POST
+// waits out batch.linger while no answer could bring more messages.
+// Before, each of the 16 workers took one ready message and lingered for
+// more that the others had taken: 300 rows over 8 aggregates went in 300
+// POSTs of one message, each after the full linger.
+func TestBatchFormsWithDefaultConns(t *testing.T) {
+	sinktest.VerifyNoLeaks(t)
+	for _, linger := range []time.Duration{0, time.Second} { // 0: the default
+		t.Run(fmt.Sprint("linger ", linger), func(t *testing.T) { testBatchForms(t, linger) })
+	}
+}
+
+func testBatchForms(t *testing.T, linger time.Duration) {
+	r := &batchReceiver{aggOf: map[string]string{}}
+	arrived := map[string]time.Time{}
+	r.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		now := time.Now()
+		r.serve(w, req)
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		for _, id := range r.got {
+			if _, ok := arrived[id]; !ok {
+				arrived[id] = now
+			}
+		}
+	}))
+	defer r.srv.Close()
+	s := newSink(t, Config{URL: r.srv.URL + "/hooks", Batch: Batch{MaxMessages: 50, Linger: linger}})
+	if s.cfg.MaxConnsPerHost != DefaultMaxConnsPerHost {
+		t.Fatalf("max_conns_per_host %d, want the default %d", s.cfg.MaxConnsPerHost, DefaultMaxConnsPerHost)
+	}
+	sinktest.RunSink(t, s)
+
+	msgs := sinktest.Messages("batch", 300, 8)
+	for _, m := range msgs {
+		m.Envelope = fmt.Appendf(nil, `{"message_id":%q,"aggregate_id":%q}`, m.ID, m.AggregateID)
+	}
+	byAgg := map[string][]*relay.Message{}
+	for _, m := range msgs {
+		byAgg[m.AggregateID] = append(byAgg[m.AggregateID], m)
+	}
+	var mu sync.Mutex
+	published := map[string]time.Time{}
+	var wg sync.WaitGroup
+	for _, list := range byAgg { // as the relay does: one message of an aggregate at a time, a retryable failure sent again
+		wg.Go(func() {
+			for _, m := range list {
+				for attempt := 0; attempt < 50; attempt++ {
+					mu.Lock()
+					published[m.ID] = time.Now()
+					mu.Unlock()
+					out := make(chan error, 1)
+					s.Publish(t.Context(), m, func(_ *relay.Message, err error) { out <- err })
+					err := <-out
+					if err == nil {
+						break
+					}
+					if !relay.Retryable(err) {
+						t.Errorf("message %s: permanent %v", m.ID, err)
+						break
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, b := range r.bad {
+		t.Error(b)
+	}
+	pos := map[string]int{}
+	for i, m := range msgs {
+		pos[m.ID] = i
+	}
+	seen, last := map[string]bool{}, map[string]int{}
+	outOfOrder := 0
+	for _, id := range r.got {
+		if seen[id] {
+			continue
+		}
+		seen[id] = true
+		agg := r.aggOf[id]
+		if p, ok := last[agg]; ok && p > pos[id] {
+			outOfOrder++
+		}
+		last[agg] = pos[id]
+	}
+	waited := 0
+	for id, at := range arrived {
+		if at.Sub(published[id]) >= s.cfg.Batch.Linger {
+			waited++
+		}
+	}
+	lost := len(msgs) - len(seen)
+	t.Logf("rows %d over 8 aggregates: %d POSTs (%d answered 2xx, sizes %v), lost %d, out of order %d, waited out the linger %d",
+		len(msgs), r.reqs, len(r.sizes), r.sizes, lost, outOfOrder, waited)
+	if lost != 0 || outOfOrder != 0 {
+		t.Errorf("%d lost, %d out of order", lost, outOfOrder)
+	}
+	if r.reqs > len(msgs)/4 {
+		t.Errorf("%d POSTs for %d messages over 8 aggregates: batches did not form", r.reqs, len(msgs))
+	}
+	// Under the default linger (5ms) a request's own time and the
+	// machine's load are of its size, so only a long one tells.
+	if linger >= time.Second && waited != 0 {
+		t.Errorf("%d messages waited out batch.linger (%v) before their POST", waited, s.cfg.Batch.Linger)
+	}
+}

@@ -23,6 +23,11 @@ const (
 	DefaultMaxInFlight = 10_000
 	// DefaultMaxRetryAfter caps the pause a Retry-After answer imposes.
 	DefaultMaxRetryAfter = time.Minute
+	// DefaultBatchLinger is how long a batch may wait for more messages in
+	// batch mode. A batch waits only while another request is in flight
+	// (or was just answered), whose answer releases the next messages of
+	// its aggregates, so it costs an idle relay nothing.
+	DefaultBatchLinger = 5 * time.Millisecond
 )
 
 // Config configures a webhook [Sink]. The zero value of every field means
@@ -92,6 +97,7 @@ func (c Config) withDefaults() Config {
 	c.MaxInFlight = cmp.Or(maxPending.Int(c.MaxPending, c.MaxInFlight, DefaultMaxInFlight), DefaultMaxInFlight)
 	c.MaxRetryAfter = cmp.Or(c.MaxRetryAfter, DefaultMaxRetryAfter)
 	c.Batch.MaxMessages = cmp.Or(c.Batch.MaxMessages, 1)
+	c.Batch.Linger = cmp.Or(c.Batch.Linger, DefaultBatchLinger)
 	return c
 }
 

@@ -27,6 +27,7 @@ func init() {
 			return &Config{
 				Timeout: DefaultTimeout, MaxConnsPerHost: DefaultMaxConnsPerHost,
 				MaxInFlight: DefaultMaxInFlight, MaxRetryAfter: DefaultMaxRetryAfter,
+				Batch: Batch{Linger: DefaultBatchLinger},
 			}
 		},
 		Docs: map[string]string{
@@ -46,7 +47,7 @@ func init() {
 			"max_retry_after":          "cap of the pause a `Retry-After` answer imposes",
 			"follow_redirects":         "follow 307 and 308 answers to the same scheme and host; otherwise a 3xx is dead-lettered",
 			"batch.max_messages":       "batch mode: most messages in one POST, a JSON array of their envelopes (one of each aggregate); 1 sends each alone",
-			"batch.linger":             "batch mode: how long a batch waits for more messages before it is sent",
+			"batch.linger":             "batch mode: the longest a batch waits for more messages, only while another request is in flight",
 			"tls.enabled":              "use the TLS settings below (an `https://` URL uses TLS without them)",
 			"tls.ca_file":              "CA bundle that signs the receiver's certificate",
 			"tls.cert_file":            "client certificate (mutual TLS)",

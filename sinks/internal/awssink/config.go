@@ -193,8 +193,9 @@ type Common struct {
 	// default [DefaultBatchSize]. A batch holds one message of each of
 	// distinct aggregates.
 	BatchSize int `yaml:"batch_size"`
-	// Linger is how long a batch of fewer than BatchSize waits for more
-	// messages, default [DefaultLinger].
+	// Linger is the longest a batch of fewer than BatchSize waits for more
+	// messages, default [DefaultLinger]; it waits only while another batch
+	// is in flight (see package batch).
 	Linger time.Duration `yaml:"linger"`
 	// MaxConcurrentBatches is how many batches are sent at once, default
 	// [DefaultMaxConcurrentBatches].
@@ -257,7 +258,7 @@ func Docs(s Service, destKey, dest string) map[string]string {
 	docs := ConnectionDocs(s)
 	docs[destKey] = dest
 	docs["batch_size"] = batch
-	docs["linger"] = "how long a batch of fewer waits for more messages"
+	docs["linger"] = "the longest a batch of fewer waits for more messages, only while another batch is in flight"
 	docs["max_concurrent_batches"] = "batches sent at once"
 	docs["max_inflight"] = "messages published and not yet answered; Publish blocks beyond it"
 	docs["max_message_bytes"] = "largest message, body and attributes, up to " + s.MaxBytesText + "; a larger one is dead-lettered"

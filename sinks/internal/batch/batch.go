@@ -15,6 +15,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -40,8 +41,9 @@ type Options struct {
 	Workers int
 	// MaxBatch is the most messages in one batch (1: every message alone).
 	MaxBatch int
-	// Linger is how long a worker holding fewer than MaxBatch messages
-	// waits for more before it sends them; 0 sends what is ready.
+	// Linger is the longest a batch of fewer than MaxBatch messages waits
+	// for more, and only while another batch is being sent or was just
+	// answered (see Queue.take); 0 sends what is ready.
 	Linger time.Duration
 	// Send sends a batch.
 	Send Send
@@ -57,6 +59,21 @@ type Queue struct {
 
 	mu     sync.Mutex            // guards chains; orders Publish against Close
 	chains map[aggregate][]*item // an entry per aggregate with a message queued or in flight: the ones behind it
+
+	// gather is held by the one worker that is filling a batch. Workers
+	// that each took a ready message and lingered for more split the
+	// ready messages among themselves: with as many workers as ready
+	// aggregates, every batch held one message and waited out Linger.
+	gather chan struct{}
+	// sending counts the batches being sent; answered wakes the gatherer
+	// when one is answered. A batch lingers only while another is being
+	// sent, since only an answer releases the next messages of its
+	// aggregates (see take). Only the gatherer starts a batch, so sending
+	// only falls while it fills one.
+	sending  atomic.Int32
+	answered chan struct{}
+	// answeredAt is when the last batch was answered (Unix nanoseconds).
+	answeredAt atomic.Int64
 
 	run *sinks.Lifecycle
 }
@@ -75,11 +92,13 @@ func New(o Options) *Queue {
 	o.Workers = max(o.Workers, 1)
 	o.MaxInFlight = max(o.MaxInFlight, 1)
 	return &Queue{
-		o:      o,
-		slots:  make(chan struct{}, o.MaxInFlight),
-		ready:  make(chan *item, o.MaxInFlight),
-		chains: map[aggregate][]*item{},
-		run:    sinks.NewLifecycle(o.Name),
+		o:        o,
+		slots:    make(chan struct{}, o.MaxInFlight),
+		ready:    make(chan *item, o.MaxInFlight),
+		chains:   map[aggregate][]*item{},
+		gather:   make(chan struct{}, 1),
+		answered: make(chan struct{}, 1),
+		run:      sinks.NewLifecycle(o.Name),
 	}
 }
 
@@ -150,20 +169,27 @@ func (q *Queue) Run(ctx context.Context) error {
 }
 
 // take returns the next batch: the first ready message, then up to
-// MaxBatch-1 more, waiting at most Linger for them. It returns false when
-// ctx is done or the Queue is stopped, with the messages it held back in
-// the ready channel for Close to report.
+// MaxBatch-1 more. One worker at a time fills a batch (gather), so the
+// ready messages go into one batch instead of one each. It waits for more,
+// at most Linger, only while another batch is being sent or one was just
+// answered (fill): otherwise no answer can release more, and the batch goes
+// at once. It returns false when ctx is done or the Queue is stopped, with
+// the messages it held back in the ready channel for Close to report.
 func (q *Queue) take(ctx context.Context) ([]*item, bool) {
-	var b []*item
-	giveBack := func() ([]*item, bool) {
-		for _, it := range b {
-			q.ready <- it // never blocks: it holds a slot
-		}
-		return nil, false
-	}
 	if q.run.Stopped() {
 		return nil, false
 	}
+	if q.o.MaxBatch > 1 {
+		select {
+		case q.gather <- struct{}{}:
+			defer func() { <-q.gather }()
+		case <-ctx.Done():
+			return nil, false
+		case <-q.run.Quit():
+			return nil, false
+		}
+	}
+	var b []*item
 	select {
 	case it := <-q.ready:
 		b = append(b, it)
@@ -172,36 +198,81 @@ func (q *Queue) take(ctx context.Context) ([]*item, bool) {
 	case <-q.run.Quit():
 		return nil, false
 	}
-	var linger <-chan time.Time
-	if q.o.Linger > 0 && q.o.MaxBatch > 1 {
-		t := time.NewTimer(q.o.Linger)
-		defer t.Stop()
-		linger = t.C
+	b = q.fill(ctx, b)
+	if q.run.Stopped() {
+		for _, it := range b {
+			q.ready <- it // never blocks: it holds a slot
+		}
+		return nil, false
 	}
+	q.sending.Add(1)
+	return b, true
+}
+
+// answerGrace is how long after an answer a batch still waits for more
+// when no other batch is being sent: the answer's done callbacks release
+// the next messages of its aggregates, which the caller publishes a moment
+// later. Without it, a batch sent just before they arrive alternates with
+// one of them alone.
+const answerGrace = 2 * time.Millisecond
+
+// fill adds ready messages to b up to MaxBatch. With a Linger, it waits
+// for more while another batch is being sent, or within answerGrace of the
+// last answer, and at most Linger in all.
+func (q *Queue) fill(ctx context.Context, b []*item) []*item {
+	if q.o.Linger <= 0 || q.o.MaxBatch <= 1 {
+		return q.drain(b)
+	}
+	linger := time.NewTimer(q.o.Linger)
+	defer linger.Stop()
+	var grace *time.Timer
+	defer func() {
+		if grace != nil {
+			grace.Stop()
+		}
+	}()
+	for {
+		if b = q.drain(b); len(b) >= q.o.MaxBatch {
+			return b
+		}
+		var graceC <-chan time.Time
+		if q.sending.Load() == 0 {
+			left := answerGrace - time.Since(time.Unix(0, q.answeredAt.Load()))
+			if left <= 0 {
+				return b // no answer can release more
+			}
+			if grace == nil {
+				grace = time.NewTimer(left)
+			}
+			graceC = grace.C
+		}
+		select {
+		case it := <-q.ready:
+			b = append(b, it)
+		case <-q.answered: // look again: was it the last batch being sent?
+		case <-graceC:
+			return b
+		case <-linger.C:
+			return b
+		case <-ctx.Done():
+			return b
+		case <-q.run.Quit():
+			return b
+		}
+	}
+}
+
+// drain adds the messages ready now to b, up to MaxBatch.
+func (q *Queue) drain(b []*item) []*item {
 	for len(b) < q.o.MaxBatch {
 		select {
 		case it := <-q.ready:
 			b = append(b, it)
-			continue
 		default:
+			return b
 		}
-		if linger == nil {
-			break
-		}
-		select {
-		case it := <-q.ready:
-			b = append(b, it)
-			continue
-		case <-linger:
-		case <-ctx.Done():
-		case <-q.run.Quit():
-		}
-		break
 	}
-	if q.run.Stopped() {
-		return giveBack()
-	}
-	return b, true
+	return b
 }
 
 // deliver sends b, reports each message's outcome and queues the next
@@ -218,6 +289,12 @@ func (q *Queue) deliver(ctx context.Context, b []*item) {
 	}
 	for i, it := range b {
 		q.settle(it, errs[i])
+	}
+	q.answeredAt.Store(time.Now().UnixNano())
+	q.sending.Add(-1)
+	select {
+	case q.answered <- struct{}{}:
+	default: // the gatherer has a wake-up pending already
 	}
 }
 
