@@ -1,7 +1,7 @@
 GO ?= go
 FUZZTIME ?= 10s
 
-.PHONY: services testreport tidy-check lint build test test-serial test-outbox test-inbox test-matrix test-chart test-rules test-short torture bench demo fuzz audit clean
+.PHONY: services testreport tidy-check lint vet build test test-unit test-race test-serial test-outbox test-inbox test-matrix test-chart test-rules test-short torture bench demo fuzz audit clean
 
 # make build stamps the version (git describe) and the commit into the
 # binary: `outboxrelay version --json` and the build_info metric show them.
@@ -47,27 +47,41 @@ services:
 # Every go test run of make test goes through internal/testreport (REPORT):
 # it prints what plain go test prints (result lines, the output of what
 # failed), fails when go test did, and records each skipped test with its
-# reason; make test ends by listing them, so that a skip never reads as a
-# pass.
+# reason and each failed test or package.
 TESTREPORT := $(CURDIR)/bin/testreport
 SKIPS := $(CURDIR)/bin/test-skips
-REPORT = $(TESTREPORT) -skips $(SKIPS)
+FAILURES := $(CURDIR)/bin/test-failures
+REPORT = $(TESTREPORT) -skips $(SKIPS) -failures $(FAILURES)
 # JSON runs go test -json, and when go test fails without saying so in
-# JSON (no such package, a vet failure), adds a failure the report sees.
-JSON = || echo '{"Action":"fail","Package":"(go test exited non-zero)"}'
+# JSON (no such package, a vet failure), adds a failure the report sees
+# (internal/testreport goTestExited).
+JSON = || echo '{"Action":"fail","Package":"go-test","Test":"exited non-zero without saying why in JSON; see its output above"}'
 testreport:
 	@mkdir -p $(dir $(TESTREPORT)) && $(GO) build -o $(TESTREPORT) ./internal/testreport
 
-test: services tidy-check lint testreport
-	@rm -f $(SKIPS)
+# make test runs each of TEST_STEPS (a target each) and goes on past one
+# that fails, so that a failing package hides none of the other suites:
+# testreport records every failed test and package, this loop every step
+# that failed (its output says why), and make test ends by listing every
+# skip, then every failure, and exits non-zero when anything failed. Part
+# of it runs with the variables set on the command line, for instance
+# make test TEST_STEPS="test-unit test-race" UNIT_PKGS=./envelope RACE_PKGS=./relay
+TEST_STEPS := services tidy-check lint vet test-unit test-race test-serial test-outbox test-inbox test-chart
+test: testreport
+	@rm -f $(SKIPS) $(FAILURES)
+	@for step in $(TEST_STEPS); do \
+		$(MAKE) --no-print-directory $$step || echo "make $$step" >>$(FAILURES); \
+	done
+	@$(TESTREPORT) -summary -skips $(SKIPS) -failures $(FAILURES)
+
+vet:
 	$(GO) vet ./...
+
+test-unit: testreport
 	{ $(GO) test -json -count=1 -timeout 15m -p 2 $(UNIT_PKGS) $(JSON); } | $(REPORT)
+
+test-race: testreport
 	{ $(GO) test -json -race -count=1 -timeout 15m -p 2 $(RACE_PKGS) $(JSON); } | $(REPORT)
-	$(MAKE) --no-print-directory test-serial
-	$(MAKE) --no-print-directory test-outbox
-	$(MAKE) --no-print-directory test-inbox
-	$(MAKE) --no-print-directory test-chart
-	@$(TESTREPORT) -summary -skips $(SKIPS)
 
 # The core end-to-end suite on every supported PostgreSQL version
 # (.ci/services caches the binaries): committed-only delivery with a savepoint
@@ -138,10 +152,13 @@ torture:
 # root ./... does not reach: its tests and examples, and again under the
 # race detector. envelope/outbox_test.go checks,
 # from the relay's module, that the relay reads what it writes.
+# Its three runs each run when one before failed (rc).
 test-outbox: testreport
-	cd outbox && $(GO) vet ./...
-	cd outbox && { $(GO) test -json -count=1 ./... $(JSON); } | $(REPORT)
-	cd outbox && { $(GO) test -json -race -count=1 ./... $(JSON); } | $(REPORT)
+	cd outbox || exit 1; rc=0; \
+	$(GO) vet ./... || rc=1; \
+	{ $(GO) test -json -count=1 ./... $(JSON); } | $(REPORT) || rc=1; \
+	{ $(GO) test -json -race -count=1 ./... $(JSON); } | $(REPORT) || rc=1; \
+	exit $$rc
 
 # The consumer inbox (inbox/go.mod) and each of its broker runners
 # (inbox/kafka, inbox/rabbitmq, inbox/nats, inbox/redis) are modules of their own, so that a Kafka
@@ -150,17 +167,21 @@ test-outbox: testreport
 # consumers as child processes (against kfake over TCP, or the RabbitMQ,
 # NATS and Redis on 127.0.0.1 with a queue or stream of their own) and kill them.
 # They run once, under the race detector (none of them skips there), which
-# saves a second build and run of every module.
+# saves a second build and run of every module. A module that fails stops
+# none of the others (rc), nor does its vet its tests.
 INBOX_MODULES := inbox inbox/kafka inbox/rabbitmq inbox/nats inbox/redis inbox/inboxprom
 test-inbox: testreport
-	@set -e; for m in $(INBOX_MODULES); do \
+	@rc=0; for m in $(INBOX_MODULES); do \
 		echo "test-inbox: $$m"; \
-		(cd $$m && $(GO) vet ./... && { $(GO) test -json -race -count=1 -timeout 10m -p 1 ./... $(JSON); } | $(REPORT)); \
-	done
+		(cd $$m && $(GO) vet ./...) || rc=1; \
+		(cd $$m && { $(GO) test -json -race -count=1 -timeout 10m -p 1 ./... $(JSON); } | $(REPORT)) || rc=1; \
+	done; exit $$rc
 
 test-chart: testreport
-	cd deploy/helm && $(GO) vet ./...
-	cd deploy/helm && { $(GO) test -json -count=1 -timeout 10m ./... $(JSON); } | $(REPORT)
+	cd deploy/helm || exit 1; rc=0; \
+	$(GO) vet ./... || rc=1; \
+	{ $(GO) test -json -count=1 -timeout 10m ./... $(JSON); } | $(REPORT) || rc=1; \
+	exit $$rc
 
 # The alert rules' unit tests alone.
 test-rules:

@@ -14,8 +14,15 @@ import (
 	"github.com/outboxrelay/outboxrelay/inbox/kafka"
 )
 
-// The README's complete Kafka consumer: compiled here, so that it stays
-// true to the API.
+// accountTopic is the topic the relay's Kafka sink publishes aggregate type
+// account to by default (sink.kafka.topic, outbox.{aggregate_type}).
+// This module cannot import the relay's, so the relay's module checks it
+// against the sink's default (internal/doccheck,
+// TestConsumerGuideBuildsFromAClone), as it checks docs/consumers.md.
+const accountTopic = "outbox.account"
+
+// The consumer guide's complete Kafka consumer (docs/consumers.md):
+// compiled here, so that it stays true to the API.
 func Example() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
@@ -42,7 +49,7 @@ func Example() {
 		return err
 	}
 	r, err := kafka.New(in, deposit, kafka.Config{
-		Brokers: []string{"localhost:9092"}, Group: "billing", Topics: []string{"outbox.event.account"},
+		Brokers: []string{"localhost:9092"}, Group: "billing", Topics: []string{accountTopic},
 	})
 	if err != nil {
 		panic(err)

@@ -13,7 +13,9 @@
 //     not deleted (in flight); a MessageDeduplicationId seen in the last
 //     five minutes is accepted and not enqueued again;
 //   - standard queues: no group and no deduplication (this server
-//     delivers them in send order, which real SQS does not promise);
+//     delivers them in send order, which real SQS does not promise; a
+//     test that needs the order in which the server accepted messages
+//     reads it from their MessageId with [Sequence]);
 //   - batches: at most 10 entries with distinct ids, 10 message attributes
 //     and MaximumMessageSize bytes (256 KiB) per message and in all,
 //     entries that succeed and fail independently (Successful, Failed with
@@ -150,6 +152,15 @@ func (s *Server) SetClock(now func() time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.now = now
+}
+
+// Advance moves the server's clock d ahead, so that messages received
+// and not deleted come again after [VisibilityTimeout] without the wait.
+func (s *Server) Advance(d time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now
+	s.now = func() time.Time { return now().Add(d) }
 }
 
 // Stats returns the counts so far.
@@ -410,12 +421,32 @@ func (s *Server) enqueue(q *queue, e sendEntry, batch bool) (*entryResult, *entr
 		}
 		q.dedup[e.MessageDeduplicationID] = now
 	}
-	m := &message{id: fmt.Sprintf("%08d-0000-4000-8000-000000000000", s.seq), group: e.MessageGroupID, body: e.MessageBody, attrs: e.MessageAttributes, seq: res.SequenceNumber}
+	m := &message{id: fmt.Sprintf("%08d-%s", s.seq, messageIDTail), group: e.MessageGroupID, body: e.MessageBody, attrs: e.MessageAttributes, seq: res.SequenceNumber}
 	res.MessageID = m.id
 	q.msgs = append(q.msgs, m)
 	s.stats.Enqueued++
 	return res, nil
 }
+
+// Sequence returns the position at which the server accepted the message
+// with this MessageId (1 for its first), across its queues; 0 for an id it
+// did not make. SQS tells a standard queue's consumer no such thing: a test
+// uses it to check the order in which a sender's messages were accepted,
+// which redelivery after a lost receipt hides.
+func Sequence(messageID string) int64 {
+	head, rest, ok := strings.Cut(messageID, "-")
+	if !ok || rest != messageIDTail {
+		return 0
+	}
+	n, err := strconv.ParseInt(head, 10, 64)
+	if err != nil {
+		return 0
+	}
+	return n
+}
+
+// messageIDTail follows the sequence in the MessageIds the server makes.
+const messageIDTail = "0000-4000-8000-000000000000"
 
 func md5Hex(b []byte) string {
 	sum := md5.Sum(b)
@@ -495,8 +526,9 @@ func cmpOr(a, b int) int {
 	return b
 }
 
-// visibilityTimeout is the queue's default.
-const visibilityTimeout = 30 * time.Second
+// VisibilityTimeout is the queues' (SQS's default): a message received
+// and not deleted within it is received again.
+const VisibilityTimeout = 30 * time.Second
 
 func (q *queue) take(now time.Time, max int) []received {
 	got := []received{}
@@ -514,7 +546,7 @@ func (q *queue) take(now time.Time, max int) []received {
 		}
 		m.received++
 		m.receipt = fmt.Sprintf("%s-%d", m.id, m.received)
-		m.visibleAt = now.Add(visibilityTimeout)
+		m.visibleAt = now.Add(VisibilityTimeout)
 		r := received{MessageID: m.id, ReceiptHandle: m.receipt, MD5OfBody: md5Hex([]byte(m.body)), Body: m.body,
 			Attributes:        map[string]string{"ApproximateReceiveCount": strconv.Itoa(m.received)},
 			MessageAttributes: m.attrs, MD5OfMessageAttributes: attributesMD5(m.attrs)}
