@@ -212,6 +212,9 @@ FROM %s.dead_letters WHERE id = $1`, s), id).Scan(&owner, &state, &released, &re
 	case err != nil:
 		return fmt.Errorf("%s dead letter %d: %w", what, id, err)
 	case consumer != "" && owner != consumer:
+		if err := checkConsumer(ctx, db, s, consumer); err != nil {
+			return err
+		}
 		return fmt.Errorf("%s: dead letter %d belongs to consumer %s, not %s: %w", what, id, owner, consumer, ErrNotParked)
 	case state == "released":
 		how := "replayed"
