@@ -247,11 +247,15 @@ const replayLease = time.Minute
 // (a handler failing every attempt) records its error on the letter
 // (ReplayError) and ends its request, so that it is not retried without
 // the operator, and ReplayRequested goes on with the next; the messages
-// stay parked, as after a failed Replay. The runners call it every
+// stay parked, as after a failed Replay, and the error returned at the
+// end joins these failures. A replay stopped by the database or ctx
+// returns at once and keeps its request, which the lease gives back a
+// minute later. The runners call it every
 // Config.ReplayInterval; call it from a ticker when you use Process or
 // Receive directly. Cancelling ctx stops it as it stops Replay.
 func (in *Inbox) ReplayRequested(ctx context.Context, h Handler) (ReplayResult, error) {
 	var total ReplayResult
+	var failures []error
 	for {
 		var id int64
 		err := in.db.QueryRow(ctx, fmt.Sprintf(`UPDATE %[1]s.dead_letters SET replay_claimed_until = now() + make_interval(secs => $2)
@@ -261,7 +265,7 @@ WHERE id = (SELECT id FROM %[1]s.dead_letters
 	ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED)
 RETURNING id`, in.q.schema), in.consumer, replayLease.Seconds()).Scan(&id)
 		if errors.Is(err, pgx.ErrNoRows) {
-			return total, nil
+			return total, errors.Join(failures...)
 		}
 		if err != nil {
 			return total, fmt.Errorf("claim a requested replay of consumer %s: %w", in.consumer, err)
@@ -278,6 +282,7 @@ SET replay_claimed_until = NULL, replay_requested_at = NULL, replay_error = $2 W
 			if err != nil {
 				return total, fmt.Errorf("record the failed replay of dead letter %d: %w", id, err)
 			}
+			failures = append(failures, fmt.Errorf("requested replay of dead letter %d stopped, recorded on the letter; request it again once fixed: %w", id, rerr))
 			continue
 		default:
 			// The database or ctx failed, not the handler: the request

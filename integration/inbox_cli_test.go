@@ -219,8 +219,8 @@ func TestInboxDLQCommands(t *testing.T) {
 	// The consumer's side: its runner's ReplayRequested runs the requests.
 	failing["m1"] = false
 	res, err := in.ReplayRequested(ctx, h)
-	if err != nil || res.Processed != 4 || res.Duplicates != 0 {
-		t.Fatalf("ReplayRequested: %+v, %v; want 4 processed", res, err)
+	if err == nil || !strings.Contains(err.Error(), "dead letter "+id(d)+" stopped") || res.Processed != 4 || res.Duplicates != 0 {
+		t.Fatalf("ReplayRequested: %+v, %v; want 4 processed and the failure of %d", res, err, d.ID)
 	}
 	if want := []string{"m1", "m2", "m3", "m6"}; !slices.Equal(ran, want) {
 		t.Fatalf("the handler ran %v, want %v (m5 discarded, m7 failing)", ran, want)

@@ -81,7 +81,7 @@ func ServeReplays(ctx context.Context, in *inbox.Inbox, h inbox.Handler, log *sl
 			log.Info(what+": ran requested replays", "processed", res.Processed, "duplicates", res.Duplicates)
 		}
 		if err != nil && ctx.Err() == nil {
-			log.Warn(what+": requested replay failed; it is taken up again", "error", err)
+			log.Warn(what+": requested replay failed", "error", err)
 		}
 	}
 }
