@@ -101,6 +101,10 @@ type Config struct {
 	// run, dlq replay and recover --margin included (see the dedupe window in
 	// docs/consumers.md).
 	Retention time.Duration
+	// ReplayInterval is how often the runners look for replays an
+	// operator requested (`outboxrelay inbox dlq replay`, RequestReplay)
+	// and run them (ReplayRequested); 5s by default.
+	ReplayInterval time.Duration
 	// Observer receives one call per event, for metrics.
 	Observer Observer
 }
@@ -217,6 +221,9 @@ func New(db DB, consumer string, cfg Config) (*Inbox, error) {
 	if cfg.Retention <= 0 {
 		cfg.Retention = 7 * 24 * time.Hour
 	}
+	if cfg.ReplayInterval <= 0 {
+		cfg.ReplayInterval = 5 * time.Second
+	}
 	in := &Inbox{db: db, consumer: consumer, cfg: cfg, q: newQueries(quoteSchema(cfg.Schema))}
 	if p, ok := db.(interface{ Stat() *pgxpool.Stat }); ok {
 		n := p.Stat().MaxConns()
@@ -247,6 +254,9 @@ func (in *Inbox) begin(ctx context.Context) (tx pgx.Tx, end func(), err error) {
 	}
 	return tx, end, nil
 }
+
+// ReplayInterval returns Config.ReplayInterval, for the runners.
+func (in *Inbox) ReplayInterval() time.Duration { return in.cfg.ReplayInterval }
 
 // Consumer returns the consumer name.
 func (in *Inbox) Consumer() string { return in.consumer }

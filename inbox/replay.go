@@ -165,7 +165,7 @@ func (in *Inbox) replayOne(ctx context.Context, m Message, h Handler, then func(
 		}
 		var p permanent
 		if attempt >= in.cfg.MaxAttempts || errors.As(herr, &p) {
-			return fmt.Errorf("message %s failed %d attempts, it stays parked: %w", m.ID, attempt, herr)
+			return handlerFailed{fmt.Errorf("message %s failed %d attempts, it stays parked: %w", m.ID, attempt, herr)}
 		}
 		if f := in.cfg.Observer.Retried; f != nil {
 			f(m, attempt, herr)
@@ -175,6 +175,12 @@ func (in *Inbox) replayOne(ctx context.Context, m Message, h Handler, then func(
 		}
 	}
 }
+
+// handlerFailed is a replay stopped by a handler that failed every
+// attempt, as opposed to the database or a cancelled ctx.
+type handlerFailed struct{ error }
+
+func (h handlerFailed) Unwrap() error { return h.error }
 
 // ErrDiscardReason is returned by Discard without a reason.
 var ErrDiscardReason = errors.New("a discard needs a reason: it is the operator's recorded decision")

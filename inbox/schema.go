@@ -81,6 +81,18 @@ CREATE INDEX IF NOT EXISTS parked_aggregate ON {schema}.parked (consumer, aggreg
 ALTER TABLE {schema}.dead_letters ADD COLUMN IF NOT EXISTS discarded_at timestamptz;
 ALTER TABLE {schema}.dead_letters ADD COLUMN IF NOT EXISTS discard_reason text;
 
+-- An operator's requests from outside the consumer (outboxrelay inbox dlq
+-- replay and discard), which cannot run its handler: the consumer's
+-- runner claims a requested replay (replay_claimed_until, a lease so that
+-- one process runs it and a crashed one's claim expires) and runs it;
+-- replay_error keeps why the last one failed.
+ALTER TABLE {schema}.dead_letters ADD COLUMN IF NOT EXISTS discarded_by text;
+ALTER TABLE {schema}.dead_letters ADD COLUMN IF NOT EXISTS replay_requested_at timestamptz;
+ALTER TABLE {schema}.dead_letters ADD COLUMN IF NOT EXISTS replay_requested_by text;
+ALTER TABLE {schema}.dead_letters ADD COLUMN IF NOT EXISTS replay_claimed_until timestamptz;
+ALTER TABLE {schema}.dead_letters ADD COLUMN IF NOT EXISTS replay_error text;
+CREATE INDEX IF NOT EXISTS dead_letters_replay_requested ON {schema}.dead_letters (consumer, id) WHERE replay_requested_at IS NOT NULL AND state <> 'released';
+
 -- The consumers are found by a skip scan of processed's primary key, so
 -- the view reads a few index pages per consumer, not the table.
 CREATE OR REPLACE VIEW {schema}.status AS

@@ -2,6 +2,7 @@ package inbox
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"time"
 
@@ -48,18 +49,55 @@ type Status struct {
 	Parked []ParkedAggregate
 }
 
-// DeadLetter is one stored dead letter.
+// DeadLetter is one stored dead letter. Status fills the fields up to
+// CreatedAt; Letters fills them all.
 type DeadLetter struct {
-	ID            int64
-	MessageID     string
-	AggregateType string
-	AggregateID   string
-	Error         string
-	Attempts      int
+	ID            int64  `json:"id"`
+	Consumer      string `json:"consumer"`
+	MessageID     string `json:"message_id"`
+	AggregateType string `json:"aggregate_type"`
+	AggregateID   string `json:"aggregate_id"`
+	Error         string `json:"error"`
+	Attempts      int    `json:"attempts"`
 	// State is parked (its aggregate waits), dead (no aggregate to hold)
 	// or released.
-	State     string
-	CreatedAt time.Time
+	State     string    `json:"state"`
+	CreatedAt time.Time `json:"created_at"`
+
+	// Key, Body and Headers are the message as received (Headers as
+	// stored: a JSON object, its values base64 where jsonb could not hold
+	// them).
+	Key     []byte          `json:"key,omitempty"`
+	Body    []byte          `json:"body"`
+	Headers json.RawMessage `json:"headers"`
+	// HeadDoneAt is when a replay ran the message or a discard gave it up;
+	// ReleasedAt when its aggregate was released.
+	HeadDoneAt *time.Time `json:"head_done_at,omitempty"`
+	ReleasedAt *time.Time `json:"released_at,omitempty"`
+	// DiscardedAt, DiscardReason and DiscardedBy record a discard.
+	DiscardedAt   *time.Time `json:"discarded_at,omitempty"`
+	DiscardReason string     `json:"discard_reason,omitempty"`
+	DiscardedBy   string     `json:"discarded_by,omitempty"`
+	// ReplayRequestedAt and ReplayRequestedBy record a RequestReplay (or
+	// the replay a RequestDiscard leaves to the runner); the request is
+	// pending while the letter is not released. ReplayError is why the
+	// last requested replay failed.
+	ReplayRequestedAt *time.Time `json:"replay_requested_at,omitempty"`
+	ReplayRequestedBy string     `json:"replay_requested_by,omitempty"`
+	ReplayError       string     `json:"replay_error,omitempty"`
+	// Parked are the messages parked behind it, in the order a replay
+	// runs them.
+	Parked []ParkedMessage `json:"parked,omitempty"`
+}
+
+// ParkedMessage is a message parked behind a dead letter.
+type ParkedMessage struct {
+	Seq       int64           `json:"seq"`
+	MessageID string          `json:"message_id"`
+	Key       []byte          `json:"key,omitempty"`
+	Body      []byte          `json:"body"`
+	Headers   json.RawMessage `json:"headers"`
+	ParkedAt  time.Time       `json:"parked_at"`
 }
 
 // ParkedAggregate is an aggregate held behind dead letter DeadLetterID,
@@ -93,7 +131,7 @@ FROM %[1]s.dead_letters d WHERE d.consumer = $1 AND d.state <> 'released' ORDER 
 	}
 	defer rows.Close()
 	for rows.Next() {
-		var d DeadLetter
+		d := DeadLetter{Consumer: in.consumer}
 		var waiting int
 		if err := rows.Scan(&d.ID, &d.MessageID, &d.AggregateType, &d.AggregateID, &d.Error, &d.Attempts, &d.State, &d.CreatedAt, &waiting); err != nil {
 			return st, fmt.Errorf("inbox status of consumer %s: %w", in.consumer, err)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"regexp"
+	"slices"
 	"strings"
 )
 
@@ -15,6 +16,10 @@ var shells = []string{"bash", "zsh", "fish"}
 // what each command's --help prints, the same source as the usage and the
 // help: a command, subcommand or flag cannot be in one and missing from
 // the other.
+
+// nestedSubcommands are the subcommands of a subcommand ("inbox dlq"),
+// each with flags of its own.
+var nestedSubcommands = map[string][]string{"inbox dlq": inboxDLQCommands}
 
 // compNode is what completion offers after a command, or a command and its
 // subcommand: the words that may follow it and its flags.
@@ -65,7 +70,15 @@ func completionTree() []compNode {
 		}
 		nodes = append(nodes, n)
 		for _, sub := range c.subcommands {
-			nodes = append(nodes, compNode{path: []string{c.name, sub}, flags: helpFlags(c.name, sub)})
+			nested := nestedSubcommands[c.name+" "+sub]
+			if len(nested) == 0 {
+				nodes = append(nodes, compNode{path: []string{c.name, sub}, flags: helpFlags(c.name, sub)})
+				continue
+			}
+			nodes = append(nodes, compNode{path: []string{c.name, sub}, words: nested})
+			for _, n := range nested {
+				nodes = append(nodes, compNode{path: []string{c.name, sub, n}, flags: helpFlags(c.name, sub, n)})
+			}
 		}
 	}
 	return nodes
@@ -107,6 +120,14 @@ _outboxrelay() {
 	if len(withSubs) > 0 {
 		fmt.Fprintf(&b, "    case $path in\n    %s) [[ $COMP_CWORD -gt 2 ]] && path=\"$path ${COMP_WORDS[2]}\" ;;\n    esac\n", strings.Join(withSubs, "|"))
 	}
+	var nested []string
+	for k := range nestedSubcommands {
+		nested = append(nested, fmt.Sprintf("%q", k))
+	}
+	if len(nested) > 0 {
+		slices.Sort(nested)
+		fmt.Fprintf(&b, "    case $path in\n    %s) [[ $COMP_CWORD -gt 3 ]] && path=\"$path ${COMP_WORDS[3]}\" ;;\n    esac\n", strings.Join(nested, "|"))
+	}
 	b.WriteString("    case $path in\n")
 	for _, n := range completionTree() {
 		fmt.Fprintf(&b, "    %q)\n", strings.Join(n.path, " "))
@@ -147,8 +168,8 @@ func fishCompletion() string {
 		strings.Join(commandNames(), " "))
 	for _, n := range completionTree() {
 		cond := "__fish_seen_subcommand_from " + n.path[0]
-		if len(n.path) > 1 {
-			cond += "; and __fish_seen_subcommand_from " + n.path[1]
+		for _, w := range n.path[1:] {
+			cond += "; and __fish_seen_subcommand_from " + w
 		}
 		if len(n.words) > 0 {
 			fmt.Fprintf(&b, "complete -c outboxrelay -n '%s; and test (count (commandline -opc)) -eq %d' -a '%s'\n", cond, len(n.path), strings.Join(n.words, " "))

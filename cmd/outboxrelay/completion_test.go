@@ -103,6 +103,12 @@ func TestCompletionFollowsCommandTable(t *testing.T) {
 	if enumerated == 0 {
 		t.Error("no flag has a fixed list of values; status -o has json|wide")
 	}
+	if got := complete(t, bash, scripts["bash"], dir, "inbox", "dlq", ""); !slices.Equal(got, []string{"list", "show", "replay", "discard"}) {
+		t.Errorf("inbox dlq completes %v, want its subcommands", got)
+	}
+	if got := complete(t, bash, scripts["bash"], dir, "inbox", "dlq", "discard", "--r"); !slices.Equal(got, []string{"--reason"}) {
+		t.Errorf("inbox dlq discard --r completes %v, want --reason", got)
+	}
 	if got := complete(t, bash, scripts["bash"], dir, "run", "--config", ""); !slices.Equal(got, []string{"relay.yaml"}) {
 		t.Errorf("run --config completes %v, want the file relay.yaml", got)
 	}

@@ -17,6 +17,11 @@ func TestSubcommandHelp(t *testing.T) {
 	}{
 		{[]string{"migrate", "--help"}, "outboxrelay migrate", []string{"--config", "--database-url", "--slot", "--print-role", "--grant", "replication slot to create", "--inbox", "--inbox-schema"}},
 		{[]string{"inbox", "--help"}, "outboxrelay inbox status", []string{"--database-url", "parked aggregates"}},
+		{[]string{"inbox", "dlq", "--help"}, "outboxrelay inbox dlq list", []string{"show", "replay", "discard", "--reason", "consumer's runner"}},
+		{[]string{"inbox", "dlq", "list", "--help"}, "outboxrelay inbox dlq list", []string{"--database-url", "--consumer", "--all", "--json"}},
+		{[]string{"inbox", "dlq", "show", "--help"}, "outboxrelay inbox dlq show", []string{"--id", "--json", "parked behind it"}},
+		{[]string{"inbox", "dlq", "replay", "--help"}, "outboxrelay inbox dlq replay", []string{"--id", "replay interval", "releases"}},
+		{[]string{"inbox", "dlq", "discard", "--help"}, "outboxrelay inbox dlq discard", []string{"--id", "--reason", "recorded"}},
 		{[]string{"inbox", "status", "--help"}, "outboxrelay inbox status", []string{"--database-url", "--schema", "--json", "dead letters"}},
 		{[]string{"run", "-h"}, "outboxrelay run", []string{"--config", "--check-config", "--accept-config-change", "validate the configuration"}},
 		{[]string{"status", "--help"}, "outboxrelay status", []string{"--database-url", "--slot", "--json", "--max-lag-bytes"}},

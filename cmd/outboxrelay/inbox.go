@@ -14,21 +14,25 @@ import (
 )
 
 // inboxCommands are the subcommands of inbox.
-var inboxCommands = []string{"status"}
+var inboxCommands = []string{"status", "dlq"}
 
 // cmdInbox reads a consumer database's inbox (the inbox library's tables,
 // created by `outboxrelay migrate --inbox`).
 func cmdInbox(args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
-		return usageErr("inbox needs a subcommand (status); see outboxrelay inbox --help")
+		return usageErr("inbox needs a subcommand (status or dlq); see outboxrelay inbox --help")
 	}
 	switch sub := args[0]; {
 	case slices.Contains([]string{"-h", "-help", "--help", "help"}, sub):
-		fmt.Fprint(stdout, "Usage:\n  outboxrelay inbox status --database-url URL [--schema S] [--json]\n\n"+
-			"Read a consumer database's inbox: per consumer, the last processed message and when, the dead letters and the parked aggregates.\n")
+		fmt.Fprint(stdout, "Usage:\n  outboxrelay inbox status --database-url URL [--schema S] [--json]\n"+
+			"  outboxrelay inbox dlq list|show|replay|discard --database-url URL ...\n\n"+
+			"Read a consumer database's inbox: per consumer, the last processed message and when, the dead letters and the parked aggregates; "+
+			"list, show, replay and discard its dead letters (outboxrelay inbox dlq --help).\n")
 		return nil
+	case sub == "dlq":
+		return cmdInboxDLQ(args[1:], stdout)
 	case sub != "status":
-		return usageErr("unknown inbox subcommand %q; use status (see outboxrelay inbox --help)", sub)
+		return usageErr("unknown inbox subcommand %q; use status or dlq (see outboxrelay inbox --help)", sub)
 	}
 	fs := newFlags("inbox status", "inbox status --database-url URL [--schema S] [--json]",
 		"Print, per consumer of a consumer database's inbox (its status view), the last processed message id and time, the dead letters not released, the aggregates parked behind one and the messages waiting behind those. Exits 1 when a dead letter waits.")

@@ -51,7 +51,8 @@ func commands() []command {
 		{name: "maintain", run: cmdMaintain, usage: "  outboxrelay maintain --config FILE                 create daily partitions ahead, drop those past postgres.retention\n"},
 		{name: "status", run: cmdStatus, usage: "  outboxrelay status  --database-url URL [--slot NAME | --all] [--json | -o json|wide] [--max-lag-bytes N] [--relay URL] [--watch]\n"},
 		{name: "dlq", run: cmdDeadLetters, subcommands: dlqCommands, usage: "  outboxrelay dlq     list|show|replay|purge ...\n"},
-		{name: "inbox", run: cmdInbox, subcommands: inboxCommands, usage: "  outboxrelay inbox   status --database-url URL [--schema S] [--json]   a consumer database's inbox: last processed, dead letters, parked\n"},
+		{name: "inbox", run: cmdInbox, subcommands: inboxCommands, usage: "  outboxrelay inbox   status --database-url URL [--schema S] [--json]   a consumer database's inbox: last processed, dead letters, parked\n" +
+			"  outboxrelay inbox   dlq list|show|replay|discard --database-url URL ...   a consumer's inbox dead letters\n"},
 		{name: "verify", run: cmdVerify, usage: `  outboxrelay verify  --config FILE --since T [--until T] [--aggregate-type A] [--id ID] [--rabbitmq-queue Q] [--allow-uncovered]
                                                     prove committed rows reached the broker; exit 1 listing missing ids
 `},

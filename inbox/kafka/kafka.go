@@ -173,7 +173,14 @@ type session struct {
 // DrainTimeout for running handlers, commits what finished, leaves the
 // group and returns nil. It returns an error when the client cannot be
 // created or the group fails for good.
+//
+// Beside the deliveries, every inbox.Config.ReplayInterval, it runs the
+// replays an operator requested for the inbox's consumer
+// (`outboxrelay inbox dlq replay`; inbox.Inbox.ReplayRequested).
 func (r *Runner) Run(ctx context.Context) error {
+	// Replays an operator requested (outboxrelay inbox dlq replay) run
+	// beside the deliveries, with this runner's handler.
+	defer dispatch.StartReplays(ctx, r.in, r.h, r.log, what)()
 	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWork()
 	s := &session{r: r, workCtx: workCtx, parts: map[tp]*part{}}

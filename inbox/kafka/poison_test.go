@@ -25,12 +25,15 @@ import (
 //
 // In batch mode the poison message fails inside a batch: the batch's other
 // records commit, and the poison one falls back to its own transaction.
+// "requested": the replay is requested from outside, as `outboxrelay inbox
+// dlq replay` does (inbox.RequestReplay), and the running runner runs it.
 func TestPoisonParkedThroughKafka(t *testing.T) {
-	t.Run("per message", func(t *testing.T) { testPoison(t, 0) })
-	t.Run("batch", func(t *testing.T) { testPoison(t, 16) })
+	t.Run("per message", func(t *testing.T) { testPoison(t, 0, false) })
+	t.Run("batch", func(t *testing.T) { testPoison(t, 16, false) })
+	t.Run("requested", func(t *testing.T) { testPoison(t, 0, true) })
 }
 
-func testPoison(t *testing.T, batch int) {
+func testPoison(t *testing.T, batch int, requested bool) {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, pgtest.Database(t))
 	if err != nil {
@@ -68,6 +71,7 @@ func testPoison(t *testing.T, batch int) {
 	poisoned.Store(true)
 	var processed, parked, dead, duplicates atomic.Int64
 	in, err := inbox.New(pool, group, inbox.Config{MaxAttempts: 3, MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond,
+		ReplayInterval: 100 * time.Millisecond,
 		Observer: inbox.Observer{
 			Processed:    func(inbox.Message, time.Duration) { processed.Add(1) },
 			Parked:       func(inbox.Message) { parked.Add(1) },
@@ -101,7 +105,9 @@ func testPoison(t *testing.T, batch int) {
 	consumertest.WaitFor(t, "the poison message and its chain", 60*time.Second, func() bool {
 		return dead.Load() == 1 && parked.Load() == behind && processed.Load() == int64(len(msgs))-1-behind
 	})
-	stop()
+	if !requested {
+		stop()
+	}
 	st, err := in.Status(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -111,8 +117,20 @@ func testPoison(t *testing.T, batch int) {
 	}
 
 	poisoned.Store(false)
-	rr, err := in.Replay(ctx, st.Parked[0].DeadLetterID, handler)
-	if err != nil || rr.Processed != int(behind)+1 {
+	var rr inbox.ReplayResult
+	if requested {
+		if _, err := inbox.RequestReplay(ctx, pool, "", st.Parked[0].DeadLetterID, group, "test"); err != nil {
+			t.Fatal(err)
+		}
+		consumertest.WaitFor(t, "the runner to run the requested replay", 60*time.Second, func() bool {
+			return processed.Load() == int64(len(msgs))
+		})
+		stop()
+		rr.Processed = int(behind) + 1
+		if st, err := in.Status(ctx); err != nil || len(st.DeadLetters) != 0 {
+			t.Fatalf("after the requested replay: %+v, %v; want no dead letter left", st, err)
+		}
+	} else if rr, err = in.Replay(ctx, st.Parked[0].DeadLetterID, handler); err != nil || rr.Processed != int(behind)+1 {
 		t.Fatalf("replay = %+v, %v; want %d processed", rr, err, behind+1)
 	}
 	// The offsets of the dead letter and the parked messages were

@@ -105,7 +105,14 @@ func New(in *inbox.Inbox, h inbox.Handler, cfg Config) (*Runner, error) {
 // DrainTimeout for running handlers, acknowledges what finished and
 // returns nil. A consumer that does not exist is an error; the connection
 // reconnects by itself (nats.go).
+//
+// Beside the deliveries, every inbox.Config.ReplayInterval, it runs the
+// replays an operator requested for the inbox's consumer
+// (`outboxrelay inbox dlq replay`; inbox.Inbox.ReplayRequested).
 func (r *Runner) Run(ctx context.Context) error {
+	// Replays an operator requested (outboxrelay inbox dlq replay) run
+	// beside the deliveries, with this runner's handler.
+	defer dispatch.StartReplays(ctx, r.in, r.h, r.log, what)()
 	nc, err := nats.Connect(r.cfg.URL, r.cfg.Options...)
 	if err != nil {
 		return fmt.Errorf("nats inbox: connect: %w", err)

@@ -99,7 +99,14 @@ func New(in *inbox.Inbox, h inbox.Handler, cfg Config) (*Runner, error) {
 // to DrainTimeout for running handlers, acknowledges what finished and
 // returns nil. A lost connection is retried with a growing wait; a queue
 // that does not exist is an error.
+//
+// Beside the deliveries, every inbox.Config.ReplayInterval, it runs the
+// replays an operator requested for the inbox's consumer
+// (`outboxrelay inbox dlq replay`; inbox.Inbox.ReplayRequested).
 func (r *Runner) Run(ctx context.Context) error {
+	// Replays an operator requested (outboxrelay inbox dlq replay) run
+	// beside the deliveries, with this runner's handler.
+	defer dispatch.StartReplays(ctx, r.in, r.h, r.log, what)()
 	wait := 100 * time.Millisecond
 	for {
 		started, err := r.session(ctx)

@@ -3,6 +3,7 @@ package dispatch
 import (
 	"context"
 	"log/slog"
+	"time"
 
 	"github.com/outboxrelay/outboxrelay/inbox"
 )
@@ -59,4 +60,38 @@ func ReceiveBatch[T any](ctx context.Context, in *inbox.Inbox, h inbox.Handler, 
 		return err
 	})
 	return results
+}
+
+// ServeReplays runs the replays an operator requested for in's consumer
+// (inbox.Inbox.ReplayRequested) every in.ReplayInterval() until ctx ends,
+// logging what each ran and why one failed. It runs beside the runner's
+// deliveries: a message of an aggregate being replayed is parked and
+// replayed too, or processed after the release (inbox.Inbox.Replay).
+func ServeReplays(ctx context.Context, in *inbox.Inbox, h inbox.Handler, log *slog.Logger, what string) {
+	t := time.NewTicker(in.ReplayInterval())
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		res, err := in.ReplayRequested(ctx, h)
+		if res.Processed+res.Duplicates > 0 {
+			log.Info(what+": ran requested replays", "processed", res.Processed, "duplicates", res.Duplicates)
+		}
+		if err != nil && ctx.Err() == nil {
+			log.Warn(what+": requested replay failed", "error", err)
+		}
+	}
+}
+
+// StartReplays runs ServeReplays in a goroutine until ctx ends or stop is
+// called; stop returns once it has returned. A runner's Run calls it
+// first and defers stop.
+func StartReplays(ctx context.Context, in *inbox.Inbox, h inbox.Handler, log *slog.Logger, what string) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); ServeReplays(ctx, in, h, log, what) }()
+	return func() { cancel(); <-done }
 }
