@@ -217,7 +217,10 @@ pipelines:
 			layout.Buttons, layout.Width, layout.Outside, layout.Page)
 	}
 	t.Logf("at 400 px: %d buttons, %d outside the screen, the page %d px wide", layout.Buttons, len(layout.Outside), layout.Page)
-	run("back to the desktop", chromedp.EmulateReset())
+	run("back to the desktop", chromedp.EmulateViewport(1360, 1000)) // EmulateReset leaves the page 400 px wide
+	if w := eval(`String(document.documentElement.clientWidth)`); w == "400" {
+		t.Fatalf("the page is still %s px wide after the 400 px check", w)
+	}
 
 	// Fix the broker, then replay from the page, confirming first.
 	acl.Remove()
