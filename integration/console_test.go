@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -194,6 +195,33 @@ pipelines:
 	poll("a few chart samples", `document.querySelectorAll('#chart path').length === 2 && document.querySelector('#chart path').getAttribute('d').split('L').length >= 3`)
 	shot(t, tab, "console.png", true)
 
+	// On a phone, 400 px wide: every button of the pipelines and of the
+	// dead letters is inside the screen, and the page does not scroll
+	// sideways.
+	run("a 400 px screen", chromedp.EmulateViewport(400, 900))
+	narrow := eval(`(() => { const w = document.documentElement.clientWidth;
+		const bs = Array.from(document.querySelectorAll('#pipelines button, #letters button'));
+		const out = bs.filter((b) => { const r = b.getBoundingClientRect(); return r.width === 0 || r.left < 0 || r.right > w; })
+			.map((b) => { const r = b.getBoundingClientRect(); return b.getAttribute('aria-label') + ' at ' + Math.round(r.left) + '..' + Math.round(r.right); });
+		return JSON.stringify({buttons: bs.length, width: w, page: document.documentElement.scrollWidth, outside: out}); })()`)
+	var layout struct {
+		Buttons, Width, Page int
+		Outside              []string
+	}
+	if err := json.Unmarshal([]byte(narrow), &layout); err != nil {
+		t.Fatalf("the layout at 400 px: %v: %s", err, narrow)
+	}
+	shot(t, tab, "console-400px.png", false)
+	if layout.Buttons != 3 || len(layout.Outside) != 0 || layout.Page > layout.Width {
+		t.Errorf("at 400 px: %d buttons (want 3: pause orders, pause billing, open the letter), outside the %d px screen: %q; the page is %d px wide",
+			layout.Buttons, layout.Width, layout.Outside, layout.Page)
+	}
+	t.Logf("at 400 px: %d buttons, %d outside the screen, the page %d px wide", layout.Buttons, len(layout.Outside), layout.Page)
+	run("back to the desktop", chromedp.EmulateViewport(1360, 1000)) // EmulateReset leaves the page 400 px wide
+	if w := eval(`String(document.documentElement.clientWidth)`); w == "400" {
+		t.Fatalf("the page is still %s px wide after the 400 px check", w)
+	}
+
 	// Fix the broker, then replay from the page, confirming first.
 	acl.Remove()
 	run("replay", chromedp.Click(chromedp.CSS("#letter-replay")), chromedp.WaitVisible(chromedp.CSS("#confirm-ok")))
@@ -228,10 +256,38 @@ pipelines:
 	if n := len(ordersB.records()) - before; n != 0 {
 		t.Errorf("%d records of billing arrived while it was paused", n)
 	}
+	// Paused, its slot's retained WAL and lag are what grow: the page
+	// shows them (read from PostgreSQL), and its dead letters can be read.
+	billing := func(field string) string { return `tr[data-pipeline="billing"] [data-field="` + field + `"]` }
+	shortPoll := func(what, js string) { // a failure here does not stop the test: the ones after it tell more
+		t.Helper()
+		ctx, cancel := context.WithTimeout(tab, 20*time.Second)
+		defer cancel()
+		if err := chromedp.Do(ctx, chromedp.Poll[chromedp.Void](js, chromedp.WithPollingInterval(100*time.Millisecond), chromedp.WithPollingTimeout(12*time.Second))); err != nil {
+			t.Errorf("%s: %v", what, err)
+		}
+	}
+	shortPoll("billing's figures while paused", `['lag_seconds', 'lag_bytes', 'retained_wal_bytes'].every((f) =>
+		document.querySelector('tr[data-pipeline="billing"] [data-field="' + f + '"]').textContent !== '—')`)
+	t.Logf("billing paused: lag %s / %s, retained WAL %s, throughput %s", text(t, tab, billing("lag_seconds")), text(t, tab, billing("lag_bytes")),
+		text(t, tab, billing("retained_wal_bytes")), text(t, tab, billing("throughput")))
+	eval(`(() => { const s = document.querySelector('#dl-pipeline'); s.value = 'billing'; s.dispatchEvent(new Event('change')); return s.value; })()`)
+	shortPoll("billing's dead letters read", `document.querySelector('#letters-empty').textContent.includes('billing')`)
+	if got := text(t, tab, "#letters-empty"); got != "No dead letters in pipeline billing." {
+		t.Errorf("billing's dead letters while paused: %q", got)
+	}
+	// Paused for the last samples the throughput looks back on, so that
+	// right after the resume it has nothing but paused samples to go by.
+	poll("four history samples of billing paused", `fetch('/api/v1/history?pipeline=billing').then((r) => r.json()).then((h) => {
+		const s = h.pipelines[0].samples; return s.length >= 4 && s.slice(-4).every((x) => x.state === 'paused'); })`)
 	shot(t, tab, "console-paused.png", false)
 	run("resume billing", chromedp.Click(chromedp.CSS(`button[data-key="resume:billing"]`)), chromedp.WaitVisible(chromedp.CSS("#confirm-ok")),
 		chromedp.Click(chromedp.CSS("#confirm-ok")))
 	poll("billing running", `document.querySelector('#notice').textContent === 'Pipeline billing is running.'`)
+	poll("billing's row after the resume", `document.querySelector('tr[data-pipeline="billing"] .state').textContent === 'running'`)
+	if got := text(t, tab, billing("throughput")); got == "—" {
+		t.Errorf("billing's throughput right after the resume: %q, want a rate", got)
+	}
 	ledgerB = append(ledgerB, whilePaused...)
 	recsB := ordersB.waitIDs(ledgerB, 30*time.Second)
 	if order := checkOrder(ledgerB, recsB); order != 0 {

@@ -346,6 +346,7 @@ pipelines:
 	}
 	time.Sleep(500 * time.Millisecond)
 	before := len(cons.records())
+	atPause := pausedSlot(t, base+"/api/v1/pipelines/a")
 	var paused []string
 	for i := range 3 {
 		paused = append(paused, a.insert("outbox", "order", fmt.Sprint(i%2), 20)...)
@@ -353,6 +354,25 @@ pipelines:
 	time.Sleep(time.Second)
 	if n := len(cons.records()); n != before {
 		t.Errorf("%d records arrived while the pipeline was paused", n-before)
+	}
+	// Paused, the pipeline is read from its database: its slot's lag and
+	// retained WAL, which grow with the rows committed meanwhile, and its
+	// dead letters.
+	later := pausedSlot(t, base+"/api/v1/pipelines/a")
+	if atPause.LagBytes != nil && later.LagBytes != nil && *later.LagBytes <= *atPause.LagBytes {
+		t.Errorf("lag_bytes while paused: %d after 60 rows, %d at the pause; want it to grow", *later.LagBytes, *atPause.LagBytes)
+	}
+	if code, body := get(t, base+"/api/v1/pipelines/a/dead-letters"); code != 200 || !strings.Contains(body, `"dead_letters":[]`) {
+		t.Errorf("dead letters while paused: %d %s, want 200 and none", code, body)
+	}
+	var sampled bool
+	for deadline := time.Now().Add(12 * time.Second); !sampled && time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		_, body := get(t, base+"/api/v1/history?pipeline=a")
+		sampled = strings.Contains(body, `"state":"paused","lag_seconds":`) && !strings.Contains(body, `"state":"paused","lag_seconds":null`)
+	}
+	if !sampled {
+		_, body := get(t, base+"/api/v1/history?pipeline=a")
+		t.Errorf("no sample of the paused pipeline has its figures: %s", body)
 	}
 	if code, body := post("/api/v1/pipelines/a/resume", "act-secret"); code != 200 || !strings.Contains(body, `"running"`) {
 		t.Fatalf("resume: %d %s", code, body)
@@ -558,4 +578,35 @@ type VerifyAnswer struct {
 	Found      int64    `json:"found"`
 	Missing    int64    `json:"missing"`
 	MissingIDs []string `json:"missing_ids"`
+}
+
+// pausedSlot is the slot's figures in GET url (a paused pipeline): lag and
+// retained WAL must be known.
+func pausedSlot(t *testing.T, url string) (slot struct {
+	LagBytes         *int64   `json:"lag_bytes"`
+	LagSeconds       *float64 `json:"lag_seconds"`
+	RetainedWALBytes *int64   `json:"retained_wal_bytes"`
+	PublishedTotal   int64    `json:"published_total"`
+}) {
+	t.Helper()
+	code, body := get(t, url)
+	var st struct {
+		State       string          `json:"state"`
+		StatusError string          `json:"status_error"`
+		Slot        json.RawMessage `json:"slot"`
+	}
+	if err := json.Unmarshal([]byte(body), &st); err != nil || code != 200 || st.State != "paused" {
+		t.Fatalf("GET %s: %d %v %s", url, code, err, body)
+	}
+	if st.Slot != nil {
+		if err := json.Unmarshal(st.Slot, &slot); err != nil {
+			t.Fatalf("slot of %s: %v", body, err)
+		}
+	}
+	if slot.LagBytes == nil || slot.LagSeconds == nil || slot.RetainedWALBytes == nil {
+		t.Errorf("a paused pipeline's slot lacks its lag or retained WAL: %s", body)
+	} else {
+		t.Logf("paused: lag %.1f s / %d bytes, retained WAL %d bytes, published %d", *slot.LagSeconds, *slot.LagBytes, *slot.RetainedWALBytes, slot.PublishedTotal)
+	}
+	return slot
 }

@@ -27,7 +27,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -71,9 +70,21 @@ type Config struct {
 	// assigned), goes to the inbox's Observer.Lag, source
 	// topic/partition; 10s by default.
 	LagInterval time.Duration
-	// Opts are further franz-go options (TLS, SASL, session timeout,
-	// client id). The Runner sets the seed brokers, the group, the topics,
-	// manual commits and its rebalance callbacks itself.
+	// SessionTimeout is how long the group waits for a member that stopped
+	// heartbeating (killed, partitioned) before it hands the member's
+	// partitions to the others: the failover time, less the rebalance.
+	// 6s by default, the lowest a broker accepts by default
+	// (group.min.session.timeout.ms); franz-go's own default is 45s.
+	SessionTimeout time.Duration
+	// HeartbeatInterval is how often a member heartbeats, and so how soon
+	// the survivors learn of a rebalance; 1s by default. Keep it at most a
+	// third of SessionTimeout.
+	HeartbeatInterval time.Duration
+	// Opts are further franz-go options (TLS, SASL, client id). They come
+	// after the session timeout and heartbeat interval above, so a
+	// kgo.SessionTimeout or kgo.HeartbeatInterval here wins. The Runner
+	// sets the seed brokers, the group, the topics, manual commits and its
+	// rebalance callbacks itself.
 	Opts []kgo.Opt
 	// Logger, nil for none.
 	Logger *slog.Logger
@@ -109,6 +120,15 @@ func New(in *inbox.Inbox, h inbox.Handler, cfg Config) (*Runner, error) {
 	}
 	if cfg.LagInterval <= 0 {
 		cfg.LagInterval = 10 * time.Second
+	}
+	if cfg.SessionTimeout <= 0 {
+		cfg.SessionTimeout = 6 * time.Second
+	}
+	if cfg.HeartbeatInterval <= 0 {
+		cfg.HeartbeatInterval = time.Second
+	}
+	if cfg.HeartbeatInterval >= cfg.SessionTimeout {
+		return nil, fmt.Errorf("kafka inbox: HeartbeatInterval %v is not below SessionTimeout %v; keep it at most a third of it", cfg.HeartbeatInterval, cfg.SessionTimeout)
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -186,7 +206,9 @@ func (r *Runner) Run(ctx context.Context) error {
 	s := &session{r: r, workCtx: workCtx, parts: map[tp]*part{}}
 	s.cond = sync.NewCond(&s.mu)
 	s.d = s.dispatcher()
-	opts := append(slices.Clone(r.cfg.Opts),
+	// The group's timeouts first, so that Opts may still override them.
+	opts := append([]kgo.Opt{kgo.SessionTimeout(r.cfg.SessionTimeout), kgo.HeartbeatInterval(r.cfg.HeartbeatInterval)}, r.cfg.Opts...)
+	opts = append(opts,
 		kgo.SeedBrokers(r.cfg.Brokers...),
 		kgo.ConsumerGroup(r.cfg.Group),
 		kgo.ConsumeTopics(r.cfg.Topics...),

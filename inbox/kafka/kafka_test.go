@@ -31,12 +31,17 @@ const (
 	group = consumertest.Name
 )
 
-func runChild(ctx context.Context, in *inbox.Inbox, h inbox.Handler, brokers, _ string, batch int) error {
+// runChild runs a consumer with short group timeouts, or, for a consumer
+// named failover-*, with the Runner's defaults (TestFailoverDefaults).
+func runChild(ctx context.Context, in *inbox.Inbox, h inbox.Handler, brokers, name string, batch int) error {
+	opts := []kgo.Opt{kgo.ConsumeResetOffset(kgo.NewOffset().AtStart())}
+	if !strings.HasPrefix(name, failoverPrefix) {
+		opts = append(opts, kgo.SessionTimeout(2*time.Second), kgo.HeartbeatInterval(200*time.Millisecond))
+	}
 	r, err := New(in, h, Config{
 		Brokers: strings.Split(brokers, ","), Group: group, Topics: []string{topic},
 		MaxInFlight: 64, Batch: batch, DrainTimeout: 5 * time.Second, CommitInterval: 200 * time.Millisecond,
-		Opts: []kgo.Opt{kgo.SessionTimeout(2 * time.Second), kgo.HeartbeatInterval(200 * time.Millisecond),
-			kgo.ConsumeResetOffset(kgo.NewOffset().AtStart())},
+		Opts: opts,
 	})
 	if err != nil {
 		return err
@@ -192,6 +197,10 @@ func TestNewValidates(t *testing.T) {
 	}
 	if _, err := New(nil, nil, Config{Brokers: []string{"x"}, Group: "g", Topics: []string{"t"}}); err != nil {
 		t.Fatal(err)
+	}
+	_, err := New(nil, nil, Config{Brokers: []string{"x"}, Group: "g", Topics: []string{"t"}, SessionTimeout: time.Second})
+	if err == nil || !strings.Contains(err.Error(), "HeartbeatInterval 1s is not below SessionTimeout 1s") {
+		t.Errorf("New with the default heartbeat and a 1s session timeout: %v, want the heartbeat refused", err)
 	}
 }
 

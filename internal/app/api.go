@@ -280,18 +280,19 @@ func (p *Process) resumePipeline(_ http.ResponseWriter, r *http.Request) (int, a
 	return http.StatusOK, map[string]string{"state": state}
 }
 
-// deadLetters is the named pipeline's dead letters, or the answer to give
-// when there is no such pipeline or it is not connected.
+// deadLetters is the named pipeline's dead letters, running or not (they
+// are in its database), or the answer to give when there is no such
+// pipeline or its database URL cannot be used.
 func (p *Process) deadLetters(r *http.Request) (*unit, *store.DeadLetters, int, any) {
 	u := p.unit(r.PathValue("name"))
 	if u == nil {
 		return nil, nil, http.StatusNotFound, apiError(fmt.Sprintf("no pipeline is named %q", r.PathValue("name")))
 	}
-	s := u.snapshot()
-	if s.app == nil || s.app.DeadLetters() == nil {
-		return nil, nil, http.StatusServiceUnavailable, apiError(fmt.Sprintf("pipeline %s is %s: its database is not connected", u.Name, s.state))
+	dead, err := u.deadLetterStore(u.snapshot().app)
+	if err != nil {
+		return nil, nil, http.StatusServiceUnavailable, apiError(fmt.Sprintf("pipeline %s: %s", u.Name, redact.Text(err.Error())))
 	}
-	return u, s.app.DeadLetters(), 0, nil
+	return u, dead, 0, nil
 }
 
 // letterID is the {id} of the request, or the answer to give.

@@ -22,21 +22,30 @@ type durability struct {
 }
 
 func openDurability(ctx context.Context, cfg config.Config, log *zap.Logger) (*durability, error) {
-	pcfg, err := pgxpool.ParseConfig(cfg.Postgres.URL)
+	pcfg, err := poolConfig(cfg.Postgres.URL)
 	if err != nil {
-		return nil, fmt.Errorf("invalid PostgreSQL URL: %v", err)
+		return nil, err
 	}
 	pcfg.MaxConns = 4
-	if _, set := pcfg.ConnConfig.RuntimeParams["application_name"]; !set {
-		// As the replication connection is named: an operator looking at
-		// pg_stat_activity sees which sessions are the relay's.
-		pcfg.ConnConfig.RuntimeParams["application_name"] = "outboxrelay"
-	}
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return nil, fmt.Errorf("cannot connect to PostgreSQL: %v%s", err, tlsHint(err))
 	}
 	return &durability{pool: pool, cfg: cfg, log: log}, nil
+}
+
+// poolConfig is the pool configuration of url, its sessions named as the
+// replication connection is, so that an operator looking at
+// pg_stat_activity sees which sessions are the relay's.
+func poolConfig(url string) (*pgxpool.Config, error) {
+	pcfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("invalid PostgreSQL URL: %v", err)
+	}
+	if _, set := pcfg.ConnConfig.RuntimeParams["application_name"]; !set {
+		pcfg.ConnConfig.RuntimeParams["application_name"] = "outboxrelay"
+	}
+	return pcfg, nil
 }
 
 // options returns the relay's checkpoint and, with relay.dead_letters,

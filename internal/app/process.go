@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
@@ -83,6 +84,10 @@ type unit struct {
 	// shed is set when the process hands this pipeline to another
 	// replica: its App drains and starts again, as a standby.
 	shed bool
+	// offline is the pool the API reads u's database through while no
+	// App is wired (offlineDB); offlineClosed once u's supervisor returned.
+	offline       *pgxpool.Pool
+	offlineClosed bool
 }
 
 // NewProcess checks what can be checked without connecting (each
@@ -189,6 +194,7 @@ func (p *Process) Run(ctx context.Context) error {
 		go func() {
 			defer wg.Done()
 			defer close(u.done)
+			defer u.closeOffline()
 			defer stopUnit()
 			if err := p.supervise(unitCtx, u); err != nil {
 				stop(err)
@@ -619,13 +625,10 @@ func (p *Process) Statuses(ctx context.Context) []PipelineStatus {
 			} else {
 				st.Ready = true
 			}
-			if a != nil {
-				s, err := a.Status(ctx)
-				if err != nil {
-					st.StatusError = redact.Text(err.Error())
-				} else {
-					st.Slot = &s
-				}
+			if s, err := u.slotStatus(ctx, a); err != nil {
+				st.StatusError = redact.Text(err.Error())
+			} else {
+				st.Slot = &s
 			}
 			out[i] = st
 		}()

@@ -217,6 +217,18 @@
     return null;
   }
 
+  // labelCells gives each body cell of table its column's heading as
+  // data-label, which the narrow layout (console.css, .cards) shows beside
+  // the figure once the table is laid out as one card per row.
+  function labelCells(table) {
+    const heads = Array.from(table.tHead.rows[0].cells, (c) => c.textContent.trim());
+    for (const row of table.tBodies[0].rows) {
+      Array.from(row.cells).forEach((c, i) => {
+        if (heads[i] && !c.dataset.label) c.dataset.label = heads[i];
+      });
+    }
+  }
+
   // renderPipelines updates the table in place: a row, and its button,
   // stay the same elements across refreshes, so the keyboard focus and a
   // pointer on its way to a button are never lost to a redraw.
@@ -260,6 +272,7 @@
       button.setAttribute('aria-label', label + ' pipeline ' + p.name);
       button.disabled = !canAct();
     }
+    labelCells($('pipelines'));
   }
 
   async function pauseResume(name, what) {
@@ -385,6 +398,7 @@
         el('td', { class: 'num', text: (l.parked || []).length }),
         el('td', {}, el('button', { type: 'button', 'data-key': 'open:' + l.id, 'aria-label': 'Open dead letter ' + l.id, text: 'Open', onclick: () => openLetter(l.id) }))));
     }
+    labelCells($('letters'));
     renderSession();
   }
 
