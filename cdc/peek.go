@@ -28,7 +28,7 @@ func Peek(ctx context.Context, db Querier, slot, publication string, upto LSN, f
 	rows, err := db.Query(ctx, `SELECT data FROM pg_logical_slot_peek_binary_changes($1, $2::pg_lsn, NULL,
 		'proto_version', '1', 'publication_names', $3)`, slot, upto.String(), publication)
 	if err != nil {
-		return peekErr(slot, err)
+		return peekErr(slot, publication, err)
 	}
 	defer rows.Close()
 	d := NewDecoder()
@@ -52,15 +52,22 @@ func Peek(ctx context.Context, db Querier, slot, publication string, upto LSN, f
 		}
 	}
 	if err := rows.Err(); err != nil {
-		return peekErr(slot, err)
+		return peekErr(slot, publication, err)
 	}
 	return nil
 }
 
-func peekErr(slot string, err error) error {
+func peekErr(slot, publication string, err error) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "55006" { // object_in_use
 		return fmt.Errorf("peek replication slot %s: %w (%s)", slot, ErrSlotActive, pgErr.Message)
 	}
-	return fmt.Errorf("peek replication slot %s: %w", slot, err)
+	err = fmt.Errorf("peek replication slot %s: %w", slot, err)
+	if !missingPublication(err, publication) {
+		return err
+	}
+	// Only a first start peeks: no relay has read the slot, so making it
+	// anew loses nothing (the first start then publishes from the tables).
+	return fmt.Errorf("%w: PostgreSQL decodes slot %s with the catalog as it was when each change was written, and publication %s was not there yet for a change the slot holds: it was created after the slot; no relay has read the slot yet, so set postgres.publication to the publication %s was made with, or drop the slot (SELECT pg_drop_replication_slot('%s')) and start the relay again, which makes a new slot after %s and publishes the rows committed before it from the outbox tables",
+		err, slot, publication, slot, slot, publication)
 }

@@ -444,20 +444,32 @@ func (s *Stream) read(ctx context.Context, conn *pgconn.PgConn, h Handler, st *s
 	}
 }
 
-// walsenderErr is the error the walsender ended the session with. The
-// relay checked at start that its publication exists, so a walsender that
-// cannot find it (42704) looked in the catalog as it was when a change the
-// slot holds was written: the publication was created after the slot (by
-// hand, or by a migrate before this check), or dropped since. Setup cannot
-// see the first (see LatePublication), so the error says it here.
+// walsenderErr is the error the walsender ended the session with
+// (see publicationErr).
 func (s *Stream) walsenderErr(pgErr *pgconn.PgError) error {
-	err := fmt.Errorf("walsender: %w", pgErr)
-	pub := s.cfg.Publication
-	if pgErr.Code != "42704" || pgErr.Message != `publication "`+pub+`" does not exist` {
+	return publicationErr(fmt.Errorf("walsender: %w", pgErr), s.cfg.Slot, s.cfg.Publication)
+}
+
+// publicationErr explains err, the walsender's error for slot, when it is
+// that publication pub does not exist (missingPublication).
+// The relay checked at start that pub exists, so decoding that cannot find
+// it looked in the catalog as it was when a change the slot holds was
+// written: the publication was created after the slot (by hand, or by a
+// migrate before that check), or dropped since. Setup cannot see the first
+// (see LatePublication), so the error says it here.
+func publicationErr(err error, slot, pub string) error {
+	if !missingPublication(err, pub) {
 		return err
 	}
 	return fmt.Errorf("%w: PostgreSQL decodes slot %s with the catalog as it was when each change was written, and publication %s was not there yet for a change the slot holds: it was created after the slot, or dropped since; set postgres.publication to the publication %s was made with, or make the slot anew after %s: stop every relay on %s and run `outboxrelay recover --config FILE --force`, which republishes the outbox rows since the relay's last recorded position",
-		err, s.cfg.Slot, pub, s.cfg.Slot, pub, s.cfg.Slot)
+		err, slot, pub, slot, pub, slot)
+}
+
+// missingPublication reports whether err is PostgreSQL's error that
+// publication pub does not exist (42704), as decoding a slot gives it.
+func missingPublication(err error, pub string) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "42704" && pgErr.Message == `publication "`+pub+`" does not exist`
 }
 
 // How the stream goes on reading while the Handler is full.
