@@ -1,6 +1,9 @@
 package relay
 
-import "context"
+import (
+	"context"
+	"errors"
+)
 
 // Why a message is published again while the broker may already hold it:
 // the reason label of outboxrelay_messages_republished_total and the
@@ -34,13 +37,23 @@ func (p *publisher) publishAgain(ctx context.Context, m *Message) {
 }
 
 // countAgain counts m republished when it goes to the sink after an
-// attempt that the broker may have stored: one that failed with a
-// retryable error. That is the retried message itself, and with a
-// pipelining sink the aggregate's messages that failed behind it, which go
-// out again once it is settled (pipeline.go). Call it before m is handed
-// to the sink: after that m may be settled and no longer the relay's.
+// attempt that the broker may have stored (mayHold). That is the retried
+// message itself, and with a pipelining sink the aggregate's messages that
+// failed behind it, which go out again once it is settled (pipeline.go).
+// Call it before m is handed to the sink: after that m may be settled and
+// no longer the relay's.
 func (p *publisher) countAgain(m *Message) {
-	if h := p.cfg.Hooks.Republished; h != nil && m.Attempts > 0 && Retryable(m.LastError) {
+	if h := p.cfg.Hooks.Republished; h != nil && m.Attempts > 0 && mayHold(m.LastError) {
 		h(m, RepublishedRetry)
 	}
+}
+
+// mayHold reports whether the broker may hold a message whose publish
+// failed with err: a retryable failure (a timeout, a lost connection)
+// may come after the broker stored it. A publish the relay cancelled
+// itself (the stream's context, ended by a stop) is given up by the sinks
+// before they send it, and a refusal (a permanent error) leaves the broker
+// without a copy.
+func mayHold(err error) bool {
+	return Retryable(err) && !errors.Is(err, context.Canceled)
 }
