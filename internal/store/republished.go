@@ -37,6 +37,13 @@ func undefinedTable(err error) bool {
 	return errors.As(err, &pgErr) && pgErr.Code == "42P01"
 }
 
+// insufficientPrivilege reports PostgreSQL's insufficient_privilege: a role
+// made before outboxrelay.republished.
+func insufficientPrivilege(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "42501"
+}
+
 // Republished counts m as published again for reason. It has the shape of
 // relay.Hooks.Republished and never blocks on I/O; Run writes the counts
 // with the progress. Safe for concurrent use.
@@ -80,6 +87,10 @@ func (w *Progress) saveRepublished(ctx context.Context) error {
 	case undefinedTable(err):
 		w.republishedGone = true
 		w.log.Warn("schema outboxrelay is from an older version without outboxrelay.republished, so status does not count republished messages (the metric does); run `outboxrelay migrate`")
+		return nil
+	case insufficientPrivilege(err):
+		w.republishedGone = true
+		w.log.Warn("the relay's role may not write outboxrelay.republished, so status does not count republished messages (the metric does); grant it as `outboxrelay role` prints", zap.Error(err))
 		return nil
 	default:
 		w.republishedChanged = true
