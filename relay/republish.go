@@ -26,9 +26,11 @@ const (
 	RepublishedRecover = "recover"
 )
 
-// RepublishedReasons lists every reason, so that each series can exist from
-// the start at 0.
-var RepublishedReasons = []string{RepublishedRetry, RepublishedReplay, RepublishedRecover}
+// RepublishedReasons lists the reasons a running relay counts, so that
+// each series can exist from the start at 0. replay and recover are
+// commands of their own, which count in status, not in the relay's
+// metrics.
+var RepublishedReasons = []string{RepublishedRetry}
 
 // publishAgain publishes m, whose last attempt failed, from the retry loop.
 func (p *publisher) publishAgain(ctx context.Context, m *Message) {

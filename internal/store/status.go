@@ -92,7 +92,8 @@ type Status struct {
 	PublishedTotal   int64     `json:"published_total"`
 	// RepublishedTotal counts the messages published again while the
 	// broker may already have held them, over the slot's life, and
-	// Republished by reason (relay.RepublishedReasons; nil when none):
+	// Republished by reason (relay.RepublishedRetry and the others; nil
+	// when none):
 	// what each relay, `replay` and `recover` could know of. What a killed
 	// or replaced relay published past the confirmed position is not in it.
 	RepublishedTotal int64            `json:"republished_total"`
