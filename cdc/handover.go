@@ -14,8 +14,10 @@ import "context"
 // from the same WAL the same way every time.
 //
 // Transactions that committed before the Handler confirmed them come again
-// in full after a lost connection: the Handler counted them whole, and only
-// the open one is half-delivered.
+// in full after a lost connection. When the Handler keeps what it was
+// handed, they are not handed over again: the Handler has them whole
+// (their messages are published or in flight), and a transaction is
+// delivered again only by a later session of the same Run.
 //
 // Stream goroutine only, as the Handler's methods it wraps.
 type handover struct {
@@ -26,6 +28,13 @@ type handover struct {
 	// earlier is what an earlier session handed over of a transaction
 	// that it abandoned: those changes are not handed over again.
 	earlier handed
+	// through is the commit position of the last transaction handed over
+	// whole while the Handler keeps what it is handed, 0 for none: a
+	// transaction at or before it comes again only because its position was
+	// not confirmed before a session ended, and is skipped whole
+	// (skipping).
+	through  LSN
+	skipping bool
 }
 
 // handed is the progress of one transaction.
@@ -52,6 +61,10 @@ func (p handed) covers(q handed) bool {
 }
 
 func (v *handover) Begin(ctx context.Context, b Begin) error {
+	if v.through != 0 && b.FinalLSN <= v.through {
+		v.skipping = true
+		return nil
+	}
 	v.open = handed{final: b.FinalLSN}
 	if v.earlier.final != 0 && v.earlier.final < b.FinalLSN {
 		v.earlier = handed{} // passed: it never came again
@@ -60,7 +73,7 @@ func (v *handover) Begin(ctx context.Context, b Begin) error {
 }
 
 func (v *handover) Insert(ctx context.Context, ins *Insert) error {
-	if v.skip(ins.LSN) {
+	if v.skipping || v.skip(ins.LSN) {
 		return nil
 	}
 	return v.Handler.Insert(ctx, ins)
@@ -69,27 +82,38 @@ func (v *handover) Insert(ctx context.Context, ins *Insert) error {
 func (v *handover) Message(ctx context.Context, msg *LogicalMessage) error {
 	// A non-transactional message is no part of a transaction: it is
 	// decoded at its own position, once.
-	if msg.Transactional && v.skip(msg.LSN) {
+	if msg.Transactional && (v.skipping || v.skip(msg.LSN)) {
 		return nil
 	}
 	return v.Handler.Message(ctx, msg)
 }
 
 func (v *handover) Commit(ctx context.Context, c Commit) error {
+	if v.skipping {
+		v.skipping = false
+		return nil
+	}
 	if v.open.final == v.earlier.final {
 		v.earlier = handed{}
 	}
+	final := v.open.final
 	v.open = handed{}
-	return v.Handler.Commit(ctx, c)
+	if err := v.Handler.Commit(ctx, c); err != nil {
+		return err
+	}
+	v.through = final
+	return nil
 }
 
 // Reset ends a session: the open transaction's changes handed over so far
 // are remembered when the Handler keeps them.
 func (v *handover) Reset() bool {
 	kept := v.Handler.Reset()
+	v.skipping = false
 	switch {
 	case !kept:
 		v.earlier = handed{}
+		v.through = 0
 	case v.open.final != 0 && !v.earlier.covers(v.open):
 		v.earlier = v.open
 	}

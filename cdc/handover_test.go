@@ -27,7 +27,10 @@ type windowHandler struct {
 	fixedHandler
 	fillAt int
 	keeps  bool
-	room   chan struct{} // closed by release
+	// unconfirmed: commits do not move the confirmed position, as while the
+	// broker has not acknowledged them yet.
+	unconfirmed bool
+	room        chan struct{} // closed by release
 	// stall, when set, keeps the window from filling: the fillAt-th row's
 	// Insert closes stalled and returns once stall is closed.
 	stall, stalled chan struct{}
@@ -60,7 +63,9 @@ func (h *windowHandler) Insert(_ context.Context, ins *Insert) error {
 }
 
 func (h *windowHandler) Commit(_ context.Context, c Commit) error {
-	h.pos.Store(uint64(c.EndLSN)) // the transaction's rows were acknowledged
+	if !h.unconfirmed {
+		h.pos.Store(uint64(c.EndLSN)) // the transaction's rows were acknowledged
+	}
 	return nil
 }
 
@@ -226,6 +231,80 @@ func TestResumeAfterLostConnectionHandsOverTheRest(t *testing.T) {
 	}
 	if !slices.Equal(got, want) {
 		t.Fatalf("handed over %d rows, want %d once, in order:\n got %s\nwant %s", len(got), len(want), summary(got), summary(want))
+	}
+}
+
+// TestResumeAfterLostConnectionSkipsHandedTransactions: the replication
+// connection is lost in the third transaction while the first two, handed
+// over whole, are not confirmed yet (the broker has not acknowledged them).
+// The next session receives all three again from the slot's position. A
+// Handler that keeps what it was handed gets the first two not again, and
+// only the rest of the third; one that drops gets them all again.
+func TestResumeAfterLostConnectionSkipsHandedTransactions(t *testing.T) {
+	srv := pgservertest.Start(t, pgserver.Options{})
+	sizes := []int{70, 70, 20000, 70}
+	const cutAt = 200
+	rows := 0
+	for _, n := range sizes {
+		rows += n
+	}
+	for _, keeps := range []bool{true, false} {
+		t.Run(fmt.Sprintf("keeps=%v", keeps), func(t *testing.T) {
+			url := prepareHandover(t, srv, fmt.Sprintf("handover_unconfirmed_%v", keeps), sizes...)
+			db, err := pgx.Connect(t.Context(), url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer db.Close(context.Background())
+			s, err := NewStream(Config{URL: url, Slot: "handover", Publication: "handover",
+				StatusInterval: 100 * time.Millisecond, ReconnectMin: 10 * time.Millisecond}, zap.NewNop())
+			if err != nil {
+				t.Fatal(err)
+			}
+			h := &windowHandler{fillAt: cutAt, keeps: keeps, unconfirmed: true, stall: make(chan struct{}), stalled: make(chan struct{})}
+			ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+			defer cancel()
+			done := make(chan error, 1)
+			go func() { done <- s.Run(ctx, h) }()
+			select {
+			case <-h.stalled:
+			case err := <-done:
+				t.Fatalf("stream ended (%v) before row %d", err, cutAt)
+			case <-ctx.Done():
+				t.Fatalf("row %d not handed over within 2 minutes", cutAt)
+			}
+			if _, err := db.Exec(t.Context(), "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = 'handover'"); err != nil {
+				t.Fatal(err)
+			}
+			close(h.stall)
+			want := make([]int, 0, rows)
+			for id := 1; id <= rows; id++ {
+				want = append(want, id)
+			}
+			// A Handler that drops gets everything from the slot's position
+			// again, after what the lost session handed over (the rows up to
+			// the cut and those still buffered).
+			for done := false; !done && ctx.Err() == nil; time.Sleep(20 * time.Millisecond) {
+				got := h.handed()
+				done = len(got) >= rows && got[len(got)-1] == rows
+			}
+			time.Sleep(300 * time.Millisecond) // a row handed twice would be counted by now
+			cancel()
+			if err := <-done; err != nil {
+				t.Fatalf("stream: %v", err)
+			}
+			got := h.handed()
+			t.Logf("rows %d, handed over %d, resets %v", rows, len(got), h.reset)
+			if len(h.reset) < 2 {
+				t.Fatalf("%d sessions ended, want the lost one and the last", len(h.reset))
+			}
+			if keeps && !slices.Equal(got, want) {
+				t.Fatalf("handed over %d rows, want %d once, in order:\n got %s\nwant %s", len(got), len(want), summary(got), summary(want))
+			}
+			if !keeps && (len(got) < rows+cutAt || !slices.Equal(got[len(got)-rows:], want)) {
+				t.Fatalf("handed over %d rows, want all %d again after the %d or more of the lost session:\n got %s", len(got), rows, cutAt, summary(got))
+			}
+		})
 	}
 }
 

@@ -152,6 +152,12 @@ pipelines:
 			return r && r.querySelector('[data-field="lag_seconds"]').textContent !== '—' && r.querySelector('[data-field="lag_bytes"]').textContent !== '—'
 				&& r.querySelector('.state').textContent === 'running'; })()`)
 	}
+	// A clean run: nothing published again, shown as 0.
+	for _, name := range []string{"orders", "billing"} {
+		if got := text(t, tab, `tr[data-pipeline="`+name+`"] [data-field="republished_total"]`); got != "0" {
+			t.Errorf("republished on the page for %s: %q, want 0", name, got)
+		}
+	}
 	t.Logf("lag on the page: orders %s / %s, billing %s / %s",
 		text(t, tab, `tr[data-pipeline="orders"] [data-field="lag_seconds"]`), text(t, tab, `tr[data-pipeline="orders"] [data-field="lag_bytes"]`),
 		text(t, tab, `tr[data-pipeline="billing"] [data-field="lag_seconds"]`), text(t, tab, `tr[data-pipeline="billing"] [data-field="lag_bytes"]`))

@@ -119,7 +119,8 @@ func TestKafkaOutage(t *testing.T) {
 	t.Logf("kafka outage: rows %d, lost 0, duplicates %d", len(ids), duplicates(recs))
 }
 
-// TestPostgresRestartMidStream restarts PostgreSQL while rows are written.
+// TestPostgresRestartMidStream restarts PostgreSQL while rows are written:
+// every row arrives once, in its aggregate's order.
 func TestPostgresRestartMidStream(t *testing.T) {
 	e := newEnv(t)
 	c := e.consume("outbox.order")
@@ -134,7 +135,13 @@ func TestPostgresRestartMidStream(t *testing.T) {
 	ids := wait()
 	recs := c.waitIDs(ids, 90*time.Second)
 	p.waitLog("reconnecting", time.Second)
+	time.Sleep(500 * time.Millisecond) // a copy would come right behind the first
+	recs = c.records()
 	p.stop()
+	// The relay keeps running: it knows every transaction it handed over,
+	// and those the slot delivers again because their position was not yet
+	// confirmed are not handed over again (before: 900 of 5,000 twice).
+	checkOnce(t, "PostgreSQL restart", ids, recs)
 	t.Logf("postgres restart: rows %d, lost 0, duplicates %d", len(ids), duplicates(recs))
 }
 

@@ -379,7 +379,17 @@ pipelines:
 	}
 	ledger = append(ledger, paused...)
 	recs := cons.waitIDs(ledger, 30*time.Second)
+	time.Sleep(500 * time.Millisecond) // a copy would come right behind the first
+	recs = cons.records()
+	republished := sum(republishedSeries(t, p.httpAddr()))
 	p.stop()
+	checkOnce(t, "pause and resume", ledger, recs)
+	if republished != 0 {
+		t.Errorf("outboxrelay_messages_republished_total = %v after a pause and a resume, want 0", republished)
+	}
+	if total, reasons := statusRepublished(t, a, "pause_a"); total != 0 {
+		t.Errorf("status republished_total = %d %v, want 0", total, reasons)
+	}
 	audits := strings.Count(p.out.String(), `"msg":"audit"`)
 	if audits != 3 {
 		t.Errorf("%d audit lines, want 3 (refused pause, pause, resume)", audits)
@@ -387,8 +397,8 @@ pipelines:
 	if order := checkOrder(ledger, recs); order != 0 {
 		t.Errorf("%d records out of their aggregate's order", order)
 	}
-	t.Logf("pause/resume: rows %d (%d committed while paused, %d delivered before the pause), lost 0, duplicates %d, audit lines %d",
-		len(ledger), len(paused), before, duplicates(recs), audits)
+	t.Logf("pause/resume: rows %d (%d committed while paused, %d delivered before the pause), lost 0, duplicates %d, republished %v, audit lines %d",
+		len(ledger), len(paused), before, duplicates(recs), republished, audits)
 }
 
 // TestPipelinesDeadLetterAPI: the management API lists and shows a

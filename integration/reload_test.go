@@ -214,13 +214,25 @@ func TestPipelinesReload(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	for _, name := range []string{"a", "b", "c"} {
-		recs := consumers[name].waitIDs(ledgers[name], 60*time.Second)
-		if order := checkOrder(ledgers[name], recs); order != 0 {
-			t.Errorf("pipeline %s: %d records out of their aggregate's order", name, order)
-		}
+		consumers[name].waitIDs(ledgers[name], 60*time.Second)
+	}
+	time.Sleep(500 * time.Millisecond) // a copy would come right behind the first
+	for _, name := range []string{"a", "b", "c"} {
+		recs := consumers[name].records()
+		checkOnce(t, "pipeline "+name+" across reloads", ledgers[name], recs)
 		t.Logf("pipeline %s: rows %d, lost 0, duplicates %d", name, len(ledgers[name]), duplicates(recs))
 	}
+	for labels, v := range republishedSeries(t, p.httpAddr()) {
+		if v != 0 {
+			t.Errorf("outboxrelay_messages_republished_total%s = %v across reloads, want 0", labels, v)
+		}
+	}
 	p.stop()
+	for name, e := range envs {
+		if total, reasons := statusRepublished(t, e, "reload_"+name); total != 0 {
+			t.Errorf("pipeline %s: status republished_total = %d %v, want 0", name, total, reasons)
+		}
+	}
 	out := p.out.String()
 	if n := strings.Count(out, `"msg":"configuration reload refused`); n != 1 {
 		t.Errorf("%d refusal lines, want 1", n)

@@ -30,8 +30,11 @@ func TestMigrateUpgradesStatusView(t *testing.T) {
 		if i := slices.Index(cols, "lag_seconds"); i < 0 || cols[i-1] != "lag_bytes" {
 			t.Fatalf("view columns after migrate: %v, want lag_seconds after lag_bytes", cols)
 		}
+		if i := slices.Index(cols, "republished_total"); i < 0 || cols[i-1] != "published_total" {
+			t.Fatalf("view columns after migrate: %v, want republished_total after published_total", cols)
+		}
 		var comment string
-		if err := e.db.QueryRow(t.Context(), `SELECT obj_description('outboxrelay.status'::regclass, 'pg_class')`).Scan(&comment); err != nil || comment != "outboxrelay status, version 3" {
+		if err := e.db.QueryRow(t.Context(), `SELECT obj_description('outboxrelay.status'::regclass, 'pg_class')`).Scan(&comment); err != nil || comment != "outboxrelay status, version 4" {
 			t.Fatalf("view comment %q (%v)", comment, err)
 		}
 	}

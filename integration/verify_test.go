@@ -151,6 +151,10 @@ func TestVerifyReplayKafkaDeletedRecords(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "replayed 4 of 4 messages") {
 		t.Fatalf("replay --missing exited %d:\n%s", code, out)
 	}
+	// The broker did not hold them: no duplicate to count.
+	if total, reasons := statusRepublished(t, e, "outboxrelay"); total != 0 {
+		t.Errorf("status republished_total after replay --missing = %d %v, want 0", total, reasons)
+	}
 	out, code = e.cli("verify", "--config", cfg, "--since", "1h")
 	if code != 0 || !strings.Contains(out, "missing        0\n") || !strings.Contains(out, "duplicates     0\n") {
 		t.Fatalf("verify after replay exited %d:\n%s", code, out)
@@ -295,6 +299,13 @@ func TestRecoverDroppedSlot(t *testing.T) {
 		t.Fatalf("recover exited %d:\n%s", code, out)
 	}
 	t.Logf("recover:\n%s", out)
+	var republished int64
+	if _, err := fmt.Sscanf(out[strings.Index(out, "republished "):], "republished %d messages", &republished); err != nil || republished == 0 {
+		t.Fatalf("recover's output has no republished count (%v):\n%s", err, out)
+	}
+	if total, reasons := statusRepublished(t, e, "outboxrelay"); total != republished || reasons["recover"] != republished {
+		t.Errorf("status republished_total after recover = %d %v, want %d for recover", total, reasons, republished)
+	}
 
 	p = e.start()
 	p.waitLog(`"streaming"`, 30*time.Second)

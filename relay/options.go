@@ -119,6 +119,10 @@ type Hooks struct {
 	// name or prefix it matched (envelope.ReservedAs), not the row's
 	// spelling. Called from the stream goroutine.
 	ReservedHeaderDropped func(m *Message, reserved string)
+	// Republished is called each time the relay hands m to the sink again
+	// when the broker may already hold it, with why (RepublishedRetry);
+	// see republish.go.
+	Republished func(m *Message, reason string)
 }
 
 // JoinHooks returns hooks that call the hooks set in hs, each kind in the
@@ -166,6 +170,11 @@ func JoinHooks(hs ...Hooks) Hooks {
 			j.ReservedHeaderDropped = func(m *Message, reserved string) { f(m, reserved); g(m, reserved) }
 		} else if g != nil {
 			j.ReservedHeaderDropped = g
+		}
+		if f, g := j.Republished, h.Republished; f != nil && g != nil {
+			j.Republished = func(m *Message, reason string) { f(m, reason); g(m, reason) }
+		} else if g != nil {
+			j.Republished = g
 		}
 	}
 	return j

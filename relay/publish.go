@@ -265,6 +265,7 @@ func (p *publisher) run(ctx context.Context) {
 			p.submit(ctx, m)
 		case h := <-p.handoff:
 			k := keyOf(h.m) // h.m may be settled, and no longer the relay's, once handed over
+			p.countAgain(h.m)
 			p.send(ctx, h.m)
 			for more := h.drain; more; {
 				// The aggregate's messages that came meanwhile go out now,

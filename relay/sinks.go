@@ -80,7 +80,7 @@ func (r *Relay) runLane(sinkCtx, gctx context.Context, g *errgroup.Group, p *pub
 		})
 	}
 	g.Go(func() error {
-		p.retries.run(sinkCtx, p.publish)
+		p.retries.run(sinkCtx, p.publishAgain)
 		return nil
 	})
 	g.Go(func() error {

@@ -8,7 +8,10 @@ import (
 	"syscall"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/outboxrelay/outboxrelay/internal/store"
+	"github.com/outboxrelay/outboxrelay/relay"
 	rows "github.com/outboxrelay/outboxrelay/replay"
 )
 
@@ -87,6 +90,7 @@ func cmdRecover(args []string, stdout, stderr io.Writer) error {
 		return err
 	})
 	fmt.Fprintf(stdout, "republished %d messages; slot %s starts at %s\n", res.Published, slot, res.ConsistentPoint)
+	countRepublished(ctx, dlConn, o, relay.RepublishedRecover, res.Published)
 	printFiltered(stdout, res.Result)
 	if n := len(res.Held); n > 0 {
 		fmt.Fprintf(stdout, "%d messages of the window wait in outboxrelay.dead_letters and were left there; `outboxrelay dlq replay` publishes them\n", n)
@@ -108,4 +112,13 @@ func recorded(st rows.SlotState) string {
 		return "none"
 	}
 	return st.RecordedLSN.String()
+}
+
+// countRepublished records in outboxrelay.republished that a command
+// published n messages of the configured slot again, for status. A failure
+// is logged: the messages are published, and the count is only a figure.
+func countRepublished(ctx context.Context, db store.DB, o *opsEnv, reason string, n int64) {
+	if err := store.AddRepublished(context.WithoutCancel(ctx), db, o.cfg.Postgres.Slot, reason, n, o.log); err != nil {
+		o.log.Warn("count the republished messages in outboxrelay.republished", zap.Error(err))
+	}
 }

@@ -65,7 +65,7 @@ func TestPrintStatus(t *testing.T) {
 	if err := json.Unmarshal(js.Bytes(), &m); err != nil {
 		t.Fatalf("--json output is not one object: %v\n%s", err, js.String())
 	}
-	if m["exists"] != false || m["lag_bytes"] != nil || m["lag_seconds"] != nil || len(m) != 15 {
+	if m["exists"] != false || m["lag_bytes"] != nil || m["lag_seconds"] != nil || len(m) != 16 {
 		t.Errorf("--json object: %v", m)
 	}
 }
@@ -94,7 +94,7 @@ func TestWatchLine(t *testing.T) {
 	now := time.Date(2026, 12, 2, 6, 0, 0, 0, time.UTC)
 	st := store.Status{Slot: "outboxrelay", Exists: true, Active: true, WALStatus: "reserved", LagBytes: 2048,
 		LagSeconds: 3.25, LagSince: now.Add(-3250 * time.Millisecond), PublishedTotal: 7}
-	want := "2026-12-02T06:00:00Z slot=outboxrelay exists=true active=true wal_status=reserved lag_bytes=2048 lag_seconds=3.2 published_total=7 dead_letters=0"
+	want := "2026-12-02T06:00:00Z slot=outboxrelay exists=true active=true wal_status=reserved lag_bytes=2048 lag_seconds=3.2 published_total=7 republished_total=0 dead_letters=0"
 	if got := watchLine(st, now); got != want {
 		t.Errorf("watch line\n%s\nwant\n%s", got, want)
 	}

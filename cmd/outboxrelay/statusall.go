@@ -176,6 +176,6 @@ func watchLine(st store.Status, now time.Time) string {
 	if st.LagSecondsKnown() {
 		lagSeconds = strconv.FormatFloat(st.LagSeconds, 'f', 1, 64)
 	}
-	return fmt.Sprintf("%s slot=%s exists=%t active=%t wal_status=%s lag_bytes=%d lag_seconds=%s published_total=%d dead_letters=%d",
-		now.UTC().Format(time.RFC3339), st.Slot, st.Exists, st.Active, orDash(st.WALStatus), st.LagBytes, lagSeconds, st.PublishedTotal, st.DeadLetters)
+	return fmt.Sprintf("%s slot=%s exists=%t active=%t wal_status=%s lag_bytes=%d lag_seconds=%s published_total=%d republished_total=%d dead_letters=%d",
+		now.UTC().Format(time.RFC3339), st.Slot, st.Exists, st.Active, orDash(st.WALStatus), st.LagBytes, lagSeconds, st.PublishedTotal, st.RepublishedTotal, st.DeadLetters)
 }

@@ -340,6 +340,9 @@ func cmdReplay(args []string, stdout, stderr io.Writer) error {
 		})
 	})
 	fmt.Fprintf(stdout, "replayed %d of %d messages\n", res.Published, total)
+	if !*missingOnly { // the rows verify found missing were not at the broker
+		countRepublished(ctx, o.db, o, relay.RepublishedReplay, res.Published)
+	}
 	printFiltered(stdout, res)
 	if err != nil {
 		return err

@@ -367,7 +367,7 @@ func (r *run) wire(ctx context.Context) error {
 	rc := cfg.RelayConfig()
 	rc.Database = r.database
 	opts := r.dur.options()
-	opts.Hooks = relay.JoinHooks(relay.Hooks{Published: r.progress.Published}, r.metrics.Hooks())
+	opts.Hooks = relay.JoinHooks(relay.Hooks{Published: r.progress.Published, Republished: r.progress.Republished}, r.metrics.Hooks())
 	opts.Resolver, opts.Validator, opts.Tracer = r.guard, r.validate, r.traces.Tracer()
 	r.relay = relay.NewSinks(rc, r.sinks, log, opts)
 	r.progress.LagSince = r.relay.LagSince

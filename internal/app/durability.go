@@ -51,7 +51,7 @@ func poolConfig(url string) (*pgxpool.Config, error) {
 // options returns the relay's checkpoint and, with relay.dead_letters,
 // its dead-letter and parking store.
 func (d *durability) options() relay.Options {
-	opts := relay.Options{Checkpoint: store.Checkpoint{DB: d.pool, Slot: d.cfg.Postgres.Slot}}
+	opts := relay.Options{Checkpoint: newStartWindow(store.Checkpoint{DB: d.pool, Slot: d.cfg.Postgres.Slot}, d.log)}
 	if d.cfg.Relay.DeadLetters {
 		dead := &store.DeadLetters{DB: d.pool, Slot: d.cfg.Postgres.Slot}
 		opts.DeadLetters, opts.Parking = dead, dead

@@ -105,6 +105,7 @@ type Metrics struct {
 	skipped       *prometheus.CounterVec
 	filtered      *prometheus.CounterVec
 	reserved      *prometheus.CounterVec
+	republished   *prometheus.CounterVec
 	lag           prometheus.Gauge
 	retained      prometheus.Gauge
 	keepSize      prometheus.Gauge
@@ -158,6 +159,10 @@ func New(cfg Config) *Metrics {
 		Namespace: Namespace, Name: "reserved_headers_dropped_total",
 		Help: "Row headers dropped because their name is one the relay owns, by the reserved name or prefix (ce_*) they matched; rename them in the producer.",
 	}, []string{"header"})
+	m.republished = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Name: "messages_republished_total",
+		Help: "Messages this process published again while the broker may already hold them, by reason (retry: a retry after a retryable failure such as a timeout or a lost connection). What a killed or replaced process published past the slot's confirmed position is not counted: the new process cannot know it.",
+	}, []string{"reason"})
 	m.lag = prometheus.NewGauge(prometheus.GaugeOpts{
 		Namespace: Namespace, Name: "replication_lag_bytes",
 		Help: "WAL bytes between the server's current position and the older of the slot's confirmed_flush_lsn and restart_lsn, refreshed every few seconds.",
@@ -220,7 +225,7 @@ func New(cfg Config) *Metrics {
 	if cfg.Pipeline != "" {
 		labels["pipeline"] = cfg.Pipeline
 	}
-	prometheus.WrapRegistererWith(labels, m.registry).MustRegister(m.published, m.publishErrors, m.deadLetters, m.skipped, m.filtered, m.reserved, m.lag, lagSeconds, m.retained, m.keepSize,
+	prometheus.WrapRegistererWith(labels, m.registry).MustRegister(m.published, m.publishErrors, m.deadLetters, m.skipped, m.filtered, m.reserved, m.republished, m.lag, lagSeconds, m.retained, m.keepSize,
 		m.walStatus, m.latency, inflight, last, unanswered, role)
 	if cfg.SinkLag != nil {
 		prometheus.WrapRegistererWith(labels, m.registry).MustRegister(newSinkCollector(cfg.SinkLag, &m.currentWAL))
@@ -234,6 +239,9 @@ func New(cfg Config) *Metrics {
 	}
 	for _, reason := range []string{reasonPermanent, reasonInvalid} {
 		m.deadLetters.WithLabelValues(reason)
+	}
+	for _, reason := range relay.RepublishedReasons {
+		m.republished.WithLabelValues(reason)
 	}
 	for _, d := range cfg.Destinations {
 		m.published.WithLabelValues(cfg.Sink, label(d))
@@ -375,6 +383,7 @@ func (m *Metrics) Hooks() relay.Hooks {
 		ReservedHeaderDropped: func(_ *relay.Message, reserved string) {
 			m.reserved.WithLabelValues(reserved).Inc()
 		},
+		Republished: func(_ *relay.Message, reason string) { m.republished.WithLabelValues(reason).Inc() },
 	}
 }
 

@@ -253,6 +253,28 @@ func TestReservedHeadersDropped(t *testing.T) {
 	}
 }
 
+// TestRepublished: every reason has a series from the start at 0, and the
+// hook counts under the reason it is given.
+func TestRepublished(t *testing.T) {
+	m := New(Config{Sink: "kafka"})
+	got := func() map[string]float64 {
+		v := map[string]float64{}
+		for _, mt := range gather(t, m, "outboxrelay_messages_republished_total") {
+			v[labels(mt)["reason"]] = mt.GetCounter().GetValue()
+		}
+		return v
+	}
+	if v := got(); len(v) != len(relay.RepublishedReasons) || v[relay.RepublishedRetry] != 0 {
+		t.Errorf("a clean start: messages_republished_total = %v, want a 0 series per reason %v", v, relay.RepublishedReasons)
+	}
+	h := m.Hooks()
+	h.Republished(&relay.Message{ID: "a"}, relay.RepublishedRetry)
+	h.Republished(&relay.Message{ID: "a"}, relay.RepublishedRetry)
+	if v := got(); v[relay.RepublishedRetry] != 2 || v[relay.RepublishedReplay] != 0 {
+		t.Errorf("messages_republished_total = %v, want retry 2", v)
+	}
+}
+
 // TestInvalidUTF8Labels: a destination or table that is not valid UTF-8
 // reaches no label as it is (client_golang panics on one, after the broker
 // acknowledged the message): the hooks count it under the value with U+FFFD,

@@ -231,3 +231,22 @@ func (c Checkpoint) Ready(ctx context.Context) error {
 	}
 	return nil
 }
+
+// LastPublished returns the position of the furthest message the broker
+// acknowledged, as Progress last wrote it (at most a second late, and not
+// at all past a kill); ok is false when none is recorded.
+func (c Checkpoint) LastPublished(ctx context.Context) (lsn cdc.LSN, ok bool, err error) {
+	var text *string
+	err = c.DB.QueryRow(ctx, `SELECT last_lsn::text FROM outboxrelay.checkpoint WHERE slot = $1`, c.Slot).Scan(&text)
+	if errors.Is(err, pgx.ErrNoRows) || (err == nil && text == nil) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("read checkpoint: %w", err)
+	}
+	v, err := pglogrepl.ParseLSN(*text)
+	if err != nil {
+		return 0, false, fmt.Errorf("parse last published position %q: %w", *text, err)
+	}
+	return cdc.LSN(v), true, nil
+}

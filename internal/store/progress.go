@@ -76,6 +76,12 @@ type Progress struct {
 	failing   bool      // the last write failed; log recovery once
 	since     time.Time // lag_since recorded by the last successful write
 	sinceAt   time.Time // when it was recorded
+	// republished counts the messages published again by reason
+	// (republished.go), written under writer, this process's id.
+	republished        map[string]int64
+	republishedChanged bool
+	republishedGone    bool // the schema has no outboxrelay.republished
+	writer             string
 }
 
 // NewProgress returns a Progress for slot that writes through db. It starts nothing.
@@ -128,6 +134,11 @@ func (w *Progress) Run(ctx context.Context) error {
 // write. On failure the changes are kept for the next Save. Run calls it;
 // it is safe for concurrent use, but concurrent Saves may write out of order.
 func (w *Progress) Save(ctx context.Context) error {
+	return errors.Join(w.saveProgress(ctx), w.saveRepublished(ctx))
+}
+
+// saveProgress writes the checkpoint row's progress columns (Save).
+func (w *Progress) saveProgress(ctx context.Context) error {
 	var since time.Time
 	if w.LagSince != nil {
 		since = w.LagSince()

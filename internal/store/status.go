@@ -90,6 +90,14 @@ type Status struct {
 	LastPublishedAt  time.Time `json:"last_published_at"`
 	LastMessageID    string    `json:"last_message_id"`
 	PublishedTotal   int64     `json:"published_total"`
+	// RepublishedTotal counts the messages published again while the
+	// broker may already have held them, over the slot's life, and
+	// Republished by reason (relay.RepublishedRetry and the others; nil
+	// when none):
+	// what each relay, `replay` and `recover` could know of. What a killed
+	// or replaced relay published past the confirmed position is not in it.
+	RepublishedTotal int64            `json:"republished_total"`
+	Republished      map[string]int64 `json:"republished,omitempty"`
 	// DeadLetters counts dead letters of the slot not yet replayed.
 	DeadLetters int64 `json:"dead_letters"`
 	// MaxSlotWALKeepSize is the server's max_slot_wal_keep_size in bytes,
@@ -163,32 +171,34 @@ func (s Status) RetainedKnown() bool {
 // MarshalJSON writes unknown figures as null, in the order of the view's columns.
 func (s Status) MarshalJSON() ([]byte, error) {
 	type nullable struct {
-		Slot              string       `json:"slot"`
-		Exists            bool         `json:"exists"`
-		Active            *bool        `json:"active"`
-		WALStatus         *string      `json:"wal_status"`
-		ConfirmedFlushLSN LSN          `json:"confirmed_flush_lsn"`
-		RestartLSN        LSN          `json:"restart_lsn"`
-		CurrentWALLSN     LSN          `json:"current_wal_lsn"`
-		LagBytes          *int64       `json:"lag_bytes"`
-		LagSeconds        *float64     `json:"lag_seconds"`
-		RetainedWALBytes  *int64       `json:"retained_wal_bytes"`
-		LastPublishedLSN  LSN          `json:"last_published_lsn"`
-		LastPublishedAt   *time.Time   `json:"last_published_at"`
-		LastMessageID     *string      `json:"last_message_id"`
-		PublishedTotal    int64        `json:"published_total"`
-		DeadLetters       int64        `json:"dead_letters"`
-		LastError         string       `json:"last_error,omitempty"`
-		Coverage          []string     `json:"coverage,omitempty"`
-		Failover          *bool        `json:"failover,omitempty"`
-		Synced            *bool        `json:"synced,omitempty"`
-		Warnings          []string     `json:"warnings,omitempty"`
-		Sinks             []SinkStatus `json:"sinks,omitempty"`
+		Slot              string           `json:"slot"`
+		Exists            bool             `json:"exists"`
+		Active            *bool            `json:"active"`
+		WALStatus         *string          `json:"wal_status"`
+		ConfirmedFlushLSN LSN              `json:"confirmed_flush_lsn"`
+		RestartLSN        LSN              `json:"restart_lsn"`
+		CurrentWALLSN     LSN              `json:"current_wal_lsn"`
+		LagBytes          *int64           `json:"lag_bytes"`
+		LagSeconds        *float64         `json:"lag_seconds"`
+		RetainedWALBytes  *int64           `json:"retained_wal_bytes"`
+		LastPublishedLSN  LSN              `json:"last_published_lsn"`
+		LastPublishedAt   *time.Time       `json:"last_published_at"`
+		LastMessageID     *string          `json:"last_message_id"`
+		PublishedTotal    int64            `json:"published_total"`
+		RepublishedTotal  int64            `json:"republished_total"`
+		DeadLetters       int64            `json:"dead_letters"`
+		LastError         string           `json:"last_error,omitempty"`
+		Republished       map[string]int64 `json:"republished,omitempty"`
+		Coverage          []string         `json:"coverage,omitempty"`
+		Failover          *bool            `json:"failover,omitempty"`
+		Synced            *bool            `json:"synced,omitempty"`
+		Warnings          []string         `json:"warnings,omitempty"`
+		Sinks             []SinkStatus     `json:"sinks,omitempty"`
 	}
 	n := nullable{
 		Slot: s.Slot, Exists: s.Exists, ConfirmedFlushLSN: s.ConfirmedFlushLSN, RestartLSN: s.RestartLSN,
 		CurrentWALLSN: s.CurrentWALLSN, LastPublishedLSN: s.LastPublishedLSN, PublishedTotal: s.PublishedTotal,
-		DeadLetters: s.DeadLetters, LastError: s.LastError, Coverage: s.Coverage, Warnings: s.Warnings,
+		RepublishedTotal: s.RepublishedTotal, Republished: s.Republished, DeadLetters: s.DeadLetters, LastError: s.LastError, Coverage: s.Coverage, Warnings: s.Warnings,
 		Failover: s.Failover, Synced: s.Synced, Sinks: s.Sinks,
 	}
 	if s.Exists {
@@ -369,6 +379,9 @@ func ReadStatus(ctx context.Context, q Querier, slot string) (Status, error) {
 	case errors.Is(err, pgx.ErrNoRows):
 	case err != nil:
 		return s, fmt.Errorf("read outboxrelay.checkpoint: %w", err)
+	}
+	if err := readRepublishedTotals(ctx, q, &s); err != nil {
+		return s, err
 	}
 	if lastLSN != nil {
 		v, err := pglogrepl.ParseLSN(*lastLSN)

@@ -26,6 +26,7 @@ func healthy() Status {
 		LagBytes: 3 << 20, LagSeconds: 2.5, LagSince: now.Add(-2500 * time.Millisecond), RetainedWALBytes: 0x3C4 + 3<<20,
 		LastPublishedLSN: 0x1A2B300, LastPublishedAt: now.Add(-3 * time.Second),
 		LastMessageID: "0193a5b0-7d4e-7c1a-9f3e-2b8c1d0e4f5a", PublishedTotal: 1200, DeadLetters: 2,
+		RepublishedTotal: 3, Republished: map[string]int64{"retry": 2, "replay": 1},
 	}
 }
 
@@ -48,6 +49,7 @@ last_published_lsn   0/1A2B300
 last_published_at    2026-11-29T08:00:07Z (3s ago)
 last_message_id      0193a5b0-7d4e-7c1a-9f3e-2b8c1d0e4f5a
 published_total      1200
+republished_total    3 (replay 1, retry 2)
 dead_letters         2
 `
 	if b.String() != want {
@@ -75,6 +77,7 @@ last_published_lsn   -
 last_published_at    -
 last_message_id      -
 published_total      0
+republished_total    0
 dead_letters         0
 warning: schema outboxrelay is missing
 `
@@ -103,7 +106,7 @@ func TestJSON(t *testing.T) {
 		`"confirmed_flush_lsn":"0/1A2B3C4","restart_lsn":"0/1A2B000","current_wal_lsn":"0/1D2B3C4",` +
 		`"lag_bytes":3145728,"lag_seconds":2.5,"retained_wal_bytes":3146692,"last_published_lsn":"0/1A2B300",` +
 		`"last_published_at":"2026-11-29T08:00:07Z","last_message_id":"0193a5b0-7d4e-7c1a-9f3e-2b8c1d0e4f5a",` +
-		`"published_total":1200,"dead_letters":2}`
+		`"published_total":1200,"republished_total":3,"dead_letters":2,"republished":{"replay":1,"retry":2}}`
 	if string(b) != want {
 		t.Errorf("got  %s\nwant %s", b, want)
 	}
@@ -121,7 +124,7 @@ func TestJSON(t *testing.T) {
 	}
 	want = `{"slot":"gone","exists":false,"active":null,"wal_status":null,"confirmed_flush_lsn":null,` +
 		`"restart_lsn":null,"current_wal_lsn":"0/5000","lag_bytes":null,"lag_seconds":null,"retained_wal_bytes":null,` +
-		`"last_published_lsn":null,"last_published_at":null,"last_message_id":null,"published_total":0,"dead_letters":0}`
+		`"last_published_lsn":null,"last_published_at":null,"last_message_id":null,"published_total":0,"republished_total":0,"dead_letters":0}`
 	if string(b) != want {
 		t.Errorf("missing slot:\ngot  %s\nwant %s", b, want)
 	}

@@ -3,7 +3,10 @@ package store
 import (
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 )
@@ -57,6 +60,7 @@ func WriteText(w io.Writer, s Status, now time.Time) error {
 	}
 	row("last_message_id", orDash(s.LastMessageID))
 	row("published_total", strconv.FormatInt(s.PublishedTotal, 10))
+	row("republished_total", republishedText(s))
 	row("dead_letters", strconv.FormatInt(s.DeadLetters, 10))
 	if s.Failover != nil {
 		row("failover", strconv.FormatBool(*s.Failover))
@@ -139,4 +143,18 @@ func age(d time.Duration) string {
 		return "just now"
 	}
 	return d.Truncate(time.Second).String() + " ago"
+}
+
+// republishedText is the republished count, with its reasons when there
+// are any: "3 (retry 2, replay 1)".
+func republishedText(s Status) string {
+	text := strconv.FormatInt(s.RepublishedTotal, 10)
+	if len(s.Republished) == 0 {
+		return text
+	}
+	var parts []string
+	for _, reason := range slices.Sorted(maps.Keys(s.Republished)) {
+		parts = append(parts, reason+" "+strconv.FormatInt(s.Republished[reason], 10))
+	}
+	return text + " (" + strings.Join(parts, ", ") + ")"
 }

@@ -13,13 +13,14 @@
 -- confirmed position through a transaction the server is still decoding,
 -- while restart_lsn stays before it until it is delivered. lag_seconds is the
 -- age of lag_since (see above), so it grows while the relay is down or stuck.
--- Version 3 inserted lag_seconds after lag_bytes, which CREATE OR REPLACE
--- VIEW cannot do: an older view is dropped first, in this transaction.
+-- Version 3 inserted lag_seconds after lag_bytes, and version 4
+-- republished_total after published_total, which CREATE OR REPLACE VIEW
+-- cannot do: an older view is dropped first, in this transaction.
 DO $outboxrelay$
 BEGIN
     -- CREATE OR REPLACE VIEW takes an ACCESS EXCLUSIVE lock, which would
     -- queue every status reader behind it: replace it only when it changed.
-    IF obj_description(to_regclass('outboxrelay.status'), 'pg_class') IS DISTINCT FROM 'outboxrelay status, version 3' THEN
+    IF obj_description(to_regclass('outboxrelay.status'), 'pg_class') IS DISTINCT FROM 'outboxrelay status, version 4' THEN
         DROP VIEW IF EXISTS outboxrelay.status;
 CREATE OR REPLACE VIEW outboxrelay.status AS
 SELECT s.slot_name::text                                         AS slot,
@@ -37,6 +38,8 @@ SELECT s.slot_name::text                                         AS slot,
        c.last_published_at,
        c.last_message_id,
        coalesce(c.published_total, 0)                            AS published_total,
+       (SELECT coalesce(sum(r.total), 0) FROM outboxrelay.republished r
+         WHERE r.slot = s.slot_name)::bigint                     AS republished_total,
        (SELECT count(*) FROM outboxrelay.dead_letters d
          WHERE d.slot = s.slot_name AND d.replayed_at IS NULL)   AS dead_letters
 FROM pg_replication_slots s
@@ -44,7 +47,7 @@ CROSS JOIN (SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn()
                         ELSE pg_current_wal_lsn() END AS lsn) w
 LEFT JOIN outboxrelay.checkpoint c ON c.slot = s.slot_name
 WHERE s.plugin = 'pgoutput' AND s.database = current_database();
-        COMMENT ON VIEW outboxrelay.status IS 'outboxrelay status, version 3';
+        COMMENT ON VIEW outboxrelay.status IS 'outboxrelay status, version 4';
     END IF;
 END
 $outboxrelay$;

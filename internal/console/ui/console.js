@@ -248,6 +248,7 @@
           el('td', { class: 'num', 'data-field': 'retained_wal_bytes' }),
           el('td', { class: 'num', 'data-field': 'throughput' }),
           el('td', { class: 'num', 'data-field': 'dead_letters' }),
+          el('td', { class: 'num', 'data-field': 'republished_total' }),
           el('td', { 'data-field': 'action' },
             el('button', { type: 'button', 'data-action': 'pause', onclick: (ev) => pauseResume(p.name, ev.currentTarget.dataset.action) })));
       }
@@ -263,6 +264,9 @@
       cell('retained_wal_bytes').textContent = fmtBytes(slot.retained_wal_bytes);
       cell('throughput').textContent = fmtRate(lastRate(p.name));
       cell('dead_letters').textContent = slot.dead_letters === undefined || slot.dead_letters === null ? '—' : String(slot.dead_letters);
+      // Messages published again while the broker may have held them (status republished_total), with the reasons.
+      cell('republished_total').textContent = slot.republished_total === undefined || slot.republished_total === null ? '—' : String(slot.republished_total);
+      cell('republished_total').title = Object.entries(slot.republished || {}).map(([r, n]) => r + ' ' + n).join(', ');
       const button = cell('action').firstChild;
       const what = paused ? 'resume' : 'pause';
       const label = paused ? 'Resume' : 'Pause';
