@@ -635,7 +635,7 @@ http:
 		t.Fatal(err)
 	}
 	if code != 2 || !strings.Contains(out, `outboxrelay.spilled holds`) || !strings.Contains(out, `sink "down"`) ||
-		!strings.Contains(out, "put the sink back") || !strings.Contains(out, "DELETE FROM outboxrelay.spilled WHERE slot = 'spill_restart' AND sink = 'down'") || after != stored {
+		!strings.Contains(out, "start with that sink in sinks") || !strings.Contains(out, "DELETE FROM outboxrelay.spilled WHERE slot = 'spill_restart' AND sink = 'down'") || after != stored {
 		t.Errorf("a start without the sink that messages are stored for: exit %d, %d stored before and %d after:\n%s\nwant exit 2 naming the sink and both fixes, the messages kept",
 			code, stored, after, tail(out, 1500))
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -27,8 +28,8 @@ type handler struct {
 	cp      *checkpointer
 	window  *window
 	tracker *tracker
-	tx      *txn   // the open transaction's tracker entry
-	seq     uint64 // publish order
+	tx      *txn           // the open transaction's tracker entry
+	seq     *atomic.Uint64 // publish order, shared with the publishers (publisher.enqueue)
 	// batch is set when the sink is Transactional (see txnBatch).
 	batch *txnBatch
 }
@@ -256,8 +257,7 @@ func (h *handler) dispatch(ctx context.Context, m *Message, buildErr error) erro
 		return err
 	}
 	m.tx = h.tx
-	m.seq = h.seq
-	h.seq++
+	m.seq = h.seq.Add(1)
 	h.tracker.add(h.tx, pub.lane)
 	if buildErr != nil {
 		m.Attempts = 1

@@ -102,9 +102,12 @@ type Message struct {
 	// spillSeq is the message's Spilled.Seq when it was read back from
 	// Options.Spill, else 0.
 	spillSeq int64
-	seq      uint64     // publish order
-	buf      *[]byte    // non-nil: Envelope returns to the buffer pool in it once m is complete
-	span     trace.Span // the relay's producer span, when it records one
+	// queued says the message went through its sink's queue, and so counts
+	// in the sink's held messages until it is complete (publisher.enqueue).
+	queued bool
+	seq    uint64     // publish order
+	buf    *[]byte    // non-nil: Envelope returns to the buffer pool in it once m is complete
+	span   trace.Span // the relay's producer span, when it records one
 }
 
 // FilteredUnmatched is Message.Filtered for a row no route matches when

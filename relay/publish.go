@@ -80,6 +80,8 @@ type publisher struct {
 	// once they reach its share of the window (spill.go).
 	held, heldBytes atomic.Int64
 	spill           *spiller
+	// seq numbers messages in publish order, shared with the handler.
+	seq *atomic.Uint64
 }
 
 func newPublisher(cfg *settings, sink Sink, log *zap.Logger, f *failure, bg *background, w *window, t *tracker) *publisher {
@@ -121,6 +123,11 @@ func (p *publisher) accept(ctx context.Context, m *Message) error {
 // enqueue hands m to the publish loop through queue, counting it held.
 // It reports false if ctx ends first.
 func (p *publisher) enqueue(ctx context.Context, m *Message) bool {
+	// The queue's order is the sink's publish order: a message read back
+	// from the spill store, or handed over when the spiller turns off, is
+	// numbered as it enters it, after the sink's earlier ones.
+	m.seq = p.seq.Add(1)
+	m.queued = true
 	p.held.Add(1)
 	p.heldBytes.Add(int64(len(m.Envelope)))
 	select {
@@ -285,7 +292,7 @@ func (p *publisher) run(ctx context.Context) {
 // watermark; a message read back from the spill store is deleted from it
 // instead, since it left the window and the tracker when it was stored.
 func (p *publisher) complete(m *Message) {
-	if p.queue != nil {
+	if m.queued {
 		p.held.Add(-1)
 		p.heldBytes.Add(-int64(len(m.Envelope)))
 	}

@@ -11,6 +11,7 @@ package relay
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -85,10 +86,11 @@ func NewSinks(cfg Config, sinks []NamedSink, log *zap.Logger, opts Options) *Rel
 		tracker: newSinksTracker(len(sinks)),
 	}
 	r.window = newWindow(r.cfg.MaxInFlight, r.cfg.MaxInFlightBytes)
+	seq := new(atomic.Uint64)
 	r.failure = &failure{log: r.log, done: make(chan struct{})}
 	for i, ns := range sinks {
 		p := newPublisher(&r.cfg, ns.Sink, r.log, r.failure, r.bg, r.window, r.tracker)
-		p.lane, p.name = i, ns.Name
+		p.lane, p.name, p.seq = i, ns.Name, seq
 		if len(sinks) > 1 {
 			p.log = r.log.With(zap.String("sink", ns.Name))
 			p.queue = make(chan *Message, r.cfg.MaxInFlight)
@@ -102,7 +104,7 @@ func NewSinks(cfg Config, sinks []NamedSink, log *zap.Logger, opts Options) *Rel
 	r.cp = newCheckpointer(&r.cfg, r.log, r.tracker)
 	r.handler = &handler{
 		cfg: &r.cfg, log: r.log, failure: r.failure, build: newBuilder(&r.cfg, r.log),
-		pub: r.pub, lanes: newLanes(r.lanes), cp: r.cp, window: r.window, tracker: r.tracker,
+		pub: r.pub, lanes: newLanes(r.lanes), cp: r.cp, window: r.window, tracker: r.tracker, seq: seq,
 	}
 	if txnSink, ok := r.sink.(Transactional); ok && len(sinks) == 1 {
 		r.handler.batch = &txnBatch{sink: txnSink}

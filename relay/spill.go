@@ -71,7 +71,7 @@ type spiller struct {
 	// that is not stored yet in in.
 	in chan *Message
 	mu sync.Mutex
-	on bool // mu; read without it only by Sinks
+	on bool // mu; behind mirrors it for readers that must not wait for mu
 	// since is when the sink last fell behind (mu).
 	since time.Time
 	// readTo is the Seq of the newest stored message read back (run's).
@@ -245,10 +245,9 @@ func (s *spiller) write(ctx context.Context, batch []*Message) bool {
 // room, and turns the spiller off once it has handed over every stored
 // one. It reports false when the relay stops first.
 func (s *spiller) readBack(ctx context.Context) bool {
-	s.mu.Lock()
-	on := s.on
-	s.mu.Unlock()
-	for on {
+	// Not under mu: the stream may hold it while it waits for room in in,
+	// which only this goroutine makes.
+	for s.behind.Load() != 0 {
 		room := int(s.share/2 - s.p.held.Load())
 		if room <= 0 || !s.p.sink.Ready() {
 			return true

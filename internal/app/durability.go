@@ -68,17 +68,18 @@ func (d *durability) spills() bool {
 	return len(d.cfg.SinkList()) > 1 && d.cfg.Relay.Behind == relay.BehindSpill
 }
 
-// spillReady checks, when the relay spills, that outboxrelay.spilled is
-// there and holds nothing of a sink the configuration lost.
+// spillReady checks that outboxrelay.spilled is there when the relay
+// spills, and that it holds nothing of the slot that this configuration
+// would not read back: messages of a sink it lost, or of any sink when it
+// does not spill (one sink, or relay.behind: hold).
 func (d *durability) spillReady(ctx context.Context) error {
-	if !d.spills() {
-		return nil
-	}
 	var names []string
-	for _, ns := range d.cfg.SinkList() {
-		names = append(names, ns.Name)
+	if d.spills() {
+		for _, ns := range d.cfg.SinkList() {
+			names = append(names, ns.Name)
+		}
 	}
-	return store.SpillReady(ctx, d.pool, d.cfg.Postgres.Slot, names)
+	return store.SpillReady(ctx, d.pool, d.cfg.Postgres.Slot, d.spills(), names)
 }
 
 // consumer records how the slot is consumed (cdc.Setup has compared it

@@ -144,16 +144,25 @@ func (s Spill) Count(ctx context.Context, sink string) (int64, error) {
 }
 
 // SpillReady fails with one error naming the fix when the relay cannot
-// spill: outboxrelay.spilled is missing (a schema from before it), or it
-// holds messages of a sink the configuration no longer has, which would
+// spill or would strand what was spilled: spills is whether it spills
+// (several sinks and relay.behind: spill) and sinks are then the names of
+// its sinks. outboxrelay.spilled must exist when it spills (a schema from
+// before it lacks it), and may hold messages of the slot only for those
+// sinks: the slot has passed them, so messages no sink reads back would
 // never be delivered.
-func SpillReady(ctx context.Context, db DB, slot string, sinks []string) error {
+func SpillReady(ctx context.Context, db DB, slot string, spills bool, sinks []string) error {
 	var exists bool
 	if err := db.QueryRow(ctx, "SELECT to_regclass('outboxrelay.spilled') IS NOT NULL").Scan(&exists); err != nil {
 		return fmt.Errorf("look for outboxrelay.spilled: %w", err)
 	}
-	if !exists {
+	switch {
+	case !exists && spills:
 		return fmt.Errorf("schema outboxrelay is from an older version without outboxrelay.spilled, which a relay with several sinks stores a sink's messages in while it is behind; run `outboxrelay migrate` to update it, or set relay.behind: hold")
+	case !exists:
+		return nil
+	}
+	if sinks == nil {
+		sinks = []string{} // NOT sink = ANY(NULL) would match nothing
 	}
 	var orphan string
 	var n int64
@@ -165,6 +174,11 @@ func SpillReady(ctx context.Context, db DB, slot string, sinks []string) error {
 	case err != nil:
 		return fmt.Errorf("read outboxrelay.spilled: %w", err)
 	}
-	return fmt.Errorf("outboxrelay.spilled holds %d messages of sink %q for slot %s, stored while it was behind, and the configuration has no such sink; "+
-		"put the sink back in sinks until they are delivered, or discard them with DELETE FROM outboxrelay.spilled WHERE slot = '%s' AND sink = '%s'", n, orphan, slot, slot, orphan)
+	why := "the configuration has no such sink"
+	if !spills {
+		why = "this configuration does not read such messages back (it has one sink, or relay.behind: hold)"
+	}
+	return fmt.Errorf("outboxrelay.spilled holds %d messages of sink %q for slot %s, stored while it was behind and past the slot's position, and %s; "+
+		"start with that sink in sinks and relay.behind: spill until they are delivered, or discard them with DELETE FROM outboxrelay.spilled WHERE slot = '%s' AND sink = '%s'",
+		n, orphan, slot, why, slot, orphan)
 }
