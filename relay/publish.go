@@ -1,9 +1,11 @@
 package relay
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -82,6 +84,10 @@ type publisher struct {
 	spill           *spiller
 	// seq numbers messages in publish order, shared with the handler.
 	seq *atomic.Uint64
+	// queuedMu guards queuedOnes, the messages handed to queue and not
+	// complete yet, and the spillSeq of those (detach).
+	queuedMu   sync.Mutex
+	queuedOnes map[*Message]struct{}
 }
 
 func newPublisher(cfg *settings, sink Sink, log *zap.Logger, f *failure, bg *background, w *window, t *tracker) *publisher {
@@ -128,6 +134,9 @@ func (p *publisher) enqueue(ctx context.Context, m *Message) bool {
 	// numbered as it enters it, after the sink's earlier ones.
 	m.seq = p.seq.Add(1)
 	m.queued = true
+	p.queuedMu.Lock()
+	p.queuedOnes[m] = struct{}{}
+	p.queuedMu.Unlock()
 	p.held.Add(1)
 	p.heldBytes.Add(int64(len(m.Envelope)))
 	select {
@@ -292,15 +301,58 @@ func (p *publisher) run(ctx context.Context) {
 // watermark; a message read back from the spill store is deleted from it
 // instead, since it left the window and the tracker when it was stored.
 func (p *publisher) complete(m *Message) {
+	spillSeq := m.spillSeq
 	if m.queued {
+		p.queuedMu.Lock()
+		delete(p.queuedOnes, m)
+		spillSeq = m.spillSeq // detach may have set it
+		p.queuedMu.Unlock()
 		p.held.Add(-1)
 		p.heldBytes.Add(-int64(len(m.Envelope)))
 	}
-	if m.spillSeq != 0 {
-		p.spill.delivered(m.spillSeq)
+	if spillSeq != 0 {
+		p.spill.delivered(spillSeq)
 		return
 	}
 	p.leave(m)
+}
+
+// heldOnes returns the messages handed to the sink's queue that are not
+// complete and have no copy in the spill store, in publish order.
+func (p *publisher) heldOnes() []*Message {
+	p.queuedMu.Lock()
+	ms := make([]*Message, 0, len(p.queuedOnes))
+	for m := range p.queuedOnes {
+		if m.spillSeq == 0 && m.tx != nil {
+			ms = append(ms, m)
+		}
+	}
+	p.queuedMu.Unlock()
+	slices.SortFunc(ms, func(a, b *Message) int { return cmp.Compare(a.seq, b.seq) })
+	return ms
+}
+
+// detach settles ms, of which the spill store holds copies with the Seqs
+// seqs, for the slot and the window, as storing them would: each copy is
+// deleted once its message is complete. A message that completed
+// meanwhile has its copy deleted now. It returns the Seqs of the copies
+// whose messages are still held.
+func (p *publisher) detach(ms []*Message, seqs []int64) []int64 {
+	var held []int64
+	p.queuedMu.Lock()
+	defer p.queuedMu.Unlock()
+	for i, m := range ms {
+		if _, ok := p.queuedOnes[m]; !ok {
+			p.spill.delivered(seqs[i])
+			continue
+		}
+		m.spillSeq = seqs[i]
+		p.window.release(len(m.Envelope))
+		p.tracker.ack(m.tx, p.lane)
+		m.tx = nil
+		held = append(held, seqs[i])
+	}
+	return held
 }
 
 // leave frees m's room in the window and counts it settled in the tracker.

@@ -94,6 +94,7 @@ func NewSinks(cfg Config, sinks []NamedSink, log *zap.Logger, opts Options) *Rel
 		if len(sinks) > 1 {
 			p.log = r.log.With(zap.String("sink", ns.Name))
 			p.queue = make(chan *Message, r.cfg.MaxInFlight)
+			p.queuedOnes = map[*Message]struct{}{}
 			if r.cfg.Spill != nil && r.cfg.Behind == BehindSpill {
 				p.spill = newSpiller(p, r.cfg.Spill, len(sinks))
 			}

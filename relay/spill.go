@@ -16,8 +16,9 @@ import (
 // changed is committed. Implementations must be safe for concurrent use.
 type Spill interface {
 	// Add stores ms for the sink named sink, in their order, after every
-	// message it stored for that sink before.
-	Add(ctx context.Context, sink string, ms []*Message) error
+	// message it stored for that sink before, and returns their Seqs, in
+	// the same order.
+	Add(ctx context.Context, sink string, ms []*Message) ([]int64, error)
 	// Read returns up to n of the sink's stored messages whose Seq is
 	// greater than after, in the order Add stored them.
 	Read(ctx context.Context, sink string, after int64, n int) ([]Spilled, error)
@@ -87,6 +88,11 @@ type spiller struct {
 	oldestMu   sync.Mutex
 	oldestLSN  pglogrepl.LSN
 	oldestTime time.Time
+	// copyHeld asks run to store a copy of what the sink holds
+	// (storeHeld), once it turned on; atSink are the Seqs of such copies
+	// whose messages are not settled yet (run's).
+	copyHeld atomic.Bool
+	atSink   map[int64]bool
 	// done holds the Seqs of stored messages settled since run last
 	// deleted them (doneMu).
 	doneMu sync.Mutex
@@ -99,6 +105,7 @@ func newSpiller(p *publisher, store Spill, sinks int) *spiller {
 		p: p, store: store, share: share,
 		shareBytes: max(1, p.cfg.MaxInFlightBytes/int64(sinks+1)),
 		in:         make(chan *Message, share),
+		atSink:     map[int64]bool{},
 	}
 }
 
@@ -143,6 +150,7 @@ func (s *spiller) load(ctx context.Context, from pglogrepl.LSN) error {
 func (s *spiller) turnOn() {
 	s.on, s.since = true, time.Now()
 	s.behind.Store(s.since.UnixNano())
+	s.copyHeld.Store(true)
 }
 
 // divert hands m to the spiller, and reports true, when the sink is
@@ -198,6 +206,9 @@ func (s *spiller) run(ctx context.Context) {
 				return
 			}
 		case <-tick.C:
+			if s.copyHeld.Swap(false) && !s.storeHeld() {
+				return
+			}
 			s.deleteDelivered(ctx)
 			if !s.readBack(ctx) {
 				return
@@ -224,8 +235,7 @@ func (s *spiller) collect(m *Message) []*Message {
 // write stores batch, then settles its messages for the slot and the
 // window. It reports false when the relay stops first.
 func (s *spiller) write(ctx context.Context, batch []*Message) bool {
-	if !s.p.store(batch[0], "store the messages of a sink that is behind", "store message %s of a sink that is behind: %w",
-		func(ctx context.Context) error { return s.store.Add(ctx, s.p.name, batch) }) {
+	if _, ok := s.add(batch); !ok {
 		return false
 	}
 	if s.stored.Add(int64(len(batch))) == int64(len(batch)) {
@@ -238,6 +248,45 @@ func (s *spiller) write(ctx context.Context, batch []*Message) bool {
 		endSpan(m, nil)
 		s.p.leave(m)
 	}
+	return true
+}
+
+// add stores batch, retrying as dead letters are, and returns the Seqs of
+// its messages. It reports false when the relay stops first.
+func (s *spiller) add(batch []*Message) ([]int64, bool) {
+	var seqs []int64
+	ok := s.p.store(batch[0], "store the messages of a sink that is behind", "store message %s of a sink that is behind: %w",
+		func(ctx context.Context) (err error) {
+			seqs, err = s.store.Add(ctx, s.p.name, batch)
+			return err
+		})
+	return seqs, ok
+}
+
+// storeHeld stores a copy of every message the sink holds (at the sink,
+// waiting for a retry, or behind its aggregate's earlier one) and settles
+// each for the slot and the window, as write does: the sink keeps them and
+// publishes them as before, but a sink that is down no longer holds the
+// slot with them. Each copy is deleted once its message is settled
+// (publisher.complete); readBack leaves the copies alone meanwhile. A
+// relay that stops first publishes them from the store when it starts
+// again. It reports false when the relay stops first.
+func (s *spiller) storeHeld() bool {
+	held := s.p.heldOnes()
+	if len(held) == 0 {
+		return true
+	}
+	seqs, ok := s.add(held)
+	if !ok {
+		return false
+	}
+	if s.stored.Add(int64(len(held))) == int64(len(held)) {
+		s.setOldest(held[0].CommitLSN, held[0].CommitTime)
+	}
+	for _, seq := range s.p.detach(held, seqs) {
+		s.atSink[seq] = true
+	}
+	s.p.log.Info("stored a copy of the messages the sink holds, so that it does not hold the slot", zap.Int("messages", len(held)))
 	return true
 }
 
@@ -261,6 +310,10 @@ func (s *spiller) readBack(ctx context.Context) bool {
 			return true
 		}
 		for _, sp := range stored {
+			if s.atSink[sp.Seq] {
+				s.readTo = sp.Seq // a copy of a message the sink holds (storeHeld)
+				continue
+			}
 			m := sp.Message
 			m.spillSeq, m.Sink = sp.Seq, s.p.name
 			s.readTo = sp.Seq
@@ -316,6 +369,9 @@ func (s *spiller) deleteDelivered(ctx context.Context) {
 		s.done = append(seqs, s.done...)
 		s.doneMu.Unlock()
 		return
+	}
+	for _, seq := range seqs {
+		delete(s.atSink, seq)
 	}
 	if s.stored.Add(-int64(len(seqs))) <= 0 {
 		s.setOldest(0, time.Time{})

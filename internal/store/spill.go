@@ -68,7 +68,7 @@ func (s spilledMessage) message(body []byte) *relay.Message {
 }
 
 // Add implements relay.Spill: one statement stores ms in their order.
-func (s Spill) Add(ctx context.Context, sink string, ms []*relay.Message) error {
+func (s Spill) Add(ctx context.Context, sink string, ms []*relay.Message) ([]int64, error) {
 	ids := make([]string, len(ms))
 	commits := make([]string, len(ms))
 	metas := make([]string, len(ms))
@@ -76,18 +76,28 @@ func (s Spill) Add(ctx context.Context, sink string, ms []*relay.Message) error 
 	for i, m := range ms {
 		meta, err := json.Marshal(spilledOf(m))
 		if err != nil {
-			return fmt.Errorf("encode message %s: %w", m.ID, err)
+			return nil, fmt.Errorf("encode message %s: %w", m.ID, err)
 		}
 		ids[i], commits[i], metas[i], bodies[i] = clean(m.ID), m.CommitLSN.String(), string(meta), bodyOf(m)
 	}
-	_, err := s.DB.Exec(ctx, `INSERT INTO outboxrelay.spilled (slot, sink, message_id, commit_lsn, message, body)
+	// The ids are taken in the order of the rows selected (ORDER BY n),
+	// and returned sorted, which is that order.
+	rows, err := s.DB.Query(ctx, `WITH added AS (
+		INSERT INTO outboxrelay.spilled (slot, sink, message_id, commit_lsn, message, body)
 		SELECT $1, $2, m.id, m.commit_lsn::pg_lsn, m.message::jsonb, m.body
-		FROM unnest($3::text[], $4::text[], $5::text[], $6::bytea[]) WITH ORDINALITY AS m(id, commit_lsn, message, body, n) ORDER BY m.n`,
+		FROM unnest($3::text[], $4::text[], $5::text[], $6::bytea[]) WITH ORDINALITY AS m(id, commit_lsn, message, body, n) ORDER BY m.n
+		RETURNING id)
+		SELECT id FROM added ORDER BY id`,
 		s.Slot, sink, ids, commits, metas, bodies)
-	if err != nil {
-		return fmt.Errorf("store %d messages of sink %q in outboxrelay.spilled: %w", len(ms), sink, err)
+	if err == nil {
+		var seqs []int64
+		if seqs, err = pgx.CollectRows(rows, pgx.RowTo[int64]); err == nil && len(seqs) == len(ms) {
+			return seqs, nil
+		} else if err == nil {
+			err = fmt.Errorf("%d ids for %d messages", len(seqs), len(ms))
+		}
 	}
-	return nil
+	return nil, fmt.Errorf("store %d messages of sink %q in outboxrelay.spilled: %w", len(ms), sink, err)
 }
 
 // Read implements relay.Spill.
