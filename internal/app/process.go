@@ -102,8 +102,10 @@ func NewProcess(cfg config.Config, log *zap.Logger, opts Options) (*Process, err
 }
 
 // SharePoll is how often the replicas count each other and a replica
-// holding more than its share hands one pipeline back.
-var SharePoll = time.Second
+// holding more than its share hands one pipeline back. A takeover waits
+// up to one poll for the count to drop: it is kept short (the count is one
+// query on pg_locks).
+var SharePoll = 250 * time.Millisecond
 
 // shareOf is where and under which key the replicas of cfg count each
 // other: the first pipeline's database, and its pipelines and slots.
