@@ -2,6 +2,8 @@ package integration
 
 import (
 	"fmt"
+	"net"
+	"net/url"
 	"slices"
 	"strings"
 	"sync"
@@ -287,4 +289,104 @@ func longestSilence(recs []record, from, to time.Time) time.Duration {
 		longest = max(longest, at[i].Sub(at[i-1]))
 	}
 	return longest
+}
+
+// TestReplicasServeUnreachablePipeline: two relays stream six pipelines,
+// three each; a third joins whose configuration reaches every database but
+// p5's (its URL names a closed port, the same pipeline and slot). The
+// first two hand it one pipeline each, p5 among them (the last in the
+// file): the third cannot serve p5, and the other two are at their share
+// of two. p5 must not go unserved: one of them takes it above its share,
+// says so in its log and in outboxrelay_replica_rescued, and every row
+// committed meanwhile is delivered.
+func TestReplicasServeUnreachablePipeline(t *testing.T) {
+	const n = 6
+	envs := make([]*env, n)
+	var good, bad strings.Builder
+	closed := closedPort(t)
+	for i := range envs {
+		envs[i] = newEnvWith(t, serverFor(t), "", "--slot", fmt.Sprintf("unserved_%d", i))
+		url := envs[i].dbURL
+		line := "  - name: p%d\n    postgres:\n      url: %s\n      slot: unserved_%d\n    sink:\n      kafka:\n        brokers: [%s]\n"
+		fmt.Fprintf(&good, line, i, url, i, envs[i].brokers)
+		if i == n-1 {
+			url = strings.Replace(url, hostPort(t, url), "127.0.0.1:"+closed, 1)
+		}
+		fmt.Fprintf(&bad, line, i, url, i, envs[i].brokers)
+	}
+	head := "postgres:\n  status_interval: 200ms\nsink:\n  type: kafka\nhttp:\n  listen: 127.0.0.1:0\npipelines:\n"
+	goodPath := envs[0].writeConfig(head + good.String())
+	badPath := envs[1].writeConfig(head + bad.String())
+	procs := []*proc{envs[0].startCmd(relayCommand(goodPath)), envs[0].startCmd(relayCommand(goodPath))}
+	w := watchSlots(t, envs[0].dbURL, "unserved_%")
+	streamed := func() int {
+		k := 0
+		for _, pid := range w.owners() {
+			if pid != 0 {
+				k++
+			}
+		}
+		return k
+	}
+	waitFor(t, 60*time.Second, "two relays to stream the six slots", func() bool { return streamed() == n })
+	consumer := envs[n-1].consume("outbox.order")
+	load := startLoader(t, envs[n-1].dbURL, "p5", 50*time.Millisecond)
+	procs = append(procs, envs[0].startCmd(relayCommand(badPath)))
+	// The others hand back one each: the joiner takes the one it reaches.
+	waitFor(t, 60*time.Second, "the joining relay to stream a slot", func() bool {
+		pids := backendPIDs(procs)
+		k := 0
+		for _, pid := range w.owners() {
+			if r, ok := pids[pid]; ok && r == 2 {
+				k++
+			}
+		}
+		return k >= 1
+	})
+	joined := time.Now()
+	waitFor(t, 30*time.Second, "every slot streamed, unserved_5 among them", func() bool { return streamed() == n })
+	t.Logf("all six streamed %s after the joiner took its first", time.Since(joined).Round(100*time.Millisecond))
+	time.Sleep(2 * time.Second)
+	ids := load.stop(t)
+	recs := consumer.waitIDs(ids, 60*time.Second)
+	if order := checkOrder(ids, recs); order != 0 {
+		t.Errorf("p5: %d records out of their aggregate's order", order)
+	}
+	var rescuers int
+	for i, p := range procs[:2] {
+		_, body := get(t, "http://"+p.httpAddr()+"/metrics")
+		if strings.Contains(body, `outboxrelay_replica_rescued{pipeline="p5",slot="unserved_5"} 1`) {
+			rescuers++
+			if !strings.Contains(p.out.String(), "no replica with room streams this slot") {
+				t.Errorf("relay %d took p5 above its share without saying so in its log", i)
+			}
+		}
+	}
+	if rescuers != 1 {
+		t.Errorf("%d relays report outboxrelay_replica_rescued 1 for p5, want 1", rescuers)
+	}
+	t.Logf("p5: rows %d, lost 0, duplicates %d", len(ids), duplicates(recs))
+	for _, p := range procs {
+		p.stop()
+	}
+}
+
+// closedPort is a local TCP port nothing listens on.
+func closedPort(t *testing.T) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, port, _ := net.SplitHostPort(l.Addr().String())
+	l.Close()
+	return port
+}
+
+// hostPort is the host:port of a postgres URL.
+func hostPort(t *testing.T, raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u.Host
 }
