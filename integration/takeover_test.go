@@ -112,13 +112,13 @@ func (w *slotWatch) gaps(before map[string]int, from time.Time) map[string]time.
 // TestReplicasTakeoverTime: three relays share six pipelines under load;
 // three times, one is killed with -9 and its pipelines move to the others
 // (takeover), then it starts again and gets its share back (hand-back).
-// The README promises both within 2 s: measured from the kill, and from
-// the last moment the old walsender was seen, to the first moment the
-// slot's new walsender is, sampled every 50 ms. Nothing is lost and each
+// The docs promise a takeover within a second and a hand-back within two:
+// measured from the kill, and from the last moment the old walsender was
+// seen, to the first moment the slot's new walsender is, sampled every
+// 50 ms; and as the longest silence of the pipeline's deliveries. Nothing is lost and each
 // aggregate stays in order.
 func TestReplicasTakeoverTime(t *testing.T) {
-	const n, rounds = 6, 3
-	const promise = 2 * time.Second
+	const n, rounds = 6, 5
 	envs := make([]*env, n)
 	var pipelines strings.Builder
 	for i := range envs {
@@ -243,9 +243,21 @@ func TestReplicasTakeoverTime(t *testing.T) {
 	t.Logf("delivery silence: takeover %s; hand-back %s", spreadOf(silences["takeover"]), spreadOf(silences["hand-back"]))
 	t.Logf("takeover over %d slots: %s; hand-back over %d slots: %s; rows %d, lost 0, duplicates %d",
 		len(takeovers), spreadOf(takeovers), len(handbacks), spreadOf(handbacks), rows, dups)
-	for what, ds := range map[string][]time.Duration{"takeover": takeovers, "hand-back": handbacks} {
-		if m := slices.Max(append(ds, 0)); m > promise {
-			t.Errorf("slowest %s %s, want at most %s", what, m.Round(time.Millisecond), promise)
+	// The documented bounds, generous against the figures measured on a
+	// loaded machine (docs/operations.md): a dead replica's pipelines within
+	// a second, a returning replica's share within two.
+	for _, c := range []struct {
+		what  string
+		ds    []time.Duration
+		bound time.Duration
+	}{
+		{"takeover", takeovers, time.Second},
+		{"takeover's delivery silence", silences["takeover"], time.Second},
+		{"hand-back", handbacks, 2 * time.Second},
+		{"hand-back's delivery silence", silences["hand-back"], 2 * time.Second},
+	} {
+		if m := slices.Max(append(c.ds, 0)); m > c.bound {
+			t.Errorf("slowest %s %s, want at most %s", c.what, m.Round(time.Millisecond), c.bound)
 		}
 	}
 	for _, p := range procs {
