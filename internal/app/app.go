@@ -305,14 +305,12 @@ func (r *run) open(ctx context.Context) error {
 	})
 	cdcCfg := cfg.CDC()
 	cdcCfg.Gate = r.opts.Gate
-	if r.opts.Gate != nil {
-		// A standby asks through the relay's pool whether the slot is free,
-		// often and cheaply, rather than open a replication session per poll.
-		cdcCfg.SlotActive = func(ctx context.Context) (bool, error) {
-			var active bool
-			err := r.dur.pool.QueryRow(ctx, "SELECT active FROM pg_replication_slots WHERE slot_name = $1", cfg.Postgres.Slot).Scan(&active)
-			return active, err
-		}
+	// A standby asks through the relay's pool whether the slot is free,
+	// often and cheaply, rather than open a replication session per poll.
+	cdcCfg.SlotActive = func(ctx context.Context) (bool, error) {
+		var active bool
+		err := r.dur.pool.QueryRow(ctx, "SELECT active FROM pg_replication_slots WHERE slot_name = $1", cfg.Postgres.Slot).Scan(&active)
+		return active, err
 	}
 	if r.stream, err = cdc.NewStream(cdcCfg, r.log); err != nil {
 		return err
