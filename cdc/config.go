@@ -104,7 +104,8 @@ type Gate interface {
 	// TakeAbove reserves room above the share, for a slot that no process
 	// with room serves.
 	TakeAbove() (release func())
-	// Room is closed when Take may succeed again.
+	// Room is closed when Take may succeed again; already closed while
+	// it may.
 	Room() <-chan struct{}
 }
 

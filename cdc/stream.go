@@ -226,6 +226,11 @@ func (s *Stream) waitStandby(ctx context.Context, gated bool) bool {
 		every := s.cfg.StandbyProbe
 		if gated && s.cfg.Gate != nil {
 			room, every = s.cfg.Gate.Room(), s.cfg.StandbyPoll
+			select {
+			case <-room: // room came since the refusal: wait as one with room
+				gated, room, every = false, nil, s.cfg.StandbyProbe
+			default:
+			}
 		}
 		select {
 		case <-ctx.Done():

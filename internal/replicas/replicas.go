@@ -107,16 +107,22 @@ func (g *Group) quota() int {
 }
 
 // Room is closed when this replica may have room again (a release, or
-// fewer replicas counted): a waiting stream tries at once rather than at
-// its next poll (cdc.Gate).
+// fewer replicas counted), and already closed while it has room: a
+// waiting stream tries at once rather than at its next poll (cdc.Gate).
 func (g *Group) Room() <-chan struct{} {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	if g.held-g.rescued < g.quota() {
+		return closed
+	}
 	if g.room == nil {
 		g.room = make(chan struct{})
 	}
 	return g.room
 }
+
+// closed is Room's answer while there is room.
+var closed = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 
 // wake closes Room's channel; g.mu is held.
 func (g *Group) wake() {

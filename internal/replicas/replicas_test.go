@@ -58,6 +58,8 @@ func TestRoomAndRescue(t *testing.T) {
 			return false
 		}
 	}
+	a0, _ := g.Take()
+	b0, _ := g.Take()
 	room := g.Room()
 	g.setLive(4)
 	if woken(room) {
@@ -66,6 +68,11 @@ func TestRoomAndRescue(t *testing.T) {
 	g.setLive(3)
 	if !woken(room) {
 		t.Error("Room did not wake when a replica left")
+	}
+	a0()
+	b0()
+	if !woken(g.Room()) {
+		t.Error("Room is not closed while there is room")
 	}
 	a, _ := g.Take()
 	b, _ := g.Take()
