@@ -58,8 +58,8 @@ type Group struct {
 	poll time.Duration
 	log  *zap.Logger
 
-	mu   sync.Mutex
-	cfg  Config
+	mu      sync.Mutex
+	cfg     Config
 	live    int // the replicas counted, this one among them; 1 until counted
 	held    int // sessions this replica streams or is starting, rescues among them
 	rescued int // sessions taken above the share (TakeAbove)
