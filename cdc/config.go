@@ -14,6 +14,7 @@ package cdc
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"regexp"
@@ -69,8 +70,23 @@ type Config struct {
 	// ReconnectMin and ReconnectMax bound the reconnect backoff (defaults 500ms, 30s).
 	ReconnectMin time.Duration `yaml:"-"`
 	ReconnectMax time.Duration `yaml:"-"`
-	// StandbyPoll is how often a standby checks whether the slot is free (default 1s).
+	// StandbyPoll is how often a standby checks whether the slot is free
+	// (default 1s): by a session without SlotActive, else by SlotActive,
+	// when the Gate keeps this process from taking the slot.
 	StandbyPoll time.Duration `yaml:"-"`
+	// StandbyProbe is how often a standby that may take the slot asks
+	// SlotActive whether it is free (default 200ms): the takeover waits at
+	// most this long after the old walsender ends.
+	StandbyProbe time.Duration `yaml:"-"`
+	// SlotActive, when set, reports whether a walsender holds the slot,
+	// through an ordinary connection. A standby asks it rather than open a
+	// replication session on every poll, and starts one once the slot is
+	// free. Nil: a session every StandbyPoll.
+	SlotActive func(ctx context.Context) (bool, error) `yaml:"-"`
+	// UnservedAfter is how long a slot may stay free while this process
+	// holds its share before it takes the slot above its share
+	// (Gate.TakeAbove): no replica with room serves it (default 3s).
+	UnservedAfter time.Duration `yaml:"-"`
 	// ReceiveTimeout ends a session that received nothing for this long (default 30s).
 	ReceiveTimeout time.Duration `yaml:"-"`
 	// Gate, when set, is asked before each session whether this process
@@ -85,6 +101,12 @@ type Gate interface {
 	// Take reserves room for one session; release gives it back when the
 	// session ends. ok is false when the process holds its share.
 	Take() (release func(), ok bool)
+	// TakeAbove reserves room above the share, for a slot that no process
+	// with room serves.
+	TakeAbove() (release func())
+	// Room is closed when Take may succeed again; already closed while
+	// it may.
+	Room() <-chan struct{}
 }
 
 // Docs describes the postgres section's keys that Config holds, for the
@@ -160,6 +182,8 @@ func (c Config) WithDefaults() Config {
 	c.ReconnectMax = cmp.Or(c.ReconnectMax, 30*time.Second)
 	c.ReceiveTimeout = cmp.Or(c.ReceiveTimeout, 30*time.Second)
 	c.StandbyPoll = cmp.Or(c.StandbyPoll, time.Second)
+	c.StandbyProbe = cmp.Or(c.StandbyProbe, 200*time.Millisecond)
+	c.UnservedAfter = cmp.Or(c.UnservedAfter, 3*time.Second)
 	c.ApplicationName = cmp.Or(c.ApplicationName, "outboxrelay")
 	return c
 }

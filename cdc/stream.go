@@ -73,6 +73,13 @@ type Stream struct {
 	connCfg   *pgconn.Config
 	streaming atomic.Bool
 	standby   atomic.Bool
+	// rescued is set while the session streams above the Gate's share.
+	rescued atomic.Bool
+	// rescue asks the next session to take the slot above the share, and
+	// freeSince is since when a standby at its share has seen the slot
+	// free; both are owned by Run's goroutine.
+	rescue    bool
+	freeSince time.Time
 	// waiting is when the reader began waiting for the walsender (Unix
 	// nanoseconds), 0 while it is not waiting: see Silent.
 	waiting atomic.Int64
@@ -148,6 +155,10 @@ func (s *Stream) StallAfter() time.Duration { return max(3*s.cfg.StatusInterval,
 // holds the slot. Safe for concurrent use.
 func (s *Stream) Standby() bool { return s.standby.Load() }
 
+// Rescued reports whether the stream holds the slot above the Gate's
+// share, because no process with room served it. Safe for concurrent use.
+func (s *Stream) Rescued() bool { return s.rescued.Load() }
+
 // Run streams until ctx is cancelled or a non-retryable error occurs. On
 // cancellation it stops reading, waits (up to Config.DrainTimeout) for the
 // Handler to drain, reports the final confirmed position and returns nil.
@@ -182,9 +193,11 @@ func (s *Stream) Run(ctx context.Context, h Handler) error {
 			continue
 		}
 		if IsSlotInUse(err) || gated {
-			// A standby polls quickly so that it takes over within seconds.
-			wait = backoff.Jitter(s.cfg.StandbyPoll)
 			standby.polled(s.log, s.cfg.Slot, s.cfg.StandbyPoll, time.Now(), gated)
+			if !s.waitStandby(ctx, gated) {
+				return nil
+			}
+			continue
 		} else {
 			wait = retry.Next()
 			standby = standbyLog{}
@@ -195,6 +208,65 @@ func (s *Stream) Run(ctx context.Context, h Handler) error {
 			return nil
 		case <-time.After(wait):
 		}
+	}
+}
+
+// waitStandby waits until a session is worth trying: without
+// Config.SlotActive, one StandbyPoll. With it, until the slot is free,
+// checked every StandbyProbe, or, while the Gate refuses (gated), every
+// StandbyPoll and whenever the Gate may have room. A slot that stays free
+// for UnservedAfter while the Gate refuses is served by no process with
+// room: the next session takes it above the share. False when ctx ends.
+func (s *Stream) waitStandby(ctx context.Context, gated bool) bool {
+	if s.cfg.SlotActive == nil {
+		return sleep(ctx, backoff.Jitter(s.cfg.StandbyPoll))
+	}
+	for {
+		var room <-chan struct{}
+		every := s.cfg.StandbyProbe
+		if gated && s.cfg.Gate != nil {
+			room, every = s.cfg.Gate.Room(), s.cfg.StandbyPoll
+			select {
+			case <-room: // room came since the refusal: wait as one with room
+				gated, room, every = false, nil, s.cfg.StandbyProbe
+			default:
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-room:
+		case <-time.After(backoff.Jitter(every)):
+		}
+		active, err := s.cfg.SlotActive(ctx)
+		switch {
+		case ctx.Err() != nil:
+			return false
+		case err != nil:
+			return true // a session says what is wrong
+		case active:
+			s.freeSince = time.Time{}
+			continue
+		case !gated:
+			return true
+		case s.freeSince.IsZero():
+			s.freeSince = time.Now()
+		case time.Since(s.freeSince) >= s.cfg.UnservedAfter:
+			s.rescue = true
+			s.log.Warn("no replica with room streams this slot; taking it above this replica's share (is one unable to reach its database?)",
+				zap.String("slot", s.cfg.Slot), zap.Duration("free_for", time.Since(s.freeSince).Round(100*time.Millisecond)))
+		}
+		return true // the Gate decides: it may have room now
+	}
+}
+
+// sleep waits d; false when ctx ends first.
+func sleep(ctx context.Context, d time.Duration) bool {
+	select {
+	case <-ctx.Done():
+		return false
+	case <-time.After(d):
+		return true
 	}
 }
 
@@ -230,6 +302,12 @@ var ErrGated = errors.New("this process streams its share of the pipelines")
 func (s *Stream) session(ctx context.Context, h Handler) (err error) {
 	if s.cfg.Gate != nil {
 		release, ok := s.cfg.Gate.Take()
+		if !ok && s.rescue {
+			release, ok = s.cfg.Gate.TakeAbove(), true
+			s.rescued.Store(true)
+			defer s.rescued.Store(false)
+		}
+		s.rescue = false
 		if !ok {
 			return retryableErr{ErrGated}
 		}
@@ -269,6 +347,7 @@ func (s *Stream) session(ctx context.Context, h Handler) (err error) {
 	}
 	s.streaming.Store(true)
 	s.standby.Store(false)
+	s.freeSince = time.Time{}
 	// backend_pid is the slot's active_pid in pg_replication_slots.
 	s.log.Info("streaming", zap.String("slot", s.cfg.Slot), zap.String("from", start.String()), zap.Uint32("backend_pid", conn.PID()))
 

@@ -305,6 +305,13 @@ func (r *run) open(ctx context.Context) error {
 	})
 	cdcCfg := cfg.CDC()
 	cdcCfg.Gate = r.opts.Gate
+	// A standby asks through the relay's pool whether the slot is free,
+	// often and cheaply, rather than open a replication session per poll.
+	cdcCfg.SlotActive = func(ctx context.Context) (bool, error) {
+		var active bool
+		err := r.dur.pool.QueryRow(ctx, "SELECT active FROM pg_replication_slots WHERE slot_name = $1", cfg.Postgres.Slot).Scan(&active)
+		return active, err
+	}
 	if r.stream, err = cdc.NewStream(cdcCfg, r.log); err != nil {
 		return err
 	}
@@ -358,6 +365,7 @@ func (r *run) wire(ctx context.Context) error {
 		LagSince:       func() time.Time { return r.relay.LagSince() },
 		SinkLag:        r.sinkLag(),
 		Standby:        r.stream.Standby,
+		Rescued:        r.stream.Rescued,
 		Destinations:   staticDestinations(cfg),
 		IgnoredTables:  cfg.Postgres.IgnoreTables,
 		DropsUnmatched: len(cfg.Routes) > 0 && cfg.Unmatched == rules.UnmatchedDrop,

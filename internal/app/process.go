@@ -107,8 +107,28 @@ func NewProcess(cfg config.Config, log *zap.Logger, opts Options) (*Process, err
 }
 
 // SharePoll is how often the replicas count each other and a replica
-// holding more than its share hands one pipeline back.
-var SharePoll = time.Second
+// holding more than its share hands one pipeline back. A takeover waits
+// up to one poll for the count to drop: it is kept short (the count is one
+// query on pg_locks).
+var SharePoll = 250 * time.Millisecond
+
+// JoinWait bounds how long a replica waits for its pipelines to start
+// (or fail) before the others count it.
+var JoinWait = 30 * time.Second
+
+// waitStarted waits until no pipeline is starting, for at most limit.
+func (p *Process) waitStarted(ctx context.Context, limit time.Duration) {
+	deadline := time.Now().Add(limit)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		if !slices.ContainsFunc(p.list(), func(u *unit) bool { return u.snapshot().state == StateStarting }) {
+			return
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
 
 // shareOf is where and under which key the replicas of cfg count each
 // other: the first pipeline's database, and its pipelines and slots.
@@ -207,6 +227,10 @@ func (p *Process) Run(ctx context.Context) error {
 	wg.Add(2)
 	go func() {
 		defer wg.Done()
+		// Be counted only once the pipelines can stream: the others hand
+		// pipelines back as soon as they count this replica, and a pipeline
+		// handed to one still starting would wait for its start.
+		p.waitStarted(runCtx, JoinWait)
 		_ = p.group.Run(runCtx)
 	}()
 	go func() {

@@ -69,6 +69,9 @@ type Config struct {
 	// Standby reports whether this process waits as a standby
 	// (cdc.Stream.Standby); read on every scrape for role.
 	Standby func() bool
+	// Rescued reports whether this process streams the pipeline above its
+	// share of the replicas (cdc.Stream.Rescued); read on every scrape.
+	Rescued func() bool
 	// Destinations are the destinations known at start (a topic template
 	// without placeholders): messages_published_total starts at 0 for them.
 	Destinations []string
@@ -194,6 +197,15 @@ func New(cfg Config) *Metrics {
 		return cfg.Unanswered().Seconds()
 	})
 	role := newRoleCollector(cfg.Standby)
+	rescued := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: Namespace, Name: "replica_rescued",
+		Help: "1 while this process streams the pipeline above its share of the replicas, because no replica with room served it (one cannot reach its database?).",
+	}, func() float64 {
+		if cfg.Rescued != nil && cfg.Rescued() {
+			return 1
+		}
+		return 0
+	})
 	for _, ws := range walStatuses {
 		m.walStatus.WithLabelValues(ws)
 	}
@@ -226,7 +238,7 @@ func New(cfg Config) *Metrics {
 		labels["pipeline"] = cfg.Pipeline
 	}
 	prometheus.WrapRegistererWith(labels, m.registry).MustRegister(m.published, m.publishErrors, m.deadLetters, m.skipped, m.filtered, m.reserved, m.republished, m.lag, lagSeconds, m.retained, m.keepSize,
-		m.walStatus, m.latency, inflight, last, unanswered, role)
+		m.walStatus, m.latency, inflight, last, unanswered, role, rescued)
 	if cfg.SinkLag != nil {
 		prometheus.WrapRegistererWith(labels, m.registry).MustRegister(newSinkCollector(cfg.SinkLag, &m.currentWAL))
 	}

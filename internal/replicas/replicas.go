@@ -16,6 +16,11 @@
 // could leave a pipeline to nobody, and cannot happen: a lock is counted
 // only while its holder's session lives. When the database does not
 // answer, a Group counts itself alone and takes what it can.
+//
+// A pipeline that no replica with room serves (the one with room cannot
+// reach its database, say) is taken above its share by one that can
+// (TakeAbove): such a rescue is not handed back by the balance, so that
+// the replicas do not pass pipelines round in turn.
 package replicas
 
 import (
@@ -53,10 +58,12 @@ type Group struct {
 	poll time.Duration
 	log  *zap.Logger
 
-	mu   sync.Mutex
-	cfg  Config
-	live int // the replicas counted, this one among them; 1 until counted
-	held int // sessions this replica streams or is starting
+	mu      sync.Mutex
+	cfg     Config
+	live    int // the replicas counted, this one among them; 1 until counted
+	held    int // sessions this replica streams or is starting, rescues among them
+	rescued int // sessions taken above the share (TakeAbove)
+	room    chan struct{}
 }
 
 // New returns the Group of cfg, counting every poll; it starts nothing.
@@ -82,13 +89,16 @@ type Share struct {
 	Quota int `json:"quota"`
 	// Held is how many this replica streams (or is starting) now.
 	Held int `json:"held"`
+	// Rescued is how many of those it took above its share, because no
+	// replica with room served them.
+	Rescued int `json:"rescued"`
 }
 
 // Share reads the counts.
 func (g *Group) Share() Share {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return Share{Live: g.live, Quota: g.quota(), Held: g.held}
+	return Share{Live: g.live, Quota: g.quota(), Held: g.held, Rescued: g.rescued}
 }
 
 // quota is ceil(pipelines / live), at least 1; g.mu is held.
@@ -96,31 +106,77 @@ func (g *Group) quota() int {
 	return max(1, (g.cfg.Pipelines+g.live-1)/g.live)
 }
 
+// Room is closed when this replica may have room again (a release, or
+// fewer replicas counted), and already closed while it has room: a
+// waiting stream tries at once rather than at its next poll (cdc.Gate).
+func (g *Group) Room() <-chan struct{} {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.held-g.rescued < g.quota() {
+		return closed
+	}
+	if g.room == nil {
+		g.room = make(chan struct{})
+	}
+	return g.room
+}
+
+// closed is Room's answer while there is room.
+var closed = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
+
+// wake closes Room's channel; g.mu is held.
+func (g *Group) wake() {
+	if g.room != nil {
+		close(g.room)
+		g.room = nil
+	}
+}
+
 // Take reserves room for one slot's session (cdc.Gate); false when this
 // replica holds its share.
 func (g *Group) Take() (release func(), ok bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.held >= g.quota() {
+	if g.held-g.rescued >= g.quota() {
 		return nil, false
 	}
 	g.held++
+	return g.releaser(false), true
+}
+
+// TakeAbove reserves room for one slot's session above the share: no
+// replica with room serves that slot (cdc.Gate).
+func (g *Group) TakeAbove() (release func()) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.held++
+	g.rescued++
+	return g.releaser(true)
+}
+
+// releaser gives back, once, what Take or TakeAbove reserved; g.mu is held.
+func (g *Group) releaser(rescued bool) func() {
 	var once sync.Once
 	return func() {
 		once.Do(func() {
 			g.mu.Lock()
 			defer g.mu.Unlock()
 			g.held--
+			if rescued {
+				g.rescued--
+			}
+			g.wake()
 		})
-	}, true
+	}
 }
 
 // Excess is how many more slots this replica streams than its share:
-// more than 0 after another replica joined.
+// more than 0 after another replica joined. Rescues do not count: no other
+// replica served them.
 func (g *Group) Excess() int {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return g.held - g.quota()
+	return g.held - g.rescued - g.quota()
 }
 
 // Run holds this replica's lock and counts the replicas every poll until
@@ -197,6 +253,9 @@ func (g *Group) member(ctx context.Context) error {
 func (g *Group) setLive(n int) {
 	g.mu.Lock()
 	changed := n != g.live
+	if n < g.live {
+		g.wake() // a larger share
+	}
 	g.live = n
 	quota, pipelines := g.quota(), g.cfg.Pipelines
 	g.mu.Unlock()

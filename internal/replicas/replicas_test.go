@@ -42,3 +42,56 @@ func TestShare(t *testing.T) {
 		t.Error("the key depends on the pipelines' order")
 	}
 }
+
+// TestRoomAndRescue: Room wakes a waiting stream on a release and when
+// fewer replicas are counted, not when more are; a rescue (TakeAbove) is
+// held beside the share, never counts as an excess, and gives its room
+// back once.
+func TestRoomAndRescue(t *testing.T) {
+	g := New(Config{Pipelines: 6}, 0, nil)
+	g.setLive(3)
+	woken := func(ch <-chan struct{}) bool {
+		select {
+		case <-ch:
+			return true
+		default:
+			return false
+		}
+	}
+	a0, _ := g.Take()
+	b0, _ := g.Take()
+	room := g.Room()
+	g.setLive(4)
+	if woken(room) {
+		t.Error("Room woke when a replica joined")
+	}
+	g.setLive(3)
+	if !woken(room) {
+		t.Error("Room did not wake when a replica left")
+	}
+	a0()
+	b0()
+	if !woken(g.Room()) {
+		t.Error("Room is not closed while there is room")
+	}
+	a, _ := g.Take()
+	b, _ := g.Take()
+	room = g.Room()
+	rescue := g.TakeAbove()
+	if s := g.Share(); s.Held != 3 || s.Rescued != 1 || g.Excess() != 0 {
+		t.Fatalf("after a rescue at the share: %+v, excess %d; want held 3, rescued 1, excess 0", s, g.Excess())
+	}
+	if _, ok := g.Take(); ok {
+		t.Fatal("Take beside a rescue at the share")
+	}
+	rescue()
+	rescue()
+	if !woken(room) {
+		t.Error("Room did not wake on a release")
+	}
+	if s := g.Share(); s.Held != 2 || s.Rescued != 0 {
+		t.Fatalf("after the rescue's release: %+v, want held 2, rescued 0", s)
+	}
+	a()
+	b()
+}
