@@ -109,3 +109,138 @@ func TestSpillAttackInvalidRowsDisableSpill(t *testing.T) {
 	checkCommitOrder(t, orders, down.ledger.got)
 	checkCommitOrder(t, orders, healthy.ledger.got)
 }
+
+// spillStored runs a relay on slot whose sink "down" hangs while 200
+// orders are committed, until the healthy sink has them all and the spill
+// store holds at least 50 of the down sink's, then stops it (SIGTERM) with
+// them stored. It returns the orders by aggregate and in commit order.
+func spillStored(t *testing.T, e *env, slot string, down, healthy outageSink) (map[string][]string, []string, int) {
+	t.Helper()
+	ctx := t.Context()
+	down.hang(true)
+	p := e.startConfig(spillAttackConfig(e, slot, 90,
+		[][2]string{{"healthy", healthy.section}, {"down", down.section}}, spillAttackRoutes))
+	p.waitLog(`"streaming"`, 30*time.Second)
+	orders := map[string][]string{}
+	var ids []string
+	for i := 0; i < 200; i++ {
+		agg := fmt.Sprint("o", i%6)
+		var id string
+		if err := e.db.QueryRow(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+			VALUES ('order', $1, 'order.created', '{}') RETURNING id::text`, agg).Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		orders[agg] = append(orders[agg], id)
+		ids = append(ids, id)
+	}
+	var stored int
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		if err := e.db.QueryRow(ctx, `SELECT count(*) FROM outboxrelay.spilled WHERE sink = 'down'`).Scan(&stored); err != nil {
+			t.Fatal(err)
+		}
+		if healthy.ledger.distinct() == len(ids) && stored >= 50 {
+			break
+		}
+	}
+	if stored < 50 || healthy.ledger.distinct() != len(ids) {
+		t.Fatalf("setup: %d stored, healthy has %d of %d", stored, healthy.ledger.distinct(), len(ids))
+	}
+	// The sink answers again, slowly: it takes what it held, the slot
+	// passes every order, and the relay stops with the rest still stored.
+	down.slow(300 * time.Millisecond)
+	down.hang(false)
+	var lastLSN string
+	if err := e.db.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&lastLSN); err != nil {
+		t.Fatal(err)
+	}
+	for past, deadline := false, time.Now().Add(60*time.Second); !past; time.Sleep(100 * time.Millisecond) {
+		if err := e.db.QueryRow(ctx, `SELECT confirmed_flush_lsn >= $1::pg_lsn FROM pg_replication_slots WHERE slot_name = $2`, lastLSN, slot).Scan(&past); err != nil {
+			t.Fatal(err)
+		}
+		if !past && time.Now().After(deadline) {
+			t.Fatalf("the slot did not pass %s once the sink answered again", lastLSN)
+		}
+	}
+	down.hang(true)
+	p.stop()
+	down.slow(0)
+	if err := e.db.QueryRow(ctx, `SELECT count(*) FROM outboxrelay.spilled WHERE sink = 'down'`).Scan(&stored); err != nil {
+		t.Fatal(err)
+	}
+	if stored < 50 {
+		t.Fatalf("setup: %d stored when the relay stopped, want at least 50", stored)
+	}
+	return orders, ids, stored
+}
+
+// TestSpillAttackStoredStrandedByConfig: messages stored for a sink that
+// was behind are past the slot: outboxrelay.spilled is their only copy. A
+// restart whose configuration no longer spills (relay.behind: hold, or
+// the sinks reduced to the one that is behind) must deliver them or refuse
+// to start naming them, as it does when the sink is gone. It does
+// neither: the start check runs only when the relay spills, the stored
+// messages are never read, and the sink never gets them.
+func TestSpillAttackStoredStrandedByConfig(t *testing.T) {
+	cases := []struct {
+		name  string
+		slot  string
+		sinks func(down, healthy outageSink) [][2]string
+		extra string
+	}{
+		{"behind-hold", "spill_hold", func(d, h outageSink) [][2]string { return [][2]string{{"healthy", h.section}, {"down", d.section}} },
+			"\n  behind: hold"},
+		{"one-sink", "spill_one", func(d, h outageSink) [][2]string { return [][2]string{{"down", d.section}} }, ""},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnvWith(t, serverFor(t), "", "--slot", c.slot)
+			ctx := t.Context()
+			down, healthy := webhookOutageSink(t), webhookOutageSink(t)
+			orders, ids, stored := spillStored(t, e, c.slot, down, healthy)
+
+			down.hang(false)
+			routes := spillAttackRoutes
+			if c.name == "one-sink" {
+				routes = "\n  - name: orders-down\n    when: 'aggregate_type == \"order\"'\n    sink: down"
+			}
+			cfg := strings.Replace(spillAttackConfig(e, c.slot, 90, c.sinks(down, healthy), routes), "  drain_timeout: 3s", "  drain_timeout: 3s"+c.extra, 1)
+			p := e.startConfig(cfg)
+			refused := false
+			for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline) && down.ledger.distinct() < len(ids); time.Sleep(100 * time.Millisecond) {
+				select {
+				case <-p.done:
+					refused = true
+				default:
+				}
+				if refused {
+					break
+				}
+			}
+			var left int
+			if err := e.db.QueryRow(ctx, `SELECT count(*) FROM outboxrelay.spilled WHERE sink = 'down'`).Scan(&left); err != nil {
+				t.Fatal(err)
+			}
+			out := p.out.String()
+			if !refused {
+				p.stop()
+			}
+			got := down.ledger.distinct()
+			t.Logf("%s: %d orders, %d stored when the relay stopped; restarted: refused %v, the down sink got %d, %d still stored", c.name, len(ids), stored, refused, got, left)
+			switch {
+			case refused:
+				if !strings.Contains(out, "outboxrelay.spilled") {
+					t.Errorf("the start refused without naming outboxrelay.spilled:\n%s", tail(out, 20))
+				}
+				if left != stored {
+					t.Errorf("a refused start changed outboxrelay.spilled: %d stored before, %d after", stored, left)
+				}
+			case got < len(ids):
+				t.Errorf("restarted with %s: the down sink got %d of %d orders within 30 s and %d stay in outboxrelay.spilled, past the slot: lost without a word",
+					c.name, got, len(ids), left)
+			default:
+				checkCommitOrder(t, orders, down.ledger.got)
+			}
+		})
+	}
+}
