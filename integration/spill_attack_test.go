@@ -1,10 +1,19 @@
 package integration
 
 import (
+	"context"
+	"os"
 	"fmt"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 // Adversarial tests of the spill store (issue 42 item 1): a sink that
@@ -243,4 +252,152 @@ func TestSpillAttackStoredStrandedByConfig(t *testing.T) {
 			}
 		})
 	}
+}
+
+// flakyKafkaSink is a kfake cluster whose produce requests hang while it
+// is down, and are refused (INVALID_RECORD, which the relay retries up to
+// relay.max_attempts) while it refuses.
+type flakyKafkaSink struct {
+	outageSink
+	refusing atomic.Bool
+	refused  atomic.Int64
+}
+
+func newFlakyKafkaSink(t *testing.T) *flakyKafkaSink {
+	f := &flakyKafkaSink{}
+	l := newSinkLedger()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "fk.order"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	var down atomic.Bool
+	var upMu sync.Mutex
+	up := make(chan struct{})
+	c.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		if down.Load() {
+			upMu.Lock()
+			wait := up
+			upMu.Unlock()
+			c.SleepControl(func() { <-wait })
+		}
+		if !f.refusing.Load() {
+			return nil, nil, false
+		}
+		f.refused.Add(1)
+		pr := req.(*kmsg.ProduceRequest)
+		resp := pr.ResponseKind().(*kmsg.ProduceResponse)
+		resp.SetVersion(pr.GetVersion())
+		for _, rt := range pr.Topics {
+			t := kmsg.NewProduceResponseTopic()
+			t.Topic, t.TopicID = rt.Topic, rt.TopicID
+			for _, rp := range rt.Partitions {
+				p := kmsg.NewProduceResponseTopicPartition()
+				p.Partition = rp.Partition
+				p.ErrorCode = kerr.InvalidRecord.Code
+				t.Partitions = append(t.Partitions, p)
+			}
+			resp.Topics = append(resp.Topics, t)
+		}
+		return resp, nil, true
+	})
+	addr := c.ListenAddrs()[0]
+	cl, err := kgo.NewClient(kgo.SeedBrokers(addr), kgo.ConsumeTopics("fk.order"),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for ctx.Err() == nil {
+			cl.PollFetches(ctx).EachRecord(func(r *kgo.Record) { l.record(t, r.Value) })
+		}
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+		cl.Close()
+	})
+	f.outageSink = outageSink{
+		kind: "kafka", ledger: l, lag: time.Second,
+		section: fmt.Sprintf(`
+    type: kafka
+    kafka:
+      brokers: [%s]
+      topic: "fk.{aggregate_type}"`, addr),
+		hang: func(on bool) {
+			upMu.Lock()
+			defer upMu.Unlock()
+			down.Store(on)
+			if !on {
+				close(up)
+				up = make(chan struct{})
+			}
+		},
+	}
+	return f
+}
+
+// TestSpillAttackReadBackRefusedKeepsOrder: a Kafka sink (which pipelines
+// an aggregate's messages) falls behind, its orders are stored, and while
+// they are read back and published the broker refuses produce requests
+// now and then. Every refused message is retried; the aggregate's order
+// must hold on the broker as it does for messages from the stream.
+func TestSpillAttackReadBackRefusedKeepsOrder(t *testing.T) {
+	refuse := os.Getenv("ATTACK_NOREFUSE") == ""
+	t.Parallel()
+	e := newEnvWith(t, serverFor(t), "", "--slot", "spill_refuse")
+	ctx := t.Context()
+	down, healthy := newFlakyKafkaSink(t), webhookOutageSink(t)
+	cfg := strings.Replace(spillAttackConfig(e, "spill_refuse", 90,
+		[][2]string{{"healthy", healthy.section}, {"down", down.section}}, spillAttackRoutes),
+		"  drain_timeout: 3s", "  drain_timeout: 3s\n  max_attempts: 100000", 1)
+	p := e.startConfig(cfg)
+	p.waitLog(`"streaming"`, 30*time.Second)
+	down.hang(true)
+	orders := map[string][]string{}
+	var ids []string
+	for i := 0; i < 600; i++ {
+		agg := fmt.Sprint("o", i%4)
+		var id string
+		if err := e.db.QueryRow(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+			VALUES ('order', $1, 'order.created', '{}') RETURNING id::text`, agg).Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		orders[agg] = append(orders[agg], id)
+		ids = append(ids, id)
+	}
+	var stored int
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		if err := e.db.QueryRow(ctx, `SELECT count(*) FROM outboxrelay.spilled WHERE sink = 'down'`).Scan(&stored); err != nil {
+			t.Fatal(err)
+		}
+		if stored >= 400 {
+			break
+		}
+	}
+	// Back, but refusing every other 150 ms while it catches up.
+	down.hang(false)
+	deadline := time.Now().Add(60 * time.Second)
+	for i := 0; time.Now().Before(deadline) && down.ledger.distinct() < len(ids); i++ {
+		down.refusing.Store(refuse && i%2 == 1)
+		time.Sleep(150 * time.Millisecond)
+	}
+	down.refusing.Store(false)
+	for time.Now().Before(deadline) && down.ledger.distinct() < len(ids) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	p.stop()
+	t.Logf("%d orders, %d stored at most; %d produce requests refused during the catch-up; the kafka sink got %d, duplicates %d",
+		len(ids), stored, down.refused.Load(), down.ledger.distinct(), down.ledger.dups)
+	if stored < 400 {
+		t.Errorf("%d stored, want at least 400: the catch-up must read back from the store", stored)
+	}
+	if down.refused.Load() == 0 {
+		t.Errorf("no produce request was refused: the attack did not run")
+	}
+	checkCommitOrder(t, orders, down.ledger.got)
 }
