@@ -2,8 +2,8 @@ package integration
 
 import (
 	"context"
-	"os"
 	"fmt"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
