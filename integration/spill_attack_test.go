@@ -7,9 +7,12 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -402,4 +405,178 @@ func TestSpillAttackReadBackRefusedKeepsOrder(t *testing.T) {
 		t.Errorf("no produce request was refused: the attack did not run")
 	}
 	checkCommitOrder(t, orders, down.ledger.got)
+}
+
+// TestSpillAttackKillWhileBehind: the relay is killed (SIGKILL) twice
+// under a steady load: once while the down sink hangs with messages
+// stored, and once while it reads them back. After the restarts both
+// sinks have every order (per-aggregate order of first arrivals kept),
+// the store ends empty, and the slot, sampled every 200 ms, is never
+// confirmed past an order's commit end while the down sink neither had it
+// nor the store held it.
+func TestSpillAttackKillWhileBehind(t *testing.T) {
+	t.Parallel()
+	e := newEnvWith(t, serverFor(t), "", "--slot", "spill_kill")
+	ctx := t.Context()
+	down, healthy := webhookOutageSink(t), webhookOutageSink(t)
+	cfg := spillAttackConfig(e, "spill_kill", 90, [][2]string{{"healthy", healthy.section}, {"down", down.section}}, spillAttackRoutes)
+	p := e.startConfig(cfg)
+	p.waitLog(`"streaming"`, 30*time.Second)
+
+	type sample struct {
+		at        time.Time
+		confirmed pglogrepl.LSN
+		spilled   map[string]bool
+	}
+	var mu sync.Mutex
+	var samples []sample
+	orders := map[string][]string{}
+	endOf := map[string]pglogrepl.LSN{}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { // the sampler
+		defer wg.Done()
+		conn, err := pgx.Connect(ctx, e.dbURL)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer conn.Close(context.Background())
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(200 * time.Millisecond):
+			}
+			var lsn string
+			var ids []string
+			if err := conn.QueryRow(ctx, `SELECT coalesce((SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = 'spill_kill'), '0/0')::text,
+				coalesce((SELECT array_agg(message_id) FROM outboxrelay.spilled WHERE sink = 'down'), '{}')`).Scan(&lsn, &ids); err != nil {
+				continue
+			}
+			s := sample{at: time.Now(), spilled: map[string]bool{}}
+			s.confirmed, _ = pglogrepl.ParseLSN(lsn)
+			for _, id := range ids {
+				s.spilled[id] = true
+			}
+			mu.Lock()
+			samples = append(samples, s)
+			mu.Unlock()
+		}
+	}()
+	go func() { // the producer: an order every 10 ms
+		defer wg.Done()
+		conn, err := pgx.Connect(ctx, e.dbURL)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer conn.Close(context.Background())
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+			agg := fmt.Sprint("o", i%6)
+			var id, end string
+			if err := conn.QueryRow(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+				VALUES ('order', $1, 'order.created', '{}') RETURNING id::text`, agg).Scan(&id); err != nil {
+				t.Error(err)
+				return
+			}
+			if err := conn.QueryRow(ctx, `SELECT pg_current_wal_insert_lsn()::text`).Scan(&end); err != nil {
+				t.Error(err)
+				return
+			}
+			l, _ := pglogrepl.ParseLSN(end)
+			mu.Lock()
+			orders[agg] = append(orders[agg], id)
+			endOf[id] = l
+			mu.Unlock()
+		}
+	}()
+	storedNow := func() int {
+		var n int
+		if err := e.db.QueryRow(ctx, `SELECT count(*) FROM outboxrelay.spilled WHERE sink = 'down'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	time.Sleep(time.Second)
+	down.hang(true)
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline) && storedNow() < 150; {
+		time.Sleep(100 * time.Millisecond)
+	}
+	stored1 := storedNow()
+	p.kill() // with messages stored, the sink hanging
+	p = e.startConfig(cfg)
+	p.waitLog(`"streaming"`, 30*time.Second)
+	time.Sleep(3 * time.Second)
+	// Back, slowly: the relay reads the stored messages back, and is
+	// killed while it does.
+	down.slow(40 * time.Millisecond)
+	down.hang(false)
+	time.Sleep(1500 * time.Millisecond)
+	stored2 := storedNow()
+	p.kill()
+	p = e.startConfig(cfg)
+	p.waitLog(`"streaming"`, 30*time.Second)
+	time.Sleep(2 * time.Second)
+	close(stop)
+	wg.Wait()
+	down.slow(0)
+	total := 0
+	for _, ids := range orders {
+		total += len(ids)
+	}
+	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline) &&
+		(down.ledger.distinct() < total || healthy.ledger.distinct() < total || storedNow() > 0); {
+		time.Sleep(200 * time.Millisecond)
+	}
+	left := storedNow()
+	if f := os.Getenv("ATTACK_DUMP"); f != "" && down.ledger.distinct() < total {
+		_ = p.cmd.Process.Signal(syscall.SIGQUIT)
+		<-p.done
+		_ = os.WriteFile(f, []byte(p.out.String()), 0o600)
+	} else {
+		p.stop()
+	}
+
+	lostDown, lostHealthy := 0, 0
+	for id := range endOf {
+		if _, ok := down.ledger.at(id); !ok {
+			lostDown++
+		}
+		if _, ok := healthy.ledger.at(id); !ok {
+			lostHealthy++
+		}
+	}
+	violations := 0
+	for _, s := range samples {
+		for id, end := range endOf {
+			if s.confirmed <= end || s.spilled[id] {
+				continue
+			}
+			if at, ok := down.ledger.at(id); ok && !at.After(s.at) {
+				continue
+			}
+			violations++
+			if violations <= 3 {
+				t.Errorf("at %s the slot was confirmed to %s, past order %s (commit end at most %s), which the down sink had not received and the store did not hold",
+					s.at.Format("15:04:05.000"), s.confirmed, id, end)
+			}
+		}
+	}
+	t.Logf("%d orders; stored %d at the first kill, %d at the second; down: lost %d, duplicates %d; healthy: lost %d, duplicates %d; %d left stored; %d slot samples, %d violations",
+		total, stored1, stored2, lostDown, down.ledger.dups, lostHealthy, healthy.ledger.dups, left, len(samples), violations)
+	if lostDown != 0 || lostHealthy != 0 || left != 0 {
+		t.Errorf("after two kills: lost %d (down) and %d (healthy), %d left in outboxrelay.spilled; want 0, 0, 0", lostDown, lostHealthy, left)
+	}
+	if stored1 < 100 || stored2 == 0 {
+		t.Errorf("stored %d at the first kill and %d at the second: the kills must hit a sink behind and a read-back", stored1, stored2)
+	}
+	checkCommitOrder(t, orders, down.ledger.got)
+	checkCommitOrder(t, orders, healthy.ledger.got)
 }
