@@ -580,3 +580,69 @@ func TestSpillAttackKillWhileBehind(t *testing.T) {
 	checkCommitOrder(t, orders, down.ledger.got)
 	checkCommitOrder(t, orders, healthy.ledger.got)
 }
+
+// TestSpillAttackSlowStoreDeadlock: the spill store is slower than the
+// stream for a moment (a lock on outboxrelay.spilled held 500 ms, as a
+// vacuum or a busy database might) while a sink is behind. The stream
+// waits for the spiller to take the sink's messages, which is documented;
+// once the store answers again, every sink must go on. It deadlocks
+// instead: the stream waits in divert holding the spiller's mutex, and the
+// spiller's goroutine, the only reader of its queue, waits for that mutex
+// in readBack at its next tick. The healthy sink then gets nothing more.
+func TestSpillAttackSlowStoreDeadlock(t *testing.T) {
+	t.Parallel()
+	e := newEnvWith(t, serverFor(t), "", "--slot", "spill_slow")
+	ctx := t.Context()
+	down, healthy := webhookOutageSink(t), webhookOutageSink(t)
+	p := e.startConfig(spillAttackConfig(e, "spill_slow", 90,
+		[][2]string{{"healthy", healthy.section}, {"down", down.section}}, spillAttackRoutes))
+	p.waitLog(`"streaming"`, 30*time.Second)
+	down.hang(true)
+	defer down.hang(false)
+	total := 0
+	insert := func(n int) {
+		if _, err := e.db.Exec(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+			SELECT 'order', 'o' || (g % 5), 'order.created', '{}' FROM generate_series(1, $1) g`, n); err != nil {
+			t.Fatal(err)
+		}
+		total += n
+	}
+	insert(100) // the down sink falls behind and spills
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline) && healthy.ledger.distinct() < total; {
+		time.Sleep(100 * time.Millisecond)
+	}
+	locker, err := pgx.Connect(ctx, e.dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer locker.Close(context.Background())
+	for round := 0; round < 8; round++ {
+		tx, err := locker.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(ctx, `LOCK TABLE outboxrelay.spilled IN ACCESS EXCLUSIVE MODE`); err != nil {
+			t.Fatal(err)
+		}
+		insert(200)
+		time.Sleep(500 * time.Millisecond)
+		if err := tx.Rollback(ctx); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline) && healthy.ledger.distinct() < total; {
+		time.Sleep(100 * time.Millisecond)
+	}
+	got := healthy.ledger.distinct()
+	t.Logf("%d rows, 8 times a 500 ms lock on outboxrelay.spilled while the down sink hung: the healthy sink got %d", total, got)
+	if got < total {
+		if f := os.Getenv("ATTACK_DUMP"); f != "" {
+			_ = p.cmd.Process.Signal(syscall.SIGQUIT)
+			<-p.done
+			_ = os.WriteFile(f, []byte(p.out.String()), 0o600)
+		}
+		t.Fatalf("the healthy sink got %d of %d rows within 30 s after the spill store answered again: the relay is stuck", got, total)
+	}
+	p.stop()
+}
