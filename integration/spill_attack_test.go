@@ -646,3 +646,93 @@ func TestSpillAttackSlowStoreDeadlock(t *testing.T) {
 	}
 	p.stop()
 }
+
+// TestSpillAttackEmittedWhileBehind: table-less events (outboxrelay.emit,
+// a transactional logical decoding message) interleaved with table rows
+// in the same aggregates while the down sink hangs: they are stored and
+// read back like rows, and the sink gets every one, in order.
+func TestSpillAttackEmittedWhileBehind(t *testing.T) {
+	t.Parallel()
+	e := newEnvWith(t, serverFor(t), "", "--slot", "spill_emit")
+	ctx := t.Context()
+	down, healthy := webhookOutageSink(t), webhookOutageSink(t)
+	p := e.startConfig(spillAttackConfig(e, "spill_emit", 60,
+		[][2]string{{"healthy", healthy.section}, {"down", down.section}}, spillAttackRoutes))
+	p.waitLog(`"streaming"`, 30*time.Second)
+	down.hang(true)
+	orders := map[string][]string{}
+	total := 0
+	for i := 0; i < 300; i++ {
+		agg := fmt.Sprint("o", i%4)
+		var id string
+		q := `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ('order', $1, 'order.created', '{}') RETURNING id::text`
+		if i%2 == 1 {
+			q = `SELECT outboxrelay.emit('order', $1, 'order.emitted', '{"n":1}')::text`
+		}
+		if err := e.db.QueryRow(ctx, q, agg).Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		orders[agg] = append(orders[agg], id)
+		total++
+	}
+	var stored int
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		if err := e.db.QueryRow(ctx, `SELECT count(*) FROM outboxrelay.spilled WHERE sink = 'down'`).Scan(&stored); err != nil {
+			t.Fatal(err)
+		}
+		if healthy.ledger.distinct() == total && stored > 100 {
+			break
+		}
+	}
+	down.hang(false)
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline) && down.ledger.distinct() < total; {
+		time.Sleep(100 * time.Millisecond)
+	}
+	p.stop()
+	t.Logf("%d events (half emitted without a table), %d stored while the down sink hung; down got %d (duplicates %d), healthy %d",
+		total, stored, down.ledger.distinct(), down.ledger.dups, healthy.ledger.distinct())
+	if stored <= 100 {
+		t.Errorf("%d stored, want more than 100", stored)
+	}
+	checkCommitOrder(t, orders, down.ledger.got)
+	checkCommitOrder(t, orders, healthy.ledger.got)
+}
+
+// TestSpillAttackSchemaWithoutSpilled: a schema from before
+// outboxrelay.spilled (migrate not run after the upgrade) and a relay with
+// several sinks: the start refuses with one error naming both fixes, and
+// leaves the database as it found it (slot position, publications).
+func TestSpillAttackSchemaWithoutSpilled(t *testing.T) {
+	t.Parallel()
+	e := newEnvWith(t, serverFor(t), "", "--slot", "spill_noschema")
+	ctx := t.Context()
+	if _, err := e.db.Exec(ctx, `DROP TABLE outboxrelay.spilled`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.db.Exec(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ('order', 'o1', 'order.created', '{}')`); err != nil {
+		t.Fatal(err)
+	}
+	state := func() string {
+		var s string
+		if err := e.db.QueryRow(ctx, `SELECT coalesce((SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 'spill_noschema'), '-') || ' ' ||
+			(SELECT count(*) FROM pg_publication)::text || ' ' || (SELECT count(*) FROM pg_replication_slots)::text`).Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	before := state()
+	down, healthy := webhookOutageSink(t), webhookOutageSink(t)
+	out, code := e.cliConfig(spillAttackConfig(e, "spill_noschema", 60,
+		[][2]string{{"healthy", healthy.section}, {"down", down.section}}, spillAttackRoutes))
+	after := state()
+	t.Logf("exit %d; slot/publications/slots before %q after %q; delivered %d and %d", code, before, after, healthy.ledger.distinct(), down.ledger.distinct())
+	if code != 2 || !strings.Contains(out, "outboxrelay migrate") || !strings.Contains(out, "relay.behind: hold") {
+		t.Errorf("exit %d, want 2 with one error naming `outboxrelay migrate` and relay.behind: hold:\n%s", code, tail(out, 10))
+	}
+	if after != before {
+		t.Errorf("the failed start changed the database: slot position, publications, slots %q before, %q after", before, after)
+	}
+	if healthy.ledger.distinct() != 0 || down.ledger.distinct() != 0 {
+		t.Errorf("the refused start published %d and %d messages", healthy.ledger.distinct(), down.ledger.distinct())
+	}
+}
