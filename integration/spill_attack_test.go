@@ -736,3 +736,77 @@ func TestSpillAttackSchemaWithoutSpilled(t *testing.T) {
 		t.Errorf("the refused start published %d and %d messages", healthy.ledger.distinct(), down.ledger.distinct())
 	}
 }
+
+// TestSpillAttackFlapping: under a steady load (an order every 10 ms) the
+// down sink hangs and comes back every 1.5 s for 15 s, then stays up. Both
+// sinks get every order, in per-aggregate order, and the store ends
+// empty. Run with the webhook and Kafka as the flapping sink.
+func TestSpillAttackFlapping(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		down func(*testing.T) outageSink
+	}{{"webhook", webhookOutageSink}, {"kafka", kafkaOutageSink}} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			slot := "spill_flap_" + c.name
+			e := newEnvWith(t, serverFor(t), "", "--slot", slot)
+			ctx := t.Context()
+			down, healthy := c.down(t), webhookOutageSink(t)
+			p := e.startConfig(spillAttackConfig(e, slot, 90,
+				[][2]string{{"healthy", healthy.section}, {"down", down.section}}, spillAttackRoutes))
+			p.waitLog(`"streaming"`, 30*time.Second)
+			orders := map[string][]string{}
+			total, maxStored, flips := 0, 0, 0
+			start, lastFlip, hung := time.Now(), time.Now(), false
+			for i := 0; time.Since(start) < 18*time.Second; i++ {
+				if time.Since(start) < 15*time.Second && time.Since(lastFlip) >= 1500*time.Millisecond {
+					hung = !hung
+					down.hang(hung)
+					lastFlip = time.Now()
+					flips++
+				}
+				if hung && time.Since(start) >= 15*time.Second {
+					hung = false
+					down.hang(false)
+				}
+				agg := fmt.Sprint("o", i%6)
+				var id string
+				if err := e.db.QueryRow(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+					VALUES ('order', $1, 'order.created', '{}') RETURNING id::text`, agg).Scan(&id); err != nil {
+					t.Fatal(err)
+				}
+				orders[agg] = append(orders[agg], id)
+				total++
+				if i%50 == 0 {
+					var n int
+					if err := e.db.QueryRow(ctx, `SELECT count(*) FROM outboxrelay.spilled`).Scan(&n); err != nil {
+						t.Fatal(err)
+					}
+					maxStored = max(maxStored, n)
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			down.hang(false)
+			var left int
+			for deadline := time.Now().Add(45 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+				if err := e.db.QueryRow(ctx, `SELECT count(*) FROM outboxrelay.spilled`).Scan(&left); err != nil {
+					t.Fatal(err)
+				}
+				if left == 0 && down.ledger.distinct() >= total && healthy.ledger.distinct() >= total {
+					break
+				}
+			}
+			t.Logf("%s flapping %d times: %d orders, up to %d stored, %d left; down got %d (duplicates %d), healthy %d (duplicates %d)",
+				c.name, flips, total, maxStored, left, down.ledger.distinct(), down.ledger.dups, healthy.ledger.distinct(), healthy.ledger.dups)
+			if left != 0 {
+				t.Errorf("%d messages left in outboxrelay.spilled", left)
+			}
+			if down.ledger.dups != 0 || healthy.ledger.dups != 0 {
+				t.Errorf("duplicates without a restart: down %d, healthy %d; want 0", down.ledger.dups, healthy.ledger.dups)
+			}
+			p.stop()
+			checkCommitOrder(t, orders, down.ledger.got)
+			checkCommitOrder(t, orders, healthy.ledger.got)
+		})
+	}
+}
