@@ -3,6 +3,9 @@ package integration
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"strings"
 	"sync"
@@ -809,4 +812,140 @@ func TestSpillAttackFlapping(t *testing.T) {
 			checkCommitOrder(t, orders, healthy.ledger.got)
 		})
 	}
+}
+
+// poisonWebhookSink is webhookOutageSink's receiver, but it refuses (422)
+// every message whose body holds "poison".
+func poisonWebhookSink(t *testing.T) outageSink {
+	l := newSinkLedger()
+	var down atomic.Bool
+	up := make(chan struct{})
+	var upMu sync.Mutex
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if req.Method != http.MethodPost {
+			w.WriteHeader(http.StatusNoContent)
+			return
+		}
+		body, err := io.ReadAll(req.Body)
+		if err != nil {
+			return
+		}
+		if down.Load() {
+			upMu.Lock()
+			wait := up
+			upMu.Unlock()
+			select {
+			case <-wait:
+			case <-req.Context().Done():
+			}
+			http.Error(w, "was down", http.StatusServiceUnavailable)
+			return
+		}
+		if strings.Contains(string(body), "poison") {
+			http.Error(w, "poison", http.StatusUnprocessableEntity)
+			return
+		}
+		l.record(t, body)
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	t.Cleanup(srv.Close)
+	return outageSink{
+		kind: "webhook", ledger: l,
+		section: fmt.Sprintf(`
+    type: webhook
+    webhook:
+      url: "%s/hooks/{aggregate_type}"
+      secret: %s
+      timeout: 2s`, srv.URL, e2eWebhookSecret),
+		hang: func(on bool) {
+			upMu.Lock()
+			defer upMu.Unlock()
+			down.Store(on)
+			if !on {
+				close(up)
+				up = make(chan struct{})
+			}
+		},
+	}
+}
+
+// TestSpillAttackPoisonReadBack: a message the down sink refuses for good
+// is among those stored while it hung. Read back, it is dead-lettered for
+// that sink and parks its aggregate there (relay.dead_letter_order park,
+// max_attempts 1): the aggregate's later orders wait in outboxrelay.parked,
+// the other aggregates reach the sink, and the spill store ends empty.
+func TestSpillAttackPoisonReadBack(t *testing.T) {
+	t.Parallel()
+	e := newEnvWith(t, serverFor(t), "", "--slot", "spill_poison")
+	ctx := t.Context()
+	down, healthy := poisonWebhookSink(t), webhookOutageSink(t)
+	cfg := strings.Replace(spillAttackConfig(e, "spill_poison", 60,
+		[][2]string{{"healthy", healthy.section}, {"down", down.section}}, spillAttackRoutes),
+		"  drain_timeout: 3s", "  drain_timeout: 3s\n  max_attempts: 1\n  dead_letter_order: park", 1)
+	p := e.startConfig(cfg)
+	p.waitLog(`"streaming"`, 30*time.Second)
+	down.hang(true)
+	var poison string
+	var poisonAfter []string // o1's orders after the poison
+	others := map[string][]string{}
+	total, othersN := 0, 0
+	for i := 0; i < 240; i++ {
+		agg := fmt.Sprint("o", i%4)
+		payload := `{}`
+		if i == 161 {
+			payload = `{"poison":true}`
+		}
+		var id string
+		if err := e.db.QueryRow(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+			VALUES ('order', $1, 'order.created', $2::jsonb) RETURNING id::text`, agg, payload).Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		total++
+		switch {
+		case i == 161:
+			poison = id
+		case agg == "o1" && poison != "":
+			poisonAfter = append(poisonAfter, id)
+		default:
+			others[agg] = append(others[agg], id)
+			othersN++
+		}
+	}
+	var stored int
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		if err := e.db.QueryRow(ctx, `SELECT count(*) FROM outboxrelay.spilled WHERE sink = 'down' AND message_id = $1`, poison).Scan(&stored); err != nil {
+			t.Fatal(err)
+		}
+		if stored == 1 && healthy.ledger.distinct() == total {
+			break
+		}
+	}
+	if stored != 1 {
+		t.Fatalf("setup: the poison message is not stored")
+	}
+	down.hang(false)
+	var dead, parked, left int
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		if err := e.db.QueryRow(ctx, `SELECT (SELECT count(*) FROM outboxrelay.dead_letters WHERE message_id = $1 AND sink = 'down'),
+			(SELECT count(*) FROM outboxrelay.parked WHERE sink = 'down'), (SELECT count(*) FROM outboxrelay.spilled)`, poison).Scan(&dead, &parked, &left); err != nil {
+			t.Fatal(err)
+		}
+		if dead == 1 && parked == len(poisonAfter) && left == 0 && down.ledger.distinct() >= othersN {
+			break
+		}
+	}
+	p.stop()
+	leaked := 0
+	for _, id := range poisonAfter {
+		if _, ok := down.ledger.at(id); ok {
+			leaked++
+		}
+	}
+	t.Logf("%d orders, the poison one stored; read back: dead letters %d, parked %d of %d, %d of %d other orders delivered, %d of the parked aggregate's leaked past it, %d left stored",
+		total, dead, parked, len(poisonAfter), down.ledger.distinct()-leaked, othersN, leaked, left)
+	if dead != 1 || parked != len(poisonAfter) || left != 0 || leaked != 0 {
+		t.Errorf("want the poison message dead-lettered for sink down (got %d), its aggregate's %d later orders parked (got %d, %d delivered past it), the store empty (got %d)",
+			dead, len(poisonAfter), parked, leaked, left)
+	}
+	checkCommitOrder(t, others, down.ledger.got)
 }
