@@ -949,3 +949,79 @@ func TestSpillAttackPoisonReadBack(t *testing.T) {
 	}
 	checkCommitOrder(t, others, down.ledger.got)
 }
+
+// TestSpillAttackLostConnectionWhileBehind: the replication connection is
+// ended (pg_terminate_backend of the walsender) three times while the down
+// sink hangs and its messages are stored, under a steady load. The relay
+// reconnects within the same process; the slot then delivers again the
+// transactions it had not confirmed. The healthy sink shows what the
+// relay does with them; the down sink must not get more duplicates than
+// it: the stored messages of the transactions delivered again must not be
+// stored twice.
+func TestSpillAttackLostConnectionWhileBehind(t *testing.T) {
+	t.Parallel()
+	e := newEnvWith(t, serverFor(t), "", "--slot", "spill_lostconn")
+	ctx := t.Context()
+	down, healthy := webhookOutageSink(t), webhookOutageSink(t)
+	p := e.startConfig(spillAttackConfig(e, "spill_lostconn", 90,
+		[][2]string{{"healthy", healthy.section}, {"down", down.section}}, spillAttackRoutes))
+	p.waitLog(`"streaming"`, 30*time.Second)
+	down.hang(true)
+	orders := map[string][]string{}
+	total, kills := 0, 0
+	start := time.Now()
+	for i := 0; time.Since(start) < 8*time.Second; i++ {
+		if i > 0 && i%200 == 0 && kills < 3 {
+			if _, err := e.db.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = 'spill_lostconn' AND active_pid IS NOT NULL`); err != nil {
+				t.Fatal(err)
+			}
+			kills++
+		}
+		agg := fmt.Sprint("o", i%6)
+		var id string
+		if err := e.db.QueryRow(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+			VALUES ('order', $1, 'order.created', '{}') RETURNING id::text`, agg).Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		orders[agg] = append(orders[agg], id)
+		total++
+		time.Sleep(5 * time.Millisecond)
+	}
+	var storedRows, storedDistinct int
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline) && healthy.ledger.distinct() < total; {
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err := e.db.QueryRow(ctx, `SELECT count(*), count(DISTINCT message_id) FROM outboxrelay.spilled WHERE sink = 'down'`).Scan(&storedRows, &storedDistinct); err != nil {
+		t.Fatal(err)
+	}
+	down.hang(false)
+	var left int
+	for deadline := time.Now().Add(40 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		if err := e.db.QueryRow(ctx, `SELECT count(*) FROM outboxrelay.spilled`).Scan(&left); err != nil {
+			t.Fatal(err)
+		}
+		if left == 0 && down.ledger.distinct() >= total {
+			break
+		}
+	}
+	if f := os.Getenv("ATTACK_DUMP"); f != "" && down.ledger.distinct() < total {
+		_ = p.cmd.Process.Signal(syscall.SIGQUIT)
+		<-p.done
+		_ = os.WriteFile(f, []byte(p.out.String()), 0o600)
+	} else {
+		p.stop()
+	}
+	t.Logf("%d orders, %d walsenders ended; stored %d rows for %d distinct messages; down got %d (duplicates %d), healthy %d (duplicates %d); %d left stored",
+		total, kills, storedRows, storedDistinct, down.ledger.distinct(), down.ledger.dups, healthy.ledger.distinct(), healthy.ledger.dups, left)
+	if kills < 3 {
+		t.Errorf("only %d walsenders ended", kills)
+	}
+	if storedRows != storedDistinct {
+		t.Errorf("outboxrelay.spilled holds %d rows for %d distinct messages: a transaction the slot delivered again was stored twice", storedRows, storedDistinct)
+	}
+	if down.ledger.dups > healthy.ledger.dups {
+		t.Errorf("the down sink got %d duplicates, the healthy one %d: the messages stored while it was behind were delivered again", down.ledger.dups, healthy.ledger.dups)
+	}
+	checkCommitOrder(t, orders, down.ledger.got)
+	checkCommitOrder(t, orders, healthy.ledger.got)
+}
