@@ -1025,3 +1025,67 @@ func TestSpillAttackLostConnectionWhileBehind(t *testing.T) {
 	checkCommitOrder(t, orders, down.ledger.got)
 	checkCommitOrder(t, orders, healthy.ledger.got)
 }
+
+// TestSpillAttackSlotAdvancesDuringOutage: docs/routing.md says that with
+// relay.behind: spill the slot goes on while a sink is down, "so WAL
+// retention does not grow". The down sink hangs for 12 s under a steady
+// load; by its end the slot must be confirmed past the orders committed
+// in its first seconds, which the healthy sink took and the store holds.
+// It stays where the outage began: the sink's share of the bound, held
+// unanswered (and retried) by the sink, is never stored, and pins the
+// watermark for as long as the sink is down.
+func TestSpillAttackSlotAdvancesDuringOutage(t *testing.T) {
+	t.Parallel()
+	e := newEnvWith(t, serverFor(t), "", "--slot", "spill_pin")
+	ctx := t.Context()
+	down, healthy := webhookOutageSink(t), webhookOutageSink(t)
+	p := e.startConfig(spillAttackConfig(e, "spill_pin", 90,
+		[][2]string{{"healthy", healthy.section}, {"down", down.section}}, spillAttackRoutes))
+	p.waitLog(`"streaming"`, 30*time.Second)
+	slotAt := func() pglogrepl.LSN {
+		var s string
+		if err := e.db.QueryRow(ctx, `SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 'spill_pin'`).Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		l, _ := pglogrepl.ParseLSN(s)
+		return l
+	}
+	down.hang(true)
+	defer down.hang(false)
+	start := time.Now()
+	var early pglogrepl.LSN // the end of a commit 2 s into the outage
+	total := 0
+	for i := 0; time.Since(start) < 12*time.Second; i++ {
+		if _, err := e.db.Exec(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+			VALUES ('order', $1, 'order.created', '{}')`, fmt.Sprint("o", i%6)); err != nil {
+			t.Fatal(err)
+		}
+		total++
+		if early == 0 && time.Since(start) >= 2*time.Second {
+			var s string
+			if err := e.db.QueryRow(ctx, `SELECT pg_current_wal_insert_lsn()::text`).Scan(&s); err != nil {
+				t.Fatal(err)
+			}
+			early, _ = pglogrepl.ParseLSN(s)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(time.Second)
+	at := slotAt()
+	var stored int
+	if err := e.db.QueryRow(ctx, `SELECT count(*) FROM outboxrelay.spilled WHERE sink = 'down'`).Scan(&stored); err != nil {
+		t.Fatal(err)
+	}
+	var retained string
+	if err := e.db.QueryRow(ctx, `SELECT pg_size_pretty(pg_current_wal_lsn() - confirmed_flush_lsn) FROM pg_replication_slots WHERE slot_name = 'spill_pin'`).Scan(&retained); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d orders during a 12 s outage; healthy got %d, %d stored; the slot is at %s, a commit 2 s into the outage ended by %s; WAL held by the slot %s",
+		total, healthy.ledger.distinct(), stored, at, early, retained)
+	if at <= early {
+		t.Errorf("after 12 s of the down sink hanging, the slot is confirmed only to %s, before a commit 2 s into the outage (%s) that the healthy sink took and the store holds: WAL retention grows with the outage",
+			at, early)
+	}
+	down.hang(false)
+	p.stop()
+}
