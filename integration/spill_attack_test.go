@@ -718,7 +718,7 @@ func TestSpillAttackSchemaWithoutSpilled(t *testing.T) {
 	state := func() string {
 		var s string
 		if err := e.db.QueryRow(ctx, `SELECT coalesce((SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 'spill_noschema'), '-') || ' ' ||
-			(SELECT count(*) FROM pg_publication)::text || ' ' || (SELECT count(*) FROM pg_replication_slots)::text`).Scan(&s); err != nil {
+			(SELECT count(*) FROM pg_publication)::text || ' ' || (SELECT count(*) FROM pg_replication_slots WHERE database = current_database())::text`).Scan(&s); err != nil {
 			t.Fatal(err)
 		}
 		return s
