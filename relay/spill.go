@@ -202,6 +202,12 @@ func (s *spiller) run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case m := <-s.in:
+			// The copies of what the sink held go first: those messages
+			// are older than every diverted one, and a restart reads the
+			// store back in the order it was written.
+			if s.copyHeld.Swap(false) && !s.storeHeld() {
+				return
+			}
 			if !s.write(ctx, s.collect(m)) {
 				return
 			}
