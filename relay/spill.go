@@ -51,7 +51,9 @@ const spillBatch = 512
 // messages to the publish loop. Once it holds its share, the spiller is
 // on: the stream hands the sink's messages to the spiller's goroutine
 // (run), which stores them (Spill.Add) and then settles them for the slot
-// and the window, as an acknowledgement would. When the sink has room
+// and the window, as an acknowledgement would. It first stores a copy of
+// each message the sink holds (storeHeld), so that those do not hold the
+// slot either. When the sink has room
 // again, run reads the stored messages back in order and hands them to
 // the publish loop, which publishes them through the aggregates' order as
 // any other; each is deleted from the store once settled. When run has
