@@ -461,9 +461,24 @@ type Privileges struct {
 	Parking bool
 	// Heartbeat: the relay calls pg_logical_emit_message.
 	Heartbeat bool
+	// Spill: the relay stores the messages of a sink that is behind in
+	// outboxrelay.spilled (several sinks, relay.behind: spill).
+	Spill bool
 	// Retention lists the outbox tables (schema.name) the relay deletes
 	// old rows from.
 	Retention []string
+}
+
+// missingTable is the error for a table CheckPrivileges did not find: one
+// of the relay's own is missing from a schema an older migrate made.
+func missingTable(name string) string {
+	switch {
+	case name == "outboxrelay.spilled":
+		return "table outboxrelay.spilled does not exist: schema outboxrelay is from an older version; run `outboxrelay migrate` to update it, or set relay.behind: hold"
+	case strings.HasPrefix(name, "outboxrelay."):
+		return fmt.Sprintf("table %s does not exist: schema outboxrelay is from an older version; run `outboxrelay migrate` to update it", name)
+	}
+	return fmt.Sprintf("table %s does not exist; run `outboxrelay migrate` or fix postgres.tables", name)
 }
 
 // CheckPrivileges checks that the connected role can do what the relay
@@ -499,6 +514,9 @@ func CheckPrivileges(ctx context.Context, conn *pgx.Conn, p Privileges) error {
 	if p.DeadLetters {
 		tables = append(tables, tablePrivileges{"outboxrelay.dead_letters", []string{"INSERT"}})
 	}
+	if p.Spill {
+		tables = append(tables, tablePrivileges{"outboxrelay.spilled", []string{"SELECT", "INSERT", "DELETE"}})
+	}
 	if p.Parking {
 		tables = append(tables, tablePrivileges{"outboxrelay.dead_letters", []string{"SELECT", "UPDATE"}},
 			tablePrivileges{"outboxrelay.parked", []string{"INSERT"}})
@@ -515,7 +533,7 @@ func CheckPrivileges(ctx context.Context, conn *pgx.Conn, p Privileges) error {
 		err := conn.QueryRow(ctx, `SELECT coalesce(array_agg(p ORDER BY o), '{}')
 			FROM unnest($2::text[]) WITH ORDINALITY AS u(p, o) WHERE NOT has_table_privilege($1, p)`, t.name, t.privs).Scan(&missing)
 		if isCode(err, "42P01") || isCode(err, "3F000") {
-			return &SetupError{Msg: fmt.Sprintf("table %s does not exist; run `outboxrelay migrate` or fix postgres.tables", t.name)}
+			return &SetupError{Msg: missingTable(t.name)}
 		}
 		if err != nil {
 			return fmt.Errorf("check privileges on %s: %w", t.name, err)
@@ -530,6 +548,9 @@ func CheckPrivileges(ctx context.Context, conn *pgx.Conn, p Privileges) error {
 	}
 	if p.Parking {
 		sequences = append(sequences, "outboxrelay.parked")
+	}
+	if p.Spill {
+		sequences = append(sequences, "outboxrelay.spilled")
 	}
 	for _, table := range sequences {
 		var seq *string

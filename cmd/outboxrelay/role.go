@@ -69,7 +69,7 @@ func buildRoleSQL(role string, o migrations.Options) (roleSQL, error) {
 		outbox.stmts = append(outbox.stmts, fmt.Sprintf("GRANT SELECT ON %s TO %s;", pgx.Identifier{schema, name}.Sanitize(), r))
 	}
 	out.grants = append(out.grants, outbox, roleSection{
-		comments: []string{"The relay's own objects: its checkpoint, dead letters (list, replay, purge), parked messages, the count of republished messages and the status view."},
+		comments: []string{"The relay's own objects: its checkpoint, dead letters (list, replay, purge), parked messages, the count of republished messages, the messages of a sink that is behind and the status view."},
 		stmts: []string{
 			fmt.Sprintf("GRANT USAGE ON SCHEMA outboxrelay TO %s;", r),
 			fmt.Sprintf("GRANT SELECT, INSERT, UPDATE ON outboxrelay.checkpoint TO %s;", r),
@@ -78,6 +78,8 @@ func buildRoleSQL(role string, o migrations.Options) (roleSQL, error) {
 			fmt.Sprintf("GRANT SELECT, INSERT, DELETE ON outboxrelay.parked TO %s;", r),
 			fmt.Sprintf("GRANT USAGE ON SEQUENCE outboxrelay.parked_id_seq TO %s;", r),
 			fmt.Sprintf("GRANT SELECT, INSERT, UPDATE ON outboxrelay.republished TO %s;", r),
+			fmt.Sprintf("GRANT SELECT, INSERT, DELETE ON outboxrelay.spilled TO %s;", r),
+			fmt.Sprintf("GRANT USAGE ON SEQUENCE outboxrelay.spilled_id_seq TO %s;", r),
 			fmt.Sprintf("GRANT SELECT ON outboxrelay.status TO %s;", r),
 		},
 	})

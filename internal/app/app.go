@@ -235,6 +235,7 @@ func (r *run) prepare(ctx context.Context) error {
 		p := cdc.Privileges{
 			DeadLetters: cfg.Relay.DeadLetters, Heartbeat: cfg.Postgres.HeartbeatInterval > 0,
 			Parking: cfg.Relay.DeadLetters && cfg.Relay.DeadLetterOrder == relay.DeadLetterPark,
+			Spill:   spills(cfg),
 		}
 		if cfg.Postgres.Retention > 0 {
 			p.Retention = cfg.Postgres.Tables

@@ -64,8 +64,10 @@ func (d *durability) options() relay.Options {
 
 // spills reports whether a sink that falls behind stores its messages in
 // outboxrelay.spilled: with several sinks and relay.behind: spill.
-func (d *durability) spills() bool {
-	return len(d.cfg.SinkList()) > 1 && d.cfg.Relay.Behind == relay.BehindSpill
+func (d *durability) spills() bool { return spills(d.cfg) }
+
+func spills(cfg config.Config) bool {
+	return len(cfg.SinkList()) > 1 && cfg.Relay.Behind == relay.BehindSpill
 }
 
 // spillReady checks that outboxrelay.spilled is there when the relay

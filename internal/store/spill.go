@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxrelay/outboxrelay/envelope"
 	"github.com/outboxrelay/outboxrelay/relay"
@@ -178,8 +179,12 @@ func SpillReady(ctx context.Context, db DB, slot string, spills bool, sinks []st
 	var n int64
 	err := db.QueryRow(ctx, `SELECT sink, count(*) FROM outboxrelay.spilled WHERE slot = $1 AND NOT sink = ANY($2::text[])
 		GROUP BY sink ORDER BY sink LIMIT 1`, slot, sinks).Scan(&orphan, &n)
+	var pgErr *pgconn.PgError
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
+		return nil
+	case !spills && errors.As(err, &pgErr) && pgErr.Code == "42501":
+		// A role that may not read the table cannot have stored into it.
 		return nil
 	case err != nil:
 		return fmt.Errorf("read outboxrelay.spilled: %w", err)
