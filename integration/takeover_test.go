@@ -358,7 +358,17 @@ func TestReplicasServeUnreachablePipeline(t *testing.T) {
 	joined := time.Now()
 	waitFor(t, 30*time.Second, "every slot streamed, unserved_5 among them", func() bool { return streamed() == n })
 	t.Logf("all six streamed %s after the joiner took its first", time.Since(joined).Round(100*time.Millisecond))
-	time.Sleep(2 * time.Second)
+	// p5 is handed back only once the joiner is counted and its start is
+	// over, which a loaded machine can take a while to see: wait for the
+	// rescue rather than for a fixed time.
+	rescued := func(p *proc) bool {
+		_, body := get(t, "http://"+p.httpAddr()+"/metrics")
+		return strings.Contains(body, `outboxrelay_replica_rescued{pipeline="p5",slot="unserved_5"} 1`)
+	}
+	waitFor(t, 60*time.Second, "a relay to take p5 above its share", func() bool {
+		return (rescued(procs[0]) || rescued(procs[1])) && streamed() == n
+	})
+	time.Sleep(2 * time.Second) // rows committed after the rescue
 	ids := load.stop(t)
 	recs := consumer.waitIDs(ids, 60*time.Second)
 	if order := checkOrder(ids, recs); order != 0 {
@@ -366,8 +376,7 @@ func TestReplicasServeUnreachablePipeline(t *testing.T) {
 	}
 	var rescuers int
 	for i, p := range procs[:2] {
-		_, body := get(t, "http://"+p.httpAddr()+"/metrics")
-		if strings.Contains(body, `outboxrelay_replica_rescued{pipeline="p5",slot="unserved_5"} 1`) {
+		if rescued(p) {
 			rescuers++
 			if !strings.Contains(p.out.String(), "no replica with room streams this slot") {
 				t.Errorf("relay %d took p5 above its share without saying so in its log", i)
