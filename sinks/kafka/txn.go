@@ -190,7 +190,10 @@ func (s *TxnSink) Run(ctx context.Context) error {
 			continue
 		}
 		if err := s.commit(ctx, batch); err != nil {
-			if ctx.Err() != nil {
+			// A fence is reported even when a stop came meanwhile: commit
+			// reported the batch failed before it returned, and a caller
+			// that saw those outcomes and stopped must still learn why.
+			if ctx.Err() != nil && !fenced(err) {
 				return nil
 			}
 			return err
