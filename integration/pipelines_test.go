@@ -378,9 +378,9 @@ pipelines:
 		t.Fatalf("resume: %d %s", code, body)
 	}
 	ledger = append(ledger, paused...)
-	recs := cons.waitIDs(ledger, 30*time.Second)
+	cons.waitIDs(ledger, 30*time.Second)
 	time.Sleep(500 * time.Millisecond) // a copy would come right behind the first
-	recs = cons.records()
+	recs := cons.records()
 	republished := sum(republishedSeries(t, p.httpAddr()))
 	p.stop()
 	checkOnce(t, "pause and resume", ledger, recs)
